@@ -1,0 +1,312 @@
+"""The backward engine: runs nodes in dependency order and accumulates gradients.
+
+Gradients travel as raw arrays. Each node runs once, after every gradient for its
+output has arrived (dependency counting over the part of the graph reachable from the
+roots). Without ``retain_graph`` a node frees its saved tensors right after its
+backward, so activation memory falls as backward proceeds.
+
+Gradient accumulation is an inplace site of the policy: under ``on`` a second gradient
+is added into the first one's buffer when the engine can prove that buffer is its own
+(it owns its memory and no other reference to it exists: Paddle's ``use_count == 1``
+rule, with the reference count calibrated at import); otherwise, and always under
+``off``, the sum is a new array. A leaf's first gradient is stolen into ``.grad`` under
+the same proof and copied otherwise, so ``.grad`` never aliases another gradient.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .. import inplace, memory
+from ..backend import get_array_module
+from .function import Function
+from .grad_mode import no_grad, state
+
+
+def _refcount(array) -> int:
+    return sys.getrefcount(array)
+
+
+def _exclusive_probe(array) -> int:
+    return _refcount(array)
+
+
+def _calibrate() -> int:
+    # The engine asks about an array held by exactly one slot (a dict entry or one
+    # local), two frames down: measure what that count is on this interpreter.
+    import numpy as np  # noqa: PLC0415
+
+    slot = {0: np.zeros(1)}
+    return _exclusive_probe(slot[0])
+
+
+_EXCLUSIVE_REFS = _calibrate()
+
+
+def _is_exclusive(array) -> bool:
+    """True when nothing but the caller's one slot refers to ``array`` or its memory."""
+    return array.base is None and _refcount(array) <= _EXCLUSIVE_REFS
+
+
+def _sum_grads(existing, new):
+    """``existing + new``; in place into ``existing`` under the policy when provably safe."""
+    if inplace.enabled() and _is_exclusive(existing):
+        get_array_module(existing).add(existing, new, out=existing)
+        memory.count("inplace_grad_accumulations")
+        return existing
+    return memory.track(existing + new, "gradients")
+
+
+def _accumulate_leaf(leaf, grad) -> None:
+    if leaf._hooks:
+        from ..tensor import _wrap  # noqa: PLC0415
+
+        for hook in tuple(leaf._hooks):
+            r = hook(_wrap(grad))
+            if r is not None:
+                grad = r._data
+    if grad.shape != leaf._data.shape:
+        raise RuntimeError(f"gradient of shape {grad.shape} for a leaf of shape {leaf._data.shape}")
+    if grad.dtype != leaf._data.dtype:
+        grad = grad.astype(leaf._data.dtype)
+    current = leaf._grad
+    if current is None:
+        from ..tensor import _wrap  # noqa: PLC0415
+
+        if not _is_exclusive(grad):
+            grad = grad.copy()
+        memory.track(grad, "gradients")
+        leaf._grad = _wrap(grad)
+    elif inplace.enabled():
+        # Like PyTorch's AccumulateGrad: .grad is updated in place (its version bumps).
+        get_array_module(grad).add(current._data, grad, out=current._data)
+        current._vc.bump("grad accumulation", ("<autograd engine>", 0))
+        memory.count("inplace_grad_accumulations")
+    else:
+        from ..tensor import _wrap  # noqa: PLC0415
+
+        leaf._grad = _wrap(memory.track(current._data + grad, "gradients"))
+    if leaf._post_acc_hooks:
+        for hook in tuple(leaf._post_acc_hooks):
+            hook(leaf)
+
+
+def _needed_nodes(root_nodes, node_targets, leaf_ids):
+    """Nodes from which some target is reachable (postorder DFS over a DAG)."""
+    needed: dict = {}
+    for r in root_nodes:
+        stack = [(r, False)]
+        while stack:
+            n, done = stack.pop()
+            if done:
+                hit = n in node_targets
+                for c in n.next:
+                    if c is None:
+                        continue
+                    if isinstance(c, Function):
+                        hit = hit or needed.get(c, False)
+                    elif id(c) in leaf_ids:
+                        hit = True
+                needed[n] = hit
+                continue
+            if n in needed:
+                continue
+            needed[n] = False
+            stack.append((n, True))
+            for c in n.next:
+                if isinstance(c, Function) and c not in needed:
+                    stack.append((c, False))
+    return needed
+
+
+def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
+    """Runs backward from ``roots`` = [(edge, grad array)].
+
+    With ``targets``, only the part of the graph that reaches them runs; their
+    gradients are returned (``accumulate=False``, autograd.grad) or accumulated into
+    their ``.grad`` only (``backward(inputs=...)``).
+    """
+    from ..tensor import Tensor  # noqa: PLC0415
+
+    root_nodes = []
+    for edge, _ in roots:
+        if isinstance(edge, Function) and edge not in root_nodes:
+            root_nodes.append(edge)
+
+    leaf_ids = node_targets = needed = None
+    captured = None
+    if targets is not None:
+        leaf_ids = {id(t): i for i, t in enumerate(targets) if t.grad_fn is None}
+        node_targets = {t.grad_fn: i for i, t in enumerate(targets) if t.grad_fn is not None}
+        needed = _needed_nodes(root_nodes, node_targets, leaf_ids)
+        captured = [None] * len(targets)
+
+    # Dependency counts over the reachable (and, with targets, needed) part of the graph.
+    deps: dict = {}
+    seen = set(root_nodes)
+    stack = list(root_nodes)
+    while stack:
+        node = stack.pop()
+        for nxt in node.next:
+            if isinstance(nxt, Function) and (needed is None or needed.get(nxt)):
+                deps[nxt] = deps.get(nxt, 0) + 1
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+
+    def deliver_leaf(leaf, g):
+        if targets is None:
+            _accumulate_leaf(leaf, g)
+            return
+        i = leaf_ids.get(id(leaf))
+        if i is None:
+            return
+        if accumulate:
+            _accumulate_leaf(leaf, g)
+        else:
+            captured[i] = g if captured[i] is None else captured[i] + g
+
+    grads: dict = {}
+    anomaly = state.anomaly
+    with memory.category("gradients"), no_grad():
+        for edge, g in roots:
+            if isinstance(edge, Tensor):
+                deliver_leaf(edge, g)
+            elif edge in grads:
+                grads[edge] = grads[edge] + g
+            else:
+                grads[edge] = g
+        ready = [n for n in root_nodes if deps.get(n, 0) == 0]
+        while ready:
+            node = ready.pop()
+            g = grads.pop(node, None)
+            outs = None
+            if g is not None and (needed is None or needed.get(node)):
+                for hook in node.__dict__.get("_pre_hooks", ()):
+                    r = hook(g)
+                    if r is not None:
+                        g = r
+                if node_targets is not None and node in node_targets:
+                    i = node_targets[node]
+                    captured[i] = g
+                try:
+                    outs = list(node.run_backward(g))
+                except Exception as e:
+                    if anomaly and getattr(node, "_trace", None):
+                        raise type(e)(f"{e}\n\nThe forward call of {node.name()} was:\n" + "".join(node._trace)) from e
+                    raise
+                del g  # lets the last consumer of a passed-through gradient own it
+                if not retain_graph:
+                    node.release()
+                if anomaly == "nan":
+                    _check_nan(node, outs)
+            for i, nxt in enumerate(node.next):
+                gi = None
+                if outs is not None:
+                    gi = outs[i]
+                    outs[i] = None
+                if nxt is None:
+                    continue
+                if isinstance(nxt, Function):
+                    if needed is not None and not needed.get(nxt):
+                        continue
+                    if gi is not None:
+                        memory.track(gi, "gradients")
+                        if nxt in grads:
+                            grads[nxt] = _sum_grads(grads[nxt], gi)
+                        else:
+                            grads[nxt] = gi
+                    deps[nxt] -= 1
+                    if deps[nxt] == 0:
+                        ready.append(nxt)
+                elif gi is not None:
+                    deliver_leaf(nxt, gi)
+                del gi
+    return captured
+
+
+def _check_nan(node, outs) -> None:
+    for i, g in enumerate(outs):
+        if g is not None and get_array_module(g).isnan(g).any():
+            trace = "".join(getattr(node, "_trace", ()) or ())
+            raise RuntimeError(
+                f"Function '{node.name()}' returned nan values in its {i}th output."
+                + (f"\n\nThe forward call that created it was:\n{trace}" if trace else "")
+            )
+
+
+def _roots(tensors, grad_tensors):
+    from ..tensor import Tensor  # noqa: PLC0415
+
+    roots = []
+    for k, (t, g) in enumerate(zip(tensors, grad_tensors)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"backward expects tensors, got {type(t).__name__}")
+        if not t.requires_grad:
+            raise RuntimeError(f"element {k} of tensors does not require grad and does not have a grad_fn")
+        xp = get_array_module(t._data)
+        if g is None:
+            if t._data.size != 1:
+                raise RuntimeError(
+                    f"grad can be implicitly created only for scalar outputs (got shape {t.shape}); "
+                    "pass a gradient of the same shape to backward(gradient=...)"
+                )
+            g = xp.ones(t._data.shape, dtype=t._data.dtype)
+        else:
+            g = g._data if isinstance(g, Tensor) else xp.asarray(g, dtype=t._data.dtype)
+            if g.shape != t._data.shape:
+                raise RuntimeError(f"gradient has shape {g.shape}, but the output has shape {t._data.shape}")
+        fn = t.grad_fn
+        roots.append((fn if fn is not None else t, g))
+    return roots
+
+
+def _as_list(x):
+    if x is None:
+        return None
+    from ..tensor import Tensor  # noqa: PLC0415
+
+    return [x] if isinstance(x, Tensor) else list(x)
+
+
+def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, inputs=None) -> None:
+    """Accumulates the gradients of ``tensors`` into the ``.grad`` of the leaves.
+
+    Args:
+        tensors: a tensor or a sequence of them (scalars, unless ``grad_tensors`` is given).
+        grad_tensors: the gradient of each tensor (``None`` means 1 for a scalar).
+        retain_graph: keep saved tensors so backward can run through the graph again.
+        inputs: accumulate only into these tensors' ``.grad``.
+    """
+    tensors = _as_list(tensors)
+    grads = _as_list(grad_tensors) or [None] * len(tensors)
+    if len(grads) != len(tensors):
+        raise RuntimeError(f"got {len(tensors)} tensors and {len(grads)} gradients")
+    targets = _as_list(inputs)
+    if targets is not None:
+        for t in targets:
+            if not t.is_leaf:
+                raise RuntimeError("backward(inputs=...) accepts leaf tensors only; use autograd.grad for others")
+    _execute(_roots(tensors, grads), bool(retain_graph), targets, accumulate=True)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, allow_unused: bool = False):
+    """Returns d(outputs)/d(inputs) as a tuple of tensors, without touching any ``.grad``."""
+    from ..tensor import _wrap  # noqa: PLC0415
+
+    outputs = _as_list(outputs)
+    inputs = _as_list(inputs)
+    for t in inputs:
+        if not t.requires_grad:
+            raise RuntimeError("One of the differentiated Tensors does not require grad")
+    gouts = _as_list(grad_outputs) or [None] * len(outputs)
+    captured = _execute(_roots(outputs, gouts), bool(retain_graph), inputs, accumulate=False)
+    result = []
+    for t, g in zip(inputs, captured):
+        if g is None and not allow_unused:
+            raise RuntimeError(
+                "One of the differentiated Tensors appears to not have been used in the graph. "
+                "Set allow_unused=True if this is the desired behavior."
+            )
+        result.append(None if g is None else _wrap(g if _is_exclusive(g) else g.copy()))
+    return tuple(result)

@@ -1,0 +1,443 @@
+"""The op contract and the ONE generic apply path that makes inplace safe.
+
+Every differentiable op is a small :class:`Function` subclass with ``forward`` and
+``backward`` on raw arrays, and it declares what its backward reads::
+
+    class Exp(Function):
+        saves = ("result",)             # backward reads the output, not the input
+        def forward(ctx, x):
+            return xp.exp(x, out=ctx.out)   # ctx.out is x's buffer when inplace
+        def backward(ctx, gy):
+            return gy * ctx.result
+
+``saves`` names forward's positional arguments or ``"result"``; ``saved_when`` may say
+that a saved input is needed only when some inputs need a gradient (``mul`` needs ``y``
+only for ``x``'s gradient). ``Op.apply(...)`` runs the op out of place, ``Op.apply_(...)``
+in place on its first argument. :func:`_apply` does, for every op and in this order:
+grad-mode check, leaf and overlap checks BEFORE the kernel touches anything, copies of
+inputs that backward needs but the kernel would overwrite (counted as memory inplace did
+not save), the kernel, the version bump with the call site of the inplace op, the
+history (including the rebase of a view's base, PyTorch's CopySlices), and the saved
+tensors with their versions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import traceback
+
+from .. import memory
+from .grad_mode import state
+
+_FRAMEWORK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_FREED = object()
+
+
+class VersionCounter:
+    """The version of a storage, shared by its views and ``detach()``.
+
+    ``writes`` remembers the last few inplace ops as ``(version after, op, (file, line))``
+    so that a stale saved tensor can name the op that changed it.
+    """
+
+    __slots__ = ("value", "writes")
+
+    def __init__(self):
+        self.value = 0
+        self.writes = None
+
+    def bump(self, op_name: str, site) -> None:
+        self.value += 1
+        writes = self.writes
+        if writes is None:
+            self.writes = [(self.value, op_name, site)]
+        else:
+            writes.append((self.value, op_name, site))
+            if len(writes) > 8:
+                del writes[0]
+
+
+def call_site():
+    """``(file, line)`` of the first frame outside the framework (the user's call)."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_FRAMEWORK_DIR):
+        f = f.f_back
+    return (f.f_code.co_filename, f.f_lineno) if f is not None else ("<unknown>", 0)
+
+
+def _describe(array) -> str:
+    return f"[{array.dtype} tensor of shape {tuple(array.shape)}]"
+
+
+class SavedTensor:
+    """An array that a node keeps for backward, with the version it had when saved."""
+
+    __slots__ = ("array", "vc", "version", "name")
+
+    def __init__(self, array, vc, name):
+        self.array = array
+        self.vc = vc  # None for private copies nobody else can modify
+        self.version = vc.value if vc is not None else 0
+        self.name = name
+        memory.note_saved(array)
+
+    def unpack(self, node):
+        vc = self.vc
+        if vc is not None and vc.value != self.version:
+            raise RuntimeError(_version_error(self, node))
+        return self.array
+
+    def release(self):
+        if self.array is not None:
+            memory.note_released(self.array)
+            self.array = None
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown: module globals may be gone
+            pass
+
+
+def _version_error(saved: SavedTensor, node) -> str:
+    what = "the output" if saved.name == "result" else f"input '{saved.name}'"
+    msg = (
+        "one of the variables needed for gradient computation has been modified by an "
+        f"inplace operation: {_describe(saved.array)}, which is {what} of {node.name()}, "
+        f"is at version {saved.vc.value}; expected version {saved.version} instead."
+    )
+    writes = [w for w in (saved.vc.writes or ()) if w[0] > saved.version]
+    if writes:
+        parts = [f"{op} at {file}:{line} (version {v})" for v, op, (file, line) in writes]
+        msg += " It was modified by " + ", then ".join(parts) + "."
+    elif saved.vc.value > saved.version:
+        msg += " The op that modified it is no longer recorded (more than 8 inplace ops since)."
+    return msg + (
+        " Hint: make the inplace op out of place (e.g. x = x.exp() instead of x.exp_()), "
+        "or clone() the tensor before modifying it."
+    )
+
+
+class Function:
+    """Base of every op; an instance is the autograd node (and the ``ctx``) of one call.
+
+    Class attributes:
+        saves: names of forward arguments (or ``"result"``) that backward reads.
+        saved_when: ``{name: (input indices,)}``: save ``name`` only if one of those
+            inputs needs a gradient. Names not listed are saved when any input does.
+        is_view: the output is a view of the first input (shares its storage).
+        differentiable: False for ops with no gradient (comparisons); no graph is built.
+        inplace_name: the user-facing name of the inplace variant, for error messages.
+    """
+
+    saves: tuple = ()
+    saved_when: dict = {}
+    is_view = False
+    differentiable = True
+    inplace_name: str | None = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "forward" not in cls.__dict__:
+            return
+        params = list(inspect.signature(cls.forward).parameters.values())[1:]
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        plan = []
+        for name in cls.saves:
+            if name == "result":
+                plan.append((name, -1, cls.saved_when.get(name)))
+            elif name in names:
+                plan.append((name, names.index(name), cls.saved_when.get(name)))
+            else:
+                raise TypeError(f"{cls.__name__}.saves names {name!r}, not an argument of forward {names}")
+        cls._save_plan = tuple(plan)
+        if cls.inplace_name is None:
+            cls.inplace_name = cls.__name__.lower() + "_"
+
+    # --- the public entry points -------------------------------------------------
+    @classmethod
+    def apply(cls, *inputs, **params):
+        """Runs the op out of place and returns a new tensor."""
+        return _apply(cls, inputs, params, False)
+
+    @classmethod
+    def apply_(cls, *inputs, **params):
+        """Runs the op in place on ``inputs[0]`` and returns that same tensor."""
+        return _apply(cls, inputs, params, True)
+
+    # --- to be written by each op ------------------------------------------------
+    def forward(ctx, *args, **params):  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(ctx).__name__} must define forward")
+
+    def backward(ctx, grad):  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(ctx).__name__} must define backward")
+
+    # --- node machinery, used by the engine ---------------------------------------
+    @classmethod
+    def name(cls) -> str:
+        return cls.__name__ + "Backward"
+
+    def __getattr__(self, name):
+        # Only reached for attributes not set in forward: the saved tensors.
+        saved = self.__dict__.get("_saved")
+        if saved is _FREED:
+            raise RuntimeError(_backward_twice_message(self))
+        if saved is not None and name in saved:
+            return saved[name].unpack(self)
+        if name in type(self).saves:
+            raise AttributeError(
+                f"{self.name()} did not save {name!r}: saved_when says it is needed only for "
+                "inputs whose gradient was not requested"
+            )
+        raise AttributeError(f"{type(self).__name__!s} node has no attribute {name!r}")
+
+    def run_backward(self, grad):
+        """Calls ``backward`` and checks the number of gradients it returned."""
+        if self.__dict__.get("_saved") is _FREED:
+            raise RuntimeError(_backward_twice_message(self))
+        grads = self.backward(grad)
+        if type(grads) is not tuple:
+            grads = (grads,)
+        if len(grads) != len(self.next):
+            raise RuntimeError(f"{self.name()} returned {len(grads)} gradients, expected {len(self.next)}")
+        return grads
+
+    def release(self):
+        """Frees the saved tensors (after a backward without ``retain_graph``)."""
+        saved = self.__dict__.get("_saved")
+        if saved is not None and saved is not _FREED:
+            for s in saved.values():
+                s.release()
+            self._saved = _FREED
+
+    def register_prehook(self, fn):
+        """``fn(grad_array) -> grad_array | None`` runs before this node's backward."""
+        hooks = self.__dict__.setdefault("_pre_hooks", [])
+        hooks.append(fn)
+        return _HookHandle(hooks, fn)
+
+    def __repr__(self):
+        return f"<{self.name()}>"
+
+
+class _HookHandle:
+    __slots__ = ("_hooks", "_fn")
+
+    def __init__(self, hooks, fn):
+        self._hooks, self._fn = hooks, fn
+
+    def remove(self):
+        if self._fn in self._hooks:
+            self._hooks.remove(self._fn)
+
+
+def _backward_twice_message(node) -> str:
+    return (
+        f"Trying to backward through the graph a second time (or directly access saved tensors "
+        f"after they have already been freed): {node.name()} has freed its saved tensors. "
+        "Saved intermediate values of the graph are freed when you call .backward() or "
+        "autograd.grad(). Specify retain_graph=True if you need to backward through the graph a "
+        "second time or if you need to access saved tensors after calling backward."
+    )
+
+
+# --- the generic apply path -------------------------------------------------------
+
+def edge_of(t):
+    """What a gradient for tensor ``t`` flows into: its grad_fn, or the leaf itself."""
+    fn = t.grad_fn
+    return fn if fn is not None else t
+
+
+def _check_inplace_target(cls, target, grad_on: bool) -> None:
+    """Raises before the kernel runs, so a refused inplace op changes nothing."""
+    if grad_on:
+        if target._requires_grad and target._grad_fn is None and target._base is None:
+            raise RuntimeError(
+                f"a leaf Variable that requires grad is being used in an in-place operation "
+                f"({cls.inplace_name}). Wrap the update in `with no_grad():` if it is an update "
+                "of the weights, or clone() the tensor first."
+            )
+        base = target._base
+        if base is not None:
+            if base._requires_grad and base._grad_fn is None:
+                raise RuntimeError(
+                    f"a view of a leaf Variable that requires grad is being used in an in-place "
+                    f"operation ({cls.inplace_name}). Wrap it in `with no_grad():` or clone() first."
+                )
+            if target._view_fn is None and base.requires_grad:
+                raise RuntimeError(
+                    f"a view was created in no_grad mode and is being modified in place "
+                    f"({cls.inplace_name}) with grad mode enabled: its history cannot be rewritten. "
+                    "Create the view with grad mode enabled, or modify it under no_grad()."
+                )
+    data = target._data
+    for size, stride in zip(data.shape, data.strides):
+        if stride == 0 and size > 1:
+            raise RuntimeError(
+                f"unsupported operation: more than one element of the written-to tensor refers to "
+                f"a single memory location ({cls.inplace_name} on an expanded tensor). Please clone() "
+                "the tensor before performing the operation."
+            )
+
+
+def _save_inputs(cls, inputs, arrays, needs, inplace):
+    """The SavedTensors of forward's inputs; copies those the inplace kernel overwrites."""
+    saved = {}
+    target = arrays[0] if inplace else None
+    xp_may_share = None
+    for name, idx, when in cls._save_plan:
+        if idx < 0 or (when is not None and not any(needs[i] for i in when)):
+            continue
+        arr = arrays[idx]
+        if inplace:
+            if xp_may_share is None:
+                from ..backend import get_array_module  # noqa: PLC0415
+
+                xp_may_share = get_array_module(target).may_share_memory
+            if arr is target or xp_may_share(arr, target):
+                # Backward needs the value the kernel is about to overwrite: keep a copy.
+                # Correct, but it is exactly the memory this inplace op did not save.
+                copy = memory.track(arr.copy(), "inplace_copies")
+                memory.count("inplace_copy_bytes", copy.nbytes)
+                saved[name] = SavedTensor(copy, None, name)
+                continue
+        t = inputs[idx]
+        saved[name] = SavedTensor(arr, t._vc if isinstance(t, Tensor) else None, name)
+    return saved
+
+
+def _apply(cls, inputs, params, inplace):
+    grad_on = state.enabled
+    arrays = []
+    needs = []
+    any_needs = False
+    for a in inputs:
+        if isinstance(a, Tensor):
+            arrays.append(a._data)
+            if grad_on:
+                r = a._grad_fn is not None or a._requires_grad or (a._base is not None and a.requires_grad)
+                needs.append(r)
+                any_needs = any_needs or r
+            else:
+                needs.append(False)
+        else:
+            arrays.append(a)
+            needs.append(False)
+    if not cls.differentiable:
+        any_needs = False
+
+    ctx = cls.__new__(cls)
+    ctx.needs_input_grad = tuple(needs)
+    target = inputs[0] if inplace else None
+    if inplace:
+        _check_inplace_target(cls, target, grad_on)
+        ctx.out = arrays[0]
+    else:
+        ctx.out = None
+    saved = _save_inputs(cls, inputs, arrays, needs, inplace) if any_needs and cls._save_plan else None
+    if any_needs and state.anomaly:
+        ctx._trace = traceback.format_stack()[:-2]
+
+    try:
+        result = cls.forward(ctx, *arrays, **params)
+    except (ValueError, TypeError) as e:
+        if inplace:
+            raise RuntimeError(f"{cls.inplace_name}: {e}") from None
+        raise
+
+    if inplace:
+        out_arr = ctx.out
+        if result is not out_arr:
+            # Kernels should write through ctx.out; this keeps any other one correct.
+            out_arr[...] = result
+        out = target
+        target._vc.bump(cls.inplace_name, call_site())
+        memory.count("inplace_ops")
+    else:
+        out = _wrap(result)
+        if cls.is_view:
+            src = inputs[0]
+            out._vc = src._vc
+            base = src._base if src._base is not None else src
+            out._base = base
+            if grad_on:
+                out._view_fn = _compose_view_fn(src, cls, inputs[1:], params)
+                out._view_base_fn = base._grad_fn
+        else:
+            memory.track(result, None, "activations")
+
+    if any_needs:
+        ctx.next = tuple(edge_of(t) if n else None for t, n in zip(inputs, needs))
+        if saved is None:
+            saved = {}
+        for name, idx, when in cls._save_plan:
+            if idx < 0 and (when is None or any(needs[i] for i in when)):
+                saved[name] = SavedTensor(out._data, out._vc, name)
+        if saved:
+            ctx._saved = saved
+        if inplace and target._base is not None:
+            base = target._base
+            base._grad_fn = CopySlices(base, target._view_fn, ctx)
+            # target's own grad_fn is regenerated from the base's new history on access
+        else:
+            out._grad_fn = ctx
+    return out
+
+
+def _compose_view_fn(src, cls, rest, params):
+    """A function that replays the chain of view ops from the base to this view."""
+    prev = src._view_fn
+    if src._base is not None and prev is None:
+        return None  # the source view was made under no_grad: its chain is unknown
+    if prev is None:
+        return lambda b: cls.apply(b, *rest, **params)
+    return lambda b: cls.apply(prev(b), *rest, **params)
+
+
+def view_region(view_fn, array):
+    """Applies a view chain recorded as ``view_fn`` to a raw array of the base's shape."""
+    from .grad_mode import no_grad  # noqa: PLC0415
+
+    with no_grad():
+        return view_fn(_wrap(array))._data
+
+
+class CopySlices(Function):
+    """The base's new history after an inplace op on one of its views (PyTorch's idea).
+
+    Backward takes the gradient w.r.t. the whole new base, hands the view's region to
+    the inplace op's backward, writes the gradient w.r.t. the view's old values back into
+    that region, and passes the rest of the base's gradient through unchanged.
+    """
+
+    def __init__(self, base, view_fn, fn: Function):
+        base_needs = base.requires_grad
+        self.fn = fn
+        self.view_fn = view_fn
+        self.next = (edge_of(base) if base_needs else None,) + fn.next[1:]
+        self.needs_input_grad = (base_needs,) + fn.needs_input_grad[1:]
+
+    def name(self) -> str:
+        return f"CopySlices({self.fn.name()})"
+
+    def backward(ctx, grad):
+        gbase = memory.track(grad.copy(), "gradients")
+        region = view_region(ctx.view_fn, gbase)
+        grads = ctx.fn.run_backward(region.copy())
+        if grads[0] is None:
+            region[...] = 0
+        else:
+            region[...] = grads[0]
+        return (gbase,) + grads[1:]
+
+    def run_backward(self, grad):
+        return self.backward(grad)
+
+    def release(self):
+        self.fn.release()
+
+
+from ..tensor import Tensor, _wrap  # noqa: E402  (tensor.py does not import this module at load)

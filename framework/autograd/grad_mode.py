@@ -1,0 +1,99 @@
+"""Grad mode and anomaly mode: ``no_grad``, ``enable_grad``, ``set_grad_enabled``, ``detect_anomaly``.
+
+The state is process-global (PyTorch keeps it per thread). The framework runs its
+training loop, backward hooks and communication callbacks on one thread, so a global
+keeps the hot path to one attribute read.
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+class _State:
+    __slots__ = ("enabled", "anomaly")
+
+    def __init__(self):
+        self.enabled = True
+        self.anomaly = False
+
+
+state = _State()
+
+
+def is_grad_enabled() -> bool:
+    """True when ops record history for backward."""
+    return state.enabled
+
+
+class _GradModeContext:
+    """Base of the grad-mode context managers; each also works as a decorator."""
+
+    _mode: bool
+
+    def __enter__(self):
+        self._prev = state.enabled
+        state.enabled = self._mode
+        return self
+
+    def __exit__(self, *exc):
+        state.enabled = self._prev
+        return False
+
+    def __call__(self, fn):
+        """Used as a decorator: runs ``fn`` in this grad mode."""
+        mode = self._mode
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            prev, state.enabled = state.enabled, mode
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                state.enabled = prev
+
+        return wrapper
+
+
+class no_grad(_GradModeContext):
+    """Ops inside do not record history (inplace on leaves is allowed here)."""
+
+    _mode = False
+
+
+class enable_grad(_GradModeContext):
+    """Turns recording back on inside a ``no_grad`` block."""
+
+    _mode = True
+
+
+class set_grad_enabled(_GradModeContext):
+    """Sets grad mode now; as a context manager, restores the previous mode on exit."""
+
+    def __init__(self, mode: bool):
+        self._mode = bool(mode)
+        self._prev = state.enabled
+        state.enabled = self._mode
+
+    def __enter__(self):
+        return self
+
+
+class detect_anomaly:
+    """Records each op's forward stack and checks backward outputs for NaN.
+
+    When a backward function returns NaN, or raises, the error names the op and shows
+    the line of the forward call that created it.
+    """
+
+    def __init__(self, check_nan: bool = True):
+        self.check_nan = check_nan
+
+    def __enter__(self):
+        self._prev = state.anomaly
+        state.anomaly = "nan" if self.check_nan else "trace"
+        return self
+
+    def __exit__(self, *exc):
+        state.anomaly = self._prev
+        return False

@@ -1,0 +1,132 @@
+"""Tensor creation functions with PyTorch's names and argument order."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import backend, memory, random
+from .tensor import Tensor, _wrap
+
+float16 = np.dtype(np.float16)
+float32 = np.dtype(np.float32)
+float64 = np.dtype(np.float64)
+int32 = np.dtype(np.int32)
+int64 = np.dtype(np.int64)
+bool_ = np.dtype(np.bool_)
+DEFAULT_DTYPE = float32
+
+
+def _new(array, requires_grad: bool) -> Tensor:
+    memory.track(array)
+    t = _wrap(array)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _infer_dtype(data):
+    """PyTorch's inference: Python floats -> float32, ints -> int64, bools -> bool."""
+    arr = np.asarray(data)
+    if arr.dtype.kind == "f" and not isinstance(data, np.ndarray):
+        return float32
+    if arr.dtype.kind in "iu" and not isinstance(data, np.ndarray):
+        return int64
+    return arr.dtype
+
+
+def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A new tensor holding a COPY of ``data`` (nested lists, scalars, arrays, tensors)."""
+    if isinstance(data, Tensor):
+        data = backend.to_numpy(data._data)
+    dev = backend.device(device)
+    xp = backend.xp_for(dev)
+    dtype = np.dtype(dtype) if dtype is not None else _infer_dtype(data)
+    if dev.type == "cpu":
+        array = np.array(data, dtype=dtype, copy=True)
+    else:
+        with xp.cuda.Device(dev.index):
+            array = xp.array(data, dtype=dtype)
+    return _new(array, requires_grad)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    """A tensor that SHARES memory with a NumPy array (changes show through both)."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"expected np.ndarray (got {type(array).__name__})")
+    return _new(array, False)
+
+
+def _size(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        return tuple(size[0])
+    return tuple(int(s) for s in size)
+
+
+def _filled(fill, size, dtype, device, requires_grad):
+    dev = backend.device(device)
+    xp = backend.xp_for(dev)
+    array = fill(xp, _size(size), np.dtype(dtype) if dtype is not None else DEFAULT_DTYPE)
+    return _new(array, requires_grad)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return _filled(lambda xp, s, d: xp.zeros(s, dtype=d), size, dtype, device, requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return _filled(lambda xp, s, d: xp.ones(s, dtype=d), size, dtype, device, requires_grad)
+
+
+def empty(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return _filled(lambda xp, s, d: xp.empty(s, dtype=d), size, dtype, device, requires_grad)
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad=False) -> Tensor:
+    if dtype is None:
+        dtype = _infer_dtype(fill_value)
+    return _filled(lambda xp, s, d: xp.full(s, fill_value, dtype=d), (size,), dtype, device, requires_grad)
+
+
+def randn(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return _filled(lambda xp, s, d: random.normal(s, d, xp=xp), size, dtype, device, requires_grad)
+
+
+def rand(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return _filled(lambda xp, s, d: random.uniform(s, d, xp=xp), size, dtype, device, requires_grad)
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False) -> Tensor:
+    if end is None:
+        start, end = 0, start
+    if dtype is None:
+        dtype = int64 if all(isinstance(v, (int, np.integer)) for v in (start, end, step)) else float32
+    xp = backend.xp_for(backend.device(device))
+    return _new(xp.arange(start, end, step, dtype=np.dtype(dtype)), requires_grad)
+
+
+def eye(n, m=None, dtype=None, device=None, requires_grad=False) -> Tensor:
+    xp = backend.xp_for(backend.device(device))
+    return _new(xp.eye(n, m, dtype=np.dtype(dtype) if dtype is not None else DEFAULT_DTYPE), requires_grad)
+
+
+def _like(fill, t: Tensor, dtype, requires_grad):
+    return _filled(fill, (t.shape,), dtype if dtype is not None else t.dtype, t.device, requires_grad)
+
+
+def zeros_like(t: Tensor, dtype=None, requires_grad=False) -> Tensor:
+    return _like(lambda xp, s, d: xp.zeros(s, dtype=d), t, dtype, requires_grad)
+
+
+def ones_like(t: Tensor, dtype=None, requires_grad=False) -> Tensor:
+    return _like(lambda xp, s, d: xp.ones(s, dtype=d), t, dtype, requires_grad)
+
+
+def empty_like(t: Tensor, dtype=None, requires_grad=False) -> Tensor:
+    return _like(lambda xp, s, d: xp.empty(s, dtype=d), t, dtype, requires_grad)
+
+
+def randn_like(t: Tensor, dtype=None, requires_grad=False) -> Tensor:
+    return _like(lambda xp, s, d: random.normal(s, d, xp=xp), t, dtype, requires_grad)
+
+
+manual_seed = random.manual_seed

@@ -1,0 +1,415 @@
+"""Elementwise ops: arithmetic, activations, comparisons and the inplace fills.
+
+Each class is one op in both forms: ``Exp.apply(x)`` allocates the output,
+``Exp.apply_(x)`` writes into ``x`` through ``ctx.out``. What ``saves`` declares decides
+what inplace costs: ops whose backward reads the result (exp, sqrt, tanh, sigmoid,
+relu, leaky_relu, div) or nothing (add, sub, neg, mul by a constant) are free in place;
+ops whose backward reads the overwritten input (sin, cos, log, abs, pow, clamp, mul by a
+tensor that needs a gradient) get a copy of it from the apply path, counted as
+``inplace_copies``.
+"""
+
+from __future__ import annotations
+
+from ..autograd.function import Function
+from ..backend import get_array_module
+from .broadcast import shape_of, sum_to
+
+
+def _xp(*arrays):
+    for a in arrays:
+        if hasattr(a, "dtype") and hasattr(a, "shape"):
+            return get_array_module(a)
+    return get_array_module(arrays[0])
+
+
+def _meta(a):
+    return shape_of(a), getattr(a, "dtype", None)
+
+
+def _grad_for(g, meta):
+    return sum_to(g, meta[0], meta[1])
+
+
+# --- binary arithmetic ----------------------------------------------------------------
+
+class Add(Function):
+    inplace_name = "add_"
+
+    def forward(ctx, x, y, alpha=1):
+        ctx.mx, ctx.my, ctx.alpha = _meta(x), _meta(y), alpha
+        xp = _xp(x, y)
+        if alpha != 1:
+            y = xp.multiply(y, alpha)
+        return xp.add(x, y, out=ctx.out)
+
+    def backward(ctx, g):
+        gx = _grad_for(g, ctx.mx) if ctx.needs_input_grad[0] else None
+        gy = None
+        if ctx.needs_input_grad[1]:
+            gy = _grad_for(g if ctx.alpha == 1 else g * ctx.alpha, ctx.my)
+        return gx, gy
+
+
+class Sub(Function):
+    inplace_name = "sub_"
+
+    def forward(ctx, x, y, alpha=1):
+        ctx.mx, ctx.my, ctx.alpha = _meta(x), _meta(y), alpha
+        xp = _xp(x, y)
+        if alpha != 1:
+            y = xp.multiply(y, alpha)
+        return xp.subtract(x, y, out=ctx.out)
+
+    def backward(ctx, g):
+        gx = _grad_for(g, ctx.mx) if ctx.needs_input_grad[0] else None
+        gy = _grad_for(-g if ctx.alpha == 1 else g * -ctx.alpha, ctx.my) if ctx.needs_input_grad[1] else None
+        return gx, gy
+
+
+class Mul(Function):
+    inplace_name = "mul_"
+    saves = ("x", "y")
+    saved_when = {"x": (1,), "y": (0,)}  # each factor is needed only for the other's gradient
+
+    def forward(ctx, x, y):
+        ctx.mx, ctx.my = _meta(x), _meta(y)
+        return _xp(x, y).multiply(x, y, out=ctx.out)
+
+    def backward(ctx, g):
+        gx = _grad_for(g * ctx.y, ctx.mx) if ctx.needs_input_grad[0] else None
+        gy = _grad_for(g * ctx.x, ctx.my) if ctx.needs_input_grad[1] else None
+        return gx, gy
+
+
+class Div(Function):
+    inplace_name = "div_"
+    saves = ("y", "result")  # d/dy (x/y) = -result/y: the overwritten x is never needed
+    saved_when = {"result": (1,)}
+
+    def forward(ctx, x, y):
+        ctx.mx, ctx.my = _meta(x), _meta(y)
+        return _xp(x, y).true_divide(x, y, out=ctx.out)
+
+    def backward(ctx, g):
+        y = ctx.y
+        gx = _grad_for(g / y, ctx.mx) if ctx.needs_input_grad[0] else None
+        gy = _grad_for(-g * ctx.result / y, ctx.my) if ctx.needs_input_grad[1] else None
+        return gx, gy
+
+
+class Pow(Function):
+    inplace_name = "pow_"
+    saves = ("x", "y", "result")
+    saved_when = {"x": (0, 1), "y": (0,), "result": (1,)}
+
+    def forward(ctx, x, y):
+        ctx.mx, ctx.my = _meta(x), _meta(y)
+        return _xp(x, y).power(x, y, out=ctx.out)
+
+    def backward(ctx, g):
+        xp = _xp(g)
+        gx = gy = None
+        if ctx.needs_input_grad[0]:
+            x, y = ctx.x, ctx.y
+            gx = _grad_for(g * y * xp.power(x, y - 1), ctx.mx)
+        if ctx.needs_input_grad[1]:
+            x = xp.asarray(ctx.x)
+            # d/dy x**y = x**y * log(x), taken as 0 where x == 0 (PyTorch's convention)
+            logx = xp.log(xp.where(x == 0, 1, x))
+            gy = _grad_for(g * ctx.result * xp.where(x == 0, 0, logx), ctx.my)
+        return gx, gy
+
+
+class Maximum(Function):
+    saves = ("x", "y")
+
+    def forward(ctx, x, y):
+        ctx.mx, ctx.my = _meta(x), _meta(y)
+        return _xp(x, y).maximum(x, y, out=ctx.out)
+
+    def backward(ctx, g):
+        xp = _xp(g)
+        x, y = ctx.x, ctx.y
+        # Ties split the gradient evenly, as PyTorch does.
+        share = xp.where(x > y, 1.0, xp.where(x == y, 0.5, 0.0)).astype(g.dtype)
+        gx = _grad_for(g * share, ctx.mx) if ctx.needs_input_grad[0] else None
+        gy = _grad_for(g * (1 - share), ctx.my) if ctx.needs_input_grad[1] else None
+        return gx, gy
+
+
+class Where(Function):
+    saves = ("condition",)
+
+    def forward(ctx, condition, x, y):
+        ctx.mx, ctx.my = _meta(x), _meta(y)
+        return _xp(condition, x, y).where(condition, x, y)
+
+    def backward(ctx, g):
+        xp = _xp(g)
+        c = ctx.condition
+        gx = _grad_for(xp.where(c, g, 0), ctx.mx) if ctx.needs_input_grad[1] else None
+        gy = _grad_for(xp.where(c, 0, g), ctx.my) if ctx.needs_input_grad[2] else None
+        return None, gx, gy
+
+
+# --- unary ----------------------------------------------------------------------------
+
+class Neg(Function):
+    inplace_name = "neg_"
+
+    def forward(ctx, x):
+        return _xp(x).negative(x, out=ctx.out)
+
+    def backward(ctx, g):
+        return -g
+
+
+class Abs(Function):
+    inplace_name = "abs_"
+    saves = ("x",)
+
+    def forward(ctx, x):
+        return _xp(x).abs(x, out=ctx.out)
+
+    def backward(ctx, g):
+        return g * _xp(g).sign(ctx.x)
+
+
+class Exp(Function):
+    inplace_name = "exp_"
+    saves = ("result",)
+
+    def forward(ctx, x):
+        return _xp(x).exp(x, out=ctx.out)
+
+    def backward(ctx, g):
+        return g * ctx.result
+
+
+class Log(Function):
+    inplace_name = "log_"
+    saves = ("x",)
+
+    def forward(ctx, x):
+        return _xp(x).log(x, out=ctx.out)
+
+    def backward(ctx, g):
+        return g / ctx.x
+
+
+class Sqrt(Function):
+    inplace_name = "sqrt_"
+    saves = ("result",)
+
+    def forward(ctx, x):
+        return _xp(x).sqrt(x, out=ctx.out)
+
+    def backward(ctx, g):
+        return g / (2 * ctx.result)
+
+
+class Sin(Function):
+    inplace_name = "sin_"
+    saves = ("x",)
+
+    def forward(ctx, x):
+        return _xp(x).sin(x, out=ctx.out)
+
+    def backward(ctx, g):
+        return g * _xp(g).cos(ctx.x)
+
+
+class Cos(Function):
+    inplace_name = "cos_"
+    saves = ("x",)
+
+    def forward(ctx, x):
+        return _xp(x).cos(x, out=ctx.out)
+
+    def backward(ctx, g):
+        return -g * _xp(g).sin(ctx.x)
+
+
+class Tanh(Function):
+    inplace_name = "tanh_"
+    saves = ("result",)
+
+    def forward(ctx, x):
+        return _xp(x).tanh(x, out=ctx.out)
+
+    def backward(ctx, g):
+        y = ctx.result
+        gx = y * y
+        _xp(g).subtract(1, gx, out=gx)
+        gx *= g
+        return gx
+
+
+class Sigmoid(Function):
+    inplace_name = "sigmoid_"
+    saves = ("result",)
+
+    def forward(ctx, x):
+        xp = _xp(x)
+        # 1 / (1 + exp(-x)) written through one buffer: the inplace form allocates nothing.
+        out = xp.negative(x, out=ctx.out)
+        xp.exp(out, out=out)
+        out += 1
+        return xp.reciprocal(out, out=out)
+
+    def backward(ctx, g):
+        y = ctx.result
+        gx = 1 - y
+        gx *= y
+        gx *= g
+        return gx
+
+
+class Relu(Function):
+    inplace_name = "relu_"
+    saves = ("result",)
+
+    def forward(ctx, x):
+        return _xp(x).maximum(x, 0, out=ctx.out)
+
+    def backward(ctx, g):
+        return g * (ctx.result > 0)
+
+
+class LeakyRelu(Function):
+    """leaky_relu with a non-negative slope: backward reads the result (x > 0 iff y > 0)."""
+
+    inplace_name = "leaky_relu_"
+    saves = ("result",)
+
+    def forward(ctx, x, negative_slope=0.01):
+        if negative_slope < 0:
+            raise ValueError(
+                "leaky_relu with a negative slope cannot recover its input's sign from the output; "
+                "use a slope >= 0 for the inplace form"
+            )
+        ctx.slope = negative_slope
+        xp = _xp(x)
+        return xp.multiply(x, xp.where(x > 0, 1, negative_slope).astype(x.dtype), out=ctx.out)
+
+    def backward(ctx, g):
+        xp = _xp(g)
+        return g * xp.where(ctx.result > 0, 1, ctx.slope).astype(g.dtype)
+
+
+class Clamp(Function):
+    inplace_name = "clamp_"
+    saves = ("x",)
+
+    def forward(ctx, x, min=None, max=None):
+        if min is None and max is None:
+            raise ValueError("clamp needs at least one of min and max")
+        ctx.min, ctx.max = min, max
+        return _xp(x).clip(x, min, max, out=ctx.out)
+
+    def backward(ctx, g):
+        x = ctx.x
+        mask = True
+        if ctx.min is not None:
+            mask = x >= ctx.min
+        if ctx.max is not None:
+            mask = mask & (x <= ctx.max)
+        return g * mask
+
+
+class Cast(Function):
+    """A copy in another dtype; the gradient is cast back."""
+
+    def forward(ctx, x, dtype=None):
+        ctx.dtype = x.dtype
+        return x.astype(dtype)
+
+    def backward(ctx, g):
+        return g.astype(ctx.dtype)
+
+
+# --- comparisons (no gradient) ----------------------------------------------------------
+
+def _comparison(ufunc_name):
+    class Compare(Function):
+        differentiable = False
+
+        def forward(ctx, x, y):
+            return getattr(_xp(x, y), ufunc_name)(x, y)
+
+    Compare.__name__ = Compare.__qualname__ = ufunc_name.title().replace("_", "")
+    return Compare
+
+
+Eq = _comparison("equal")
+Ne = _comparison("not_equal")
+Lt = _comparison("less")
+Le = _comparison("less_equal")
+Gt = _comparison("greater")
+Ge = _comparison("greater_equal")
+
+
+# --- inplace fills -----------------------------------------------------------------------
+
+class Fill(Function):
+    """``x.fill_(v)``: the old values get no gradient; a tensor ``v`` gets the sum."""
+
+    inplace_name = "fill_"
+
+    def forward(ctx, x, value):
+        ctx.mv = _meta(value)
+        out = ctx.out if ctx.out is not None else x.copy()
+        out[...] = value
+        return out
+
+    def backward(ctx, g):
+        gv = _grad_for(g.sum(), ctx.mv) if ctx.needs_input_grad[1] else None
+        return None, gv
+
+
+class Zero(Function):
+    inplace_name = "zero_"
+
+    def forward(ctx, x):
+        out = ctx.out if ctx.out is not None else x.copy()
+        out.fill(0)
+        return out
+
+    def backward(ctx, g):
+        return None
+
+
+class Copy(Function):
+    """``x.copy_(src)``: src broadcasts to x and is cast to x's dtype."""
+
+    inplace_name = "copy_"
+
+    def forward(ctx, x, src):
+        ctx.ms = _meta(src)
+        out = ctx.out if ctx.out is not None else x.copy()
+        out[...] = src
+        return out
+
+    def backward(ctx, g):
+        return None, (_grad_for(g, ctx.ms) if ctx.needs_input_grad[1] else None)
+
+
+class Normal(Function):
+    """``normal_(mean, std)``: new values from the generator; no gradient to the old ones."""
+
+    inplace_name = "normal_"
+
+    def forward(ctx, x, sample=None):
+        out = ctx.out if ctx.out is not None else x.copy()
+        out[...] = sample(out.shape, out.dtype)
+        return out
+
+    def backward(ctx, g):
+        return None
+
+
+class Uniform(Normal):
+    """``uniform_(a, b)``: like :class:`Normal`, with uniform samples."""
+
+    inplace_name = "uniform_"

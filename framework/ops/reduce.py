@@ -1,0 +1,147 @@
+"""Reductions (sum, mean, var, amax, max) and softmax / log_softmax over a dim."""
+
+from __future__ import annotations
+
+from ..autograd.function import Function
+from ..backend import get_array_module
+
+
+def _axes(dim, ndim):
+    """Normalizes ``dim`` (None, int or tuple, negatives allowed) to a tuple of axes."""
+    if dim is None:
+        return tuple(range(ndim))
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    out = []
+    for d in dims:
+        if not -max(ndim, 1) <= d < max(ndim, 1):
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-max(ndim, 1)}, {max(ndim, 1) - 1}], but got {d})")
+        out.append(d % max(ndim, 1) if ndim else 0)
+    return tuple(out)
+
+
+def _keep_shape(shape, axes):
+    """``shape`` with the reduced axes set to 1 (what keepdim=True gives)."""
+    return tuple(1 if i in axes else n for i, n in enumerate(shape))
+
+
+def _expand_grad(g, shape, axes):
+    xp = get_array_module(g)
+    return xp.broadcast_to(g.reshape(_keep_shape(shape, axes)), shape)
+
+
+class Sum(Function):
+    def forward(ctx, x, dim=None, keepdim=False):
+        ctx.shape, ctx.axes = x.shape, _axes(dim, x.ndim) if x.ndim else ()
+        return get_array_module(x).sum(x, axis=ctx.axes, keepdims=keepdim)
+
+    def backward(ctx, g):
+        return _expand_grad(g, ctx.shape, ctx.axes)
+
+
+class Mean(Function):
+    def forward(ctx, x, dim=None, keepdim=False):
+        ctx.shape, ctx.axes = x.shape, _axes(dim, x.ndim) if x.ndim else ()
+        n = 1
+        for a in ctx.axes:
+            n *= x.shape[a]
+        ctx.n = n
+        return get_array_module(x).mean(x, axis=ctx.axes, keepdims=keepdim)
+
+    def backward(ctx, g):
+        return _expand_grad(g / ctx.n, ctx.shape, ctx.axes)
+
+
+class Var(Function):
+    saves = ("x",)
+
+    def forward(ctx, x, dim=None, correction=1, keepdim=False):
+        ctx.shape, ctx.axes = x.shape, _axes(dim, x.ndim) if x.ndim else ()
+        n = 1
+        for a in ctx.axes:
+            n *= x.shape[a]
+        ctx.denom = max(n - correction, 0)
+        return get_array_module(x).var(x, axis=ctx.axes, ddof=correction, keepdims=keepdim)
+
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        x = ctx.x
+        centered = x - xp.mean(x, axis=ctx.axes, keepdims=True)
+        centered *= _expand_grad(g, ctx.shape, ctx.axes)
+        centered *= 2.0 / ctx.denom if ctx.denom else float("nan")
+        return centered
+
+
+class Amax(Function):
+    """Max over dims; ties share the gradient evenly (PyTorch's amax convention)."""
+
+    saves = ("x", "result")
+
+    def forward(ctx, x, dim=None, keepdim=False):
+        ctx.shape, ctx.axes, ctx.keepdim = x.shape, _axes(dim, x.ndim) if x.ndim else (), keepdim
+        return get_array_module(x).amax(x, axis=ctx.axes, keepdims=keepdim)
+
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        keep = _keep_shape(ctx.shape, ctx.axes)
+        mask = ctx.x == ctx.result.reshape(keep)
+        count = mask.sum(axis=ctx.axes, keepdims=True)
+        return mask * (g.reshape(keep) / count).astype(g.dtype)
+
+
+class MaxDim(Function):
+    """``max(dim)``: values and indices; the gradient goes to the index that was picked."""
+
+    def forward(ctx, x, dim=0, keepdim=False):
+        xp = get_array_module(x)
+        ctx.shape, ctx.dim, ctx.keepdim = x.shape, _axes(dim, x.ndim)[0], keepdim
+        idx = xp.expand_dims(xp.argmax(x, axis=ctx.dim), ctx.dim)
+        ctx.indices = idx
+        values = xp.take_along_axis(x, idx, axis=ctx.dim)
+        return values if keepdim else values.squeeze(ctx.dim)
+
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        gx = xp.zeros(ctx.shape, dtype=g.dtype)
+        gk = g if ctx.keepdim else xp.expand_dims(g, ctx.dim)
+        xp.put_along_axis(gx, ctx.indices, gk, axis=ctx.dim)
+        return gx
+
+
+class Softmax(Function):
+    inplace_name = "softmax_"
+    saves = ("result",)
+
+    def forward(ctx, x, dim=-1):
+        xp = get_array_module(x)
+        ctx.dim = dim
+        out = xp.subtract(x, xp.amax(x, axis=dim, keepdims=True), out=ctx.out)
+        xp.exp(out, out=out)
+        out /= out.sum(axis=dim, keepdims=True)
+        return out
+
+    def backward(ctx, g):
+        y = ctx.result
+        gx = g * y
+        s = gx.sum(axis=ctx.dim, keepdims=True)
+        gx -= y * s
+        return gx
+
+
+class LogSoftmax(Function):
+    inplace_name = "log_softmax_"
+    saves = ("result",)
+
+    def forward(ctx, x, dim=-1):
+        xp = get_array_module(x)
+        ctx.dim = dim
+        out = xp.subtract(x, xp.amax(x, axis=dim, keepdims=True), out=ctx.out)
+        lse = xp.log(xp.exp(out).sum(axis=dim, keepdims=True))
+        out -= lse
+        return out
+
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        gx = xp.exp(ctx.result)
+        gx *= g.sum(axis=ctx.dim, keepdims=True)
+        xp.subtract(g, gx, out=gx)
+        return gx

@@ -1,0 +1,380 @@
+"""Tensor: an array (possibly a view) + a version counter shared with its storage + autograd fields.
+
+A tensor's values live in ``_data``, a NumPy or CuPy array. A view op returns a tensor
+whose array is a view of its input's array (the array module keeps shape, strides and
+offset), which shares the input's :class:`VersionCounter` and remembers its root
+``_base``. Inplace ops write into ``_data`` and bump the version. Autograd fields follow
+PyTorch's names: ``requires_grad``, ``grad``, ``grad_fn``, ``is_leaf``, ``_version``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import backend, memory
+from .autograd.grad_mode import no_grad, state
+
+_FLOAT_KINDS = ("f",)
+
+
+def _is_float(dtype) -> bool:
+    return np.dtype(dtype).kind in _FLOAT_KINDS
+
+
+class Tensor:
+    """An n-dimensional array with autograd. Create one with :func:`framework.tensor`."""
+
+    __slots__ = (
+        "_data",
+        "_vc",
+        "_requires_grad",
+        "_grad_fn",
+        "_grad",
+        "_base",
+        "_view_fn",
+        "_view_base_fn",
+        "_retains_grad",
+        "_hooks",
+        "_post_acc_hooks",
+        "__weakref__",
+    )
+    __hash__ = object.__hash__  # == is elementwise, so hash by identity as PyTorch does
+    __array_priority__ = 1000  # numpy scalars and arrays defer to our reflected operators
+
+    # --- identity and metadata -------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return self._data.shape
+
+    @property
+    def dtype(self):
+        return self._data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim
+
+    @property
+    def device(self) -> backend.Device:
+        return backend.device_of(self._data)
+
+    @property
+    def xp(self):
+        """The array module of this tensor (NumPy or CuPy)."""
+        return backend.get_array_module(self._data)
+
+    def dim(self) -> int:
+        return self._data.ndim
+
+    def numel(self) -> int:
+        return int(self._data.size)
+
+    def size(self, dim: int | None = None):
+        return self._data.shape if dim is None else self._data.shape[dim]
+
+    def element_size(self) -> int:
+        return self._data.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self._data.nbytes
+
+    def stride(self, dim: int | None = None):
+        """Strides in elements, as PyTorch reports them."""
+        s = tuple(b // self._data.itemsize for b in self._data.strides)
+        return s if dim is None else s[dim]
+
+    def is_contiguous(self) -> bool:
+        return bool(self._data.flags.c_contiguous)
+
+    def __len__(self) -> int:
+        if self._data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    # --- conversion ------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """The values as a NumPy array (shares memory on the CPU, like PyTorch)."""
+        if self.requires_grad:
+            raise RuntimeError("Can't call numpy() on a Tensor that requires grad. Use tensor.detach().numpy() instead.")
+        return backend.to_numpy(self._data)
+
+    def item(self):
+        if self._data.size != 1:
+            raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be converted to a Python scalar")
+        return self._data.reshape(()).item()
+
+    def tolist(self):
+        return backend.to_numpy(self._data).tolist()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        if self._data.size != 1:
+            raise RuntimeError("Boolean value of a Tensor with more than one value is ambiguous")
+        return bool(self.item())
+
+    def __index__(self):
+        if self._data.dtype.kind not in "iub" or self._data.size != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    def __array__(self, dtype=None, copy=None):
+        arr = backend.to_numpy(self._data)
+        return arr if dtype is None else arr.astype(dtype)
+
+    def to(self, device=None, dtype=None) -> "Tensor":
+        """A copy on another device and/or dtype (``self`` when nothing changes).
+
+        The copy is recorded by autograd, so gradients flow back to the original.
+        """
+        if isinstance(device, (np.dtype, type)) and dtype is None:
+            device, dtype = None, device
+        out = self
+        if dtype is not None and np.dtype(dtype) != self.dtype:
+            out = _ops.cast(out, dtype)
+        if device is not None and backend.device(device) != self.device:
+            out = _ops.to_device(out, backend.device(device))
+        return out
+
+    def cpu(self) -> "Tensor":
+        return self.to("cpu")
+
+    def cuda(self, index: int = 0) -> "Tensor":
+        return self.to(f"cuda:{index}")
+
+    def float(self) -> "Tensor":
+        return self.to(dtype=np.float32)
+
+    def double(self) -> "Tensor":
+        return self.to(dtype=np.float64)
+
+    def long(self) -> "Tensor":
+        return self.to(dtype=np.int64)
+
+    def bool(self) -> "Tensor":
+        return self.to(dtype=np.bool_)
+
+    def type_as(self, other: "Tensor") -> "Tensor":
+        return self.to(dtype=other.dtype)
+
+    # --- autograd attributes ----------------------------------------------------------
+    @property
+    def grad_fn(self):
+        base = self._base
+        if base is not None and self._view_fn is not None and self._view_base_fn is not base._grad_fn:
+            # The base's history changed (an inplace op on it or on another view of it):
+            # replay the view chain on the base to get this view's current history.
+            with _enable_grad_quiet():
+                fresh = self._view_fn(base)
+            self._grad_fn = fresh._grad_fn
+            self._view_base_fn = base._grad_fn
+        return self._grad_fn
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad or self.grad_fn is not None
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if self.grad_fn is not None:
+            raise RuntimeError(
+                "you can only change requires_grad flags of leaf variables. If you want to use a "
+                "computed variable in a subgraph that doesn't require differentiation use "
+                "var_no_grad = var.detach()."
+            )
+        if value and not _is_float(self.dtype):
+            raise RuntimeError(f"only Tensors of floating point dtype can require gradients (got {self.dtype})")
+        self._requires_grad = bool(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        self.requires_grad = requires_grad
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.grad_fn is None
+
+    @property
+    def grad(self):
+        """The accumulated gradient (leaves, and non-leaves that called ``retain_grad``)."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value) -> None:
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(f"assigned grad must be a Tensor or None, got {type(value).__name__}")
+            if value.shape != self.shape:
+                raise RuntimeError(f"assigned grad has shape {value.shape}, but the tensor has shape {self.shape}")
+            if value.dtype != self.dtype:
+                raise RuntimeError(f"assigned grad has dtype {value.dtype}, but the tensor has dtype {self.dtype}")
+        self._grad = value
+
+    @property
+    def _version(self) -> int:
+        return self._vc.value
+
+    @property
+    def retains_grad(self) -> bool:
+        return self._retains_grad
+
+    def retain_grad(self) -> None:
+        """Keeps the gradient of a non-leaf tensor in ``.grad`` after backward."""
+        if not self.requires_grad:
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+        if self.is_leaf or self._retains_grad:
+            return
+        self._retains_grad = True
+        import weakref  # noqa: PLC0415
+
+        ref = weakref.ref(self)
+
+        def keep(grad_array):
+            t = ref()
+            if t is not None:
+                g = _wrap(grad_array.copy())
+                memory.track(g._data, "gradients")
+                if t._grad is None:
+                    t._grad = g
+                else:
+                    t._grad = _wrap(t._grad._data + grad_array)
+
+        self.grad_fn.register_prehook(keep)
+
+    def register_hook(self, hook):
+        """``hook(grad) -> Tensor | None`` runs when this tensor's gradient is computed.
+
+        A returned tensor replaces the gradient. Returns a handle with ``remove()``.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        from .autograd.function import _HookHandle  # noqa: PLC0415
+
+        if self.grad_fn is None:
+            if self._hooks is None:
+                self._hooks = []
+            self._hooks.append(hook)
+            return _HookHandle(self._hooks, hook)
+
+        def on_array(grad_array):
+            r = hook(_wrap(grad_array))
+            return None if r is None else r._data
+
+        return self.grad_fn.register_prehook(on_array)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """``hook(tensor)`` runs after a leaf's ``.grad`` was accumulated (used by DataParallel)."""
+        if self.grad_fn is not None:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+        from .autograd.function import _HookHandle  # noqa: PLC0415
+
+        if self._post_acc_hooks is None:
+            self._post_acc_hooks = []
+        self._post_acc_hooks.append(hook)
+        return _HookHandle(self._post_acc_hooks, hook)
+
+    def backward(self, gradient=None, retain_graph: bool | None = None, inputs=None) -> None:
+        """Accumulates d(self)/d(leaf) into every leaf's ``.grad`` (see :func:`autograd.backward`)."""
+        from .autograd import engine  # noqa: PLC0415
+
+        engine.backward([self], [gradient], retain_graph=retain_graph, inputs=inputs)
+
+    def detach(self) -> "Tensor":
+        """Same values and version counter, no history (inplace on it is seen by autograd)."""
+        t = _wrap(self._data)
+        t._vc = self._vc
+        return t
+
+    def detach_(self) -> "Tensor":
+        if self._base is not None:
+            raise RuntimeError("Can't detach views in-place. Use detach() instead.")
+        self._grad_fn = None
+        self._requires_grad = False
+        return self
+
+    @property
+    def data(self) -> "Tensor":
+        """The escape hatch: same memory, a NEW version counter, no history.
+
+        Changes made through ``.data`` are invisible to autograd, as in PyTorch.
+        """
+        return _wrap(self._data)
+
+    @data.setter
+    def data(self, value: "Tensor") -> None:
+        if not isinstance(value, Tensor):
+            raise TypeError(f"data must be set to a Tensor, got {type(value).__name__}")
+        self._data = value._data
+
+    # --- printing --------------------------------------------------------------------
+    def __repr__(self) -> str:
+        arr = backend.to_numpy(self._data)
+        body = np.array2string(arr, separator=", ", precision=4, prefix="tensor(")
+        extras = []
+        if self.device.type != "cpu":
+            extras.append(f"device='{self.device}'")
+        if arr.dtype not in (np.float32, np.int64, np.bool_) or arr.size == 0:
+            extras.append(f"dtype={arr.dtype}")
+        if self.grad_fn is not None:
+            extras.append(f"grad_fn=<{self.grad_fn.name()}>")
+        elif self._requires_grad:
+            extras.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+
+    def __iter__(self):
+        if self._data.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        for i in range(self._data.shape[0]):
+            yield self[i]
+
+    def __reduce__(self):
+        # Pickle values only (checkpoints, MPI objects); history is not pickled.
+        return (_from_numpy_copy, (backend.to_numpy(self._data), self._requires_grad))
+
+
+def _from_numpy_copy(array, requires_grad):
+    t = _wrap(np.array(array))
+    memory.track(t._data)
+    t._requires_grad = requires_grad
+    return t
+
+
+def _wrap(array) -> Tensor:
+    """A new tensor around ``array`` with a fresh version counter and no history."""
+    t = object.__new__(Tensor)
+    t._data = array
+    t._vc = _VersionCounter()
+    t._requires_grad = False
+    t._grad_fn = None
+    t._grad = None
+    t._base = None
+    t._view_fn = None
+    t._view_base_fn = None
+    t._retains_grad = False
+    t._hooks = None
+    t._post_acc_hooks = None
+    return t
+
+
+class _enable_grad_quiet:
+    """Grad mode on for the replay of a view chain, without the decorator machinery."""
+
+    __slots__ = ("prev",)
+
+    def __enter__(self):
+        self.prev = state.enabled
+        state.enabled = True
+
+    def __exit__(self, *exc):
+        state.enabled = self.prev
+
+
+from .autograd.function import VersionCounter as _VersionCounter  # noqa: E402
+from . import ops as _ops  # noqa: E402  (ops import Tensor; they attach the op methods)
+
+__all__ = ["Tensor", "no_grad"]

@@ -1,0 +1,250 @@
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from framework.distributed import comm as comm_mod
+from framework.distributed.comm import (
+    Communicator,
+    SingleProcessCommunicator,
+    get_world,
+    install_abort_on_exception,
+)
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+WORKER = HERE / "mpi_worker_comm.py"
+HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
+
+
+def find_mpiexec():
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("mpiexec")
+
+
+@pytest.fixture
+def fresh_world():
+    get_world.cache_clear()
+    yield
+    get_world.cache_clear()
+
+
+@pytest.fixture
+def restore_hooks():
+    saved = sys.excepthook, threading.excepthook
+    yield
+    sys.excepthook, threading.excepthook = saved
+
+
+def worker_env():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_job(args, nprocs=None, timeout=20.0):
+    """Run the worker (under ``mpiexec -n nprocs`` when given); kill the whole group on timeout."""
+    cmd = [sys.executable, str(WORKER), *args]
+    if nprocs is not None:
+        cmd = [find_mpiexec(), "-n", str(nprocs), *cmd]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and the ranks it started
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    return proc.returncode, out, err, time.monotonic() - start
+
+
+# -- single process, in this process ---------------------------------------------------------
+
+def single_process_worlds():
+    worlds = [pytest.param(SingleProcessCommunicator, id="no-mpi")]
+    if HAVE_MPI4PY:
+        worlds.append(pytest.param(Communicator, id="mpi-singleton"))
+    return worlds
+
+
+@pytest.mark.parametrize("make", single_process_worlds())
+def test_single_process_collectives(make):
+    w = make()
+    assert (w.rank, w.size, w.local_rank, w.local_size, w.is_main) == (0, 1, 0, 1, True)
+    assert w.backend == ("mpi" if make is Communicator else "none")
+    for dtype in (np.float32, np.float64, np.int64):
+        buf = np.arange(6, dtype=dtype).reshape(2, 3)
+        for op in ("sum", "max", "min"):
+            assert w.allreduce_(buf, op=op) is buf
+            np.testing.assert_array_equal(buf, np.arange(6).reshape(2, 3))
+    buf = np.ones(4)
+    handles = [w.iallreduce_(buf), w.iallreduce_(np.zeros(2, np.float32), op="max")]
+    assert handles[0].wait() is buf and handles[0].test()
+    np.testing.assert_array_equal(handles[1].wait(), np.zeros(2))
+    send, recv = np.arange(3.0), np.zeros(3)
+    assert w.allreduce_copy(send, recv) is recv
+    np.testing.assert_array_equal(recv, send)
+    recv2 = np.zeros(3)
+    assert w.iallreduce_copy(send, recv2).wait() is recv2
+    np.testing.assert_array_equal(recv2, send)
+    b = np.arange(4, dtype=np.int64)
+    assert w.broadcast_(b) is b and b.tolist() == [0, 1, 2, 3]
+    assert w.allgather_object({"a": 1}) == [{"a": 1}]
+    for op in ("sum", "max", "min", "mean"):
+        assert w.allreduce_scalar(2.5, op=op) == 2.5
+    assert isinstance(w.allreduce_scalar(np.float32(3)), float)
+    w.barrier()
+
+
+@pytest.mark.parametrize("make", single_process_worlds())
+def test_argument_errors(make):
+    w = make()
+    with pytest.raises(ValueError, match="C-contiguous"):
+        w.allreduce_(np.zeros((4, 4))[:, 1])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        w.iallreduce_(np.zeros((4, 4)).T)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        w.broadcast_(np.zeros(8)[::2])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        w.allreduce_copy(np.zeros(8)[::2], np.zeros(4))
+    with pytest.raises(ValueError, match="unknown reduction op 'prod'"):
+        w.allreduce_(np.zeros(3), op="prod")
+    with pytest.raises(ValueError, match="unknown reduction op 'mean'"):
+        w.allreduce_(np.zeros(3), op="mean")
+    with pytest.raises(ValueError, match="unknown reduction op"):
+        w.allreduce_scalar(1.0, op="avg")
+    with pytest.raises(TypeError, match="NumPy array"):
+        w.allreduce_([1.0, 2.0])
+    with pytest.raises(TypeError, match="dtype float16"):
+        w.allreduce_(np.zeros(3, np.float16))
+    ro = np.zeros(3)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        w.allreduce_(ro)
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        w.allreduce_copy(np.zeros(3), np.zeros(4))
+    x = np.zeros(6)
+    with pytest.raises(ValueError, match="overlap"):
+        w.allreduce_copy(x[:4], x[2:])
+    with pytest.raises(ValueError, match="root 1 out of range"):
+        w.broadcast_(np.zeros(3), root=1)
+
+
+def test_get_world_is_cached(fresh_world):
+    w = get_world()
+    assert get_world() is w
+    assert w.size == 1 and w.is_main
+    expected = Communicator if HAVE_MPI4PY else SingleProcessCommunicator
+    assert type(w) is expected
+    assert repr(w).startswith(expected.__name__)
+
+
+def test_get_world_without_mpi4py(fresh_world, monkeypatch):
+    # A None entry in sys.modules makes `from mpi4py import MPI` raise ImportError.
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", None)
+    w = get_world()
+    assert type(w) is SingleProcessCommunicator
+    assert w.backend == "none" and w.size == 1
+    assert get_world() is w
+    buf = np.ones(3, np.float32)
+    assert w.allreduce_(buf) is buf
+
+
+def test_import_does_not_load_mpi4py():
+    code = "import sys, framework.distributed.comm; print('mpi4py.MPI' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env(),
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
+
+
+def test_abort_hook_single_process_keeps_default(restore_hooks):
+    before = sys.excepthook, threading.excepthook
+    install_abort_on_exception(SingleProcessCommunicator())
+    assert (sys.excepthook, threading.excepthook) == before
+
+
+def test_abort_hook_is_idempotent(restore_hooks, monkeypatch):
+    class FakeWorld(SingleProcessCommunicator):
+        aborted = []
+
+        def abort(self, code=1):
+            self.aborted.append(code)
+
+    world = FakeWorld()
+    world.rank, world.size = 1, 2
+    install_abort_on_exception(world)
+    hooks = sys.excepthook, threading.excepthook
+    install_abort_on_exception(world)
+    assert (sys.excepthook, threading.excepthook) == hooks
+    assert hooks[0] is not sys.__excepthook__
+
+    # Drive the hook directly (with a fake abort) and check the report format.
+    import io
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    try:
+        raise KeyError("marker-42")
+    except KeyError:
+        sys.excepthook(*sys.exc_info())
+    assert FakeWorld.aborted == [1]
+    lines = err.getvalue().splitlines()
+    assert lines and all(line.startswith("[rank 1] ") for line in lines)
+    assert "[rank 1] KeyError: 'marker-42'" in lines
+
+
+def test_uncaught_exception_single_process_exits_nonzero():
+    """No mpiexec: size 1, so the hook is not installed and Python's default applies."""
+    code = (
+        "from framework.distributed.comm import get_world, install_abort_on_exception\n"
+        "install_abort_on_exception(get_world())\n"
+        "raise RuntimeError('single-process-boom')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env(),
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1
+    assert "Traceback" in res.stderr and "RuntimeError: single-process-boom" in res.stderr
+    assert "[rank" not in res.stderr
+
+
+# -- several ranks under mpiexec --------------------------------------------------------------
+
+needs_mpiexec = pytest.mark.skipif(
+    not HAVE_MPI4PY or find_mpiexec() is None,
+    reason="multi-rank tests need mpi4py and an mpiexec (pip install mpi4py mpich)",
+)
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+def test_collectives_two_ranks():
+    code, out, err, _ = run_job(["collectives"], nprocs=2, timeout=30)
+    assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "rank 0: ok" in out and "rank 1: ok" in out
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_exception_on_one_rank_aborts_job(where):
+    message = f"deliberate failure on rank one ({where})"
+    code, out, err, elapsed = run_job(["crash", message, where], nprocs=2, timeout=20)
+    assert code != 0, f"job exited 0\nstdout:\n{out}\nstderr:\n{err}"
+    assert "[rank 1]" in err, err
+    assert f"RuntimeError: {message}" in err, err
+    assert elapsed < 20
