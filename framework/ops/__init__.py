@@ -26,9 +26,14 @@ def _operand(x, other):
     """Prepares a binary op's second operand: tensors pass, Python scalars stay scalars.
 
     A Python float with an integer or bool tensor promotes to the default float dtype
-    (float32), as in PyTorch; NumPy alone would give float64.
+    (float32), as in PyTorch; NumPy alone would give float64. So does an integer tensor
+    with a float tensor: the result keeps the float tensor's dtype (NumPy: float64).
     """
     if isinstance(other, Tensor):
+        if isinstance(x, Tensor) and x.dtype.kind in "biu" and other.dtype.kind == "f":
+            x = cast(x, other.dtype)
+        elif isinstance(x, Tensor) and other.dtype.kind in "biu" and x.dtype.kind == "f":
+            other = cast(other, x.dtype)
         return x, other
     if isinstance(other, np.ndarray):
         raise TypeError("mix tensors with tensors or Python scalars, not NumPy arrays: wrap it with fw.tensor()")
@@ -61,9 +66,9 @@ def mul(x, other):
 
 
 def div(x, other):
-    x, other = _operand(x, other)
     if x.dtype.kind in "biu" and (not isinstance(other, Tensor) or other.dtype.kind in "biu"):
         x = cast(x, _DEFAULT_FLOAT)  # true division of integers gives floats
+    x, other = _operand(x, other)  # then an integer tensor divisor follows x to float32
     return E.Div.apply(x, other)
 
 
@@ -339,7 +344,9 @@ def transpose(x, dim0, dim1):
 def t(x):
     if x.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.ndim}D")
-    return x if x.ndim < 2 else transpose(x, 0, 1)
+    if x.ndim < 2:  # a view that changes nothing, as in PyTorch (not x itself)
+        return V.Permute.apply(x, dims=tuple(range(x.ndim)))
+    return transpose(x, 0, 1)
 
 
 def unsqueeze(x, dim):

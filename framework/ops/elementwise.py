@@ -11,6 +11,7 @@ tensor that needs a gradient) get a copy of it from the apply path, counted as
 
 from __future__ import annotations
 
+from .. import memory
 from ..autograd.function import Function
 from ..backend import get_array_module
 from .broadcast import shape_of, sum_to
@@ -40,7 +41,7 @@ class Add(Function):
         ctx.mx, ctx.my, ctx.alpha = _meta(x), _meta(y), alpha
         xp = _xp(x, y)
         if alpha != 1:
-            y = xp.multiply(y, alpha)
+            y = y * alpha  # a Python scalar y stays one (xp.multiply would make it float64)
         return xp.add(x, y, out=ctx.out)
 
     def backward(ctx, g):
@@ -58,7 +59,7 @@ class Sub(Function):
         ctx.mx, ctx.my, ctx.alpha = _meta(x), _meta(y), alpha
         xp = _xp(x, y)
         if alpha != 1:
-            y = xp.multiply(y, alpha)
+            y = y * alpha  # a Python scalar y stays one (xp.multiply would make it float64)
         return xp.subtract(x, y, out=ctx.out)
 
     def backward(ctx, g):
@@ -240,8 +241,9 @@ class Tanh(Function):
 
     def backward(ctx, g):
         y = ctx.result
-        gx = y * y
-        _xp(g).subtract(1, gx, out=gx)
+        xp = _xp(g)
+        gx = xp.multiply(y, y, out=xp.empty_like(y))  # y * y would be a scalar for 0-d y
+        xp.subtract(1, gx, out=gx)
         gx *= g
         return gx
 
@@ -253,7 +255,8 @@ class Sigmoid(Function):
     def forward(ctx, x):
         xp = _xp(x)
         # 1 / (1 + exp(-x)) written through one buffer: the inplace form allocates nothing.
-        out = xp.negative(x, out=ctx.out)
+        # (An explicit buffer also when out of place: for 0-d x, NumPy would return a scalar.)
+        out = xp.negative(x, out=ctx.out if ctx.out is not None else xp.empty_like(x))
         xp.exp(out, out=out)
         out += 1
         return xp.reciprocal(out, out=out)
@@ -291,11 +294,15 @@ class LeakyRelu(Function):
             )
         ctx.slope = negative_slope
         xp = _xp(x)
-        return xp.multiply(x, xp.where(x > 0, 1, negative_slope).astype(x.dtype), out=ctx.out)
+        # y = max(x, slope*x) for slope <= 1 (min for slope > 1): one counted temporary,
+        # where a mask-and-multiply would need three.
+        scaled = memory.empty(x.shape, x.dtype, xp, "workspace")
+        xp.multiply(x, negative_slope, out=scaled)
+        pick = xp.maximum if negative_slope <= 1 else xp.minimum
+        return pick(x, scaled, out=ctx.out)
 
     def backward(ctx, g):
-        xp = _xp(g)
-        return g * xp.where(ctx.result > 0, 1, ctx.slope).astype(g.dtype)
+        return _xp(g).where(ctx.result > 0, g, g * ctx.slope)
 
 
 class Clamp(Function):

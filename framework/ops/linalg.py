@@ -23,10 +23,10 @@ class Matmul(Function):
         x1, y1 = len(ctx.xshape) == 1, len(ctx.yshape) == 1
         # Promote 1-D operands to matrices so one pair of formulas covers every case.
         g2 = g
+        if y1:  # before x1: with both 1-D, g is 0-d and becomes (1,) then (1, 1)
+            g2 = xp.expand_dims(g2, -1)
         if x1:
             g2 = xp.expand_dims(g2, -2)
-        if y1:
-            g2 = xp.expand_dims(g2, -1)
         gx = gy = None
         if ctx.needs_input_grad[0]:
             y = ctx.y

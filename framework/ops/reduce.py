@@ -107,6 +107,12 @@ class MaxDim(Function):
         return gx
 
 
+def _out(ctx, x):
+    # The buffer to write: x's when inplace, else a new one (NumPy would return a scalar
+    # instead of a 0-d array for 0-d x, and the inplace steps below need an array).
+    return ctx.out if ctx.out is not None else get_array_module(x).empty_like(x)
+
+
 class Softmax(Function):
     inplace_name = "softmax_"
     saves = ("result",)
@@ -114,7 +120,7 @@ class Softmax(Function):
     def forward(ctx, x, dim=-1):
         xp = get_array_module(x)
         ctx.dim = dim
-        out = xp.subtract(x, xp.amax(x, axis=dim, keepdims=True), out=ctx.out)
+        out = xp.subtract(x, xp.amax(x, axis=dim, keepdims=True), out=_out(ctx, x))
         xp.exp(out, out=out)
         out /= out.sum(axis=dim, keepdims=True)
         return out
@@ -134,14 +140,14 @@ class LogSoftmax(Function):
     def forward(ctx, x, dim=-1):
         xp = get_array_module(x)
         ctx.dim = dim
-        out = xp.subtract(x, xp.amax(x, axis=dim, keepdims=True), out=ctx.out)
+        out = xp.subtract(x, xp.amax(x, axis=dim, keepdims=True), out=_out(ctx, x))
         lse = xp.log(xp.exp(out).sum(axis=dim, keepdims=True))
         out -= lse
         return out
 
     def backward(ctx, g):
         xp = get_array_module(g)
-        gx = xp.exp(ctx.result)
+        gx = xp.exp(ctx.result, out=xp.empty_like(g))  # out=: an array also for 0-d
         gx *= g.sum(axis=ctx.dim, keepdims=True)
         xp.subtract(g, gx, out=gx)
         return gx
