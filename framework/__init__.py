@@ -76,3 +76,6 @@ from .ops import (
 )
 
 bool = bool_  # noqa: A001  (fw.bool, as torch.bool)
+
+from . import nn, optim  # noqa: E402  (they build on everything above)
+from . import random  # noqa: E402,F401

@@ -25,11 +25,16 @@ def _new(array, requires_grad: bool) -> Tensor:
 
 
 def _infer_dtype(data):
-    """PyTorch's inference: Python floats -> float32, ints -> int64, bools -> bool."""
+    """PyTorch's inference: Python floats -> float32, ints -> int64, bools -> bool.
+
+    NumPy arrays and NumPy scalars (``np.float64(1.0)``) keep their dtype, as in PyTorch.
+    """
     arr = np.asarray(data)
-    if arr.dtype.kind == "f" and not isinstance(data, np.ndarray):
+    if isinstance(data, (np.ndarray, np.generic)):
+        return arr.dtype
+    if arr.dtype.kind == "f":
         return float32
-    if arr.dtype.kind in "iu" and not isinstance(data, np.ndarray):
+    if arr.dtype.kind in "iu":
         return int64
     return arr.dtype
 

@@ -52,6 +52,32 @@ def policy(name: str):
         set_policy(prev)
 
 
+def can_write(tensor, explicit: bool | None = None) -> bool:
+    """Whether an inplace SITE writes over ``tensor`` (an activation's input, a residual sum).
+
+    ``True``/``False`` (a module's own ``inplace=``) are obeyed as written, as in PyTorch:
+    misuse raises at once or at backward. ``None`` follows the policy, except where the
+    inplace path could only fail, so that ``on`` never raises where ``off`` works:
+    ``tensor`` is (a view of) a leaf that requires grad, or a value autograd holds for
+    backward (a ``Dropout`` after ``tanh``, whose backward reads its output). There the
+    site takes the out-of-place path and counts ``inplace_site_fallbacks`` in
+    :func:`framework.memory.stats`.
+    """
+    if explicit is not None:
+        return bool(explicit)
+    if _policy == "off":
+        return False
+    from . import memory  # noqa: PLC0415
+    from .autograd.grad_mode import state  # noqa: PLC0415
+
+    if state.enabled:
+        base = tensor._base if tensor._base is not None else tensor
+        if (base._requires_grad and base._grad_fn is None) or memory.saved_refcount(tensor._data) > 0:
+            memory.count("inplace_site_fallbacks")
+            return False
+    return True
+
+
 def enabled(explicit: bool | None = None) -> bool:
     """Whether an inplace site takes its inplace path.
 

@@ -192,6 +192,8 @@ class Tensor:
         self._requires_grad = bool(value)
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        if requires_grad and self.grad_fn is not None:
+            return self  # a no-op on a non-leaf, as in PyTorch (only the setter raises)
         self.requires_grad = requires_grad
         return self
 
@@ -244,6 +246,7 @@ class Tensor:
                 else:
                     t._grad = _wrap(t._grad._data + grad_array)
 
+        keep.retains_grad = True
         self.grad_fn.register_prehook(keep)
 
     def register_hook(self, hook):
@@ -265,7 +268,13 @@ class Tensor:
             r = hook(_wrap(grad_array))
             return None if r is None else r._data
 
-        return self.grad_fn.register_prehook(on_array)
+        handle = self.grad_fn.register_prehook(on_array)
+        if self._retains_grad:
+            # As in PyTorch, the retain_grad hook runs after every tensor hook, whenever
+            # they were registered, so .grad holds the gradient the hooks produced.
+            hooks = self.grad_fn.__dict__["_pre_hooks"]
+            hooks.sort(key=lambda h: getattr(h, "retains_grad", False))
+        return handle
 
     def register_post_accumulate_grad_hook(self, hook):
         """``hook(tensor)`` runs after a leaf's ``.grad`` was accumulated (used by DataParallel)."""

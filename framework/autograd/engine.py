@@ -2,7 +2,9 @@
 
 Gradients travel as raw arrays. Each node runs once, after every gradient for its
 output has arrived (dependency counting over the part of the graph reachable from the
-roots). Without ``retain_graph`` a node frees its saved tensors right after its
+roots). A leaf likewise receives ONE summed gradient per backward, once its last
+incoming edge has run, so its hooks and post-accumulate hooks run once (PyTorch's
+AccumulateGrad). Without ``retain_graph`` a node frees its saved tensors right after its
 backward, so activation memory falls as backward proceeds.
 
 Gradient accumulation is an inplace site of the policy: under ``on`` a second gradient
@@ -27,17 +29,23 @@ def _refcount(array) -> int:
     return sys.getrefcount(array)
 
 
-def _exclusive_probe(array) -> int:
+def _exclusive_probe(array) -> int:  # stands where _is_exclusive stands
     return _refcount(array)
 
 
+def _probe_caller(array) -> int:  # stands where _sum_grads stands
+    return _exclusive_probe(array)
+
+
 def _calibrate() -> int:
-    # The engine asks about an array held by exactly one slot (a dict entry or one
-    # local), two frames down: measure what that count is on this interpreter.
+    # The engine asks about an array held by exactly one slot (a dict entry or a list
+    # item) and passed down _sum_grads -> _is_exclusive -> _refcount: measure that count
+    # through a chain of the same depth on this interpreter. (Measuring one frame short
+    # made the proof always fail, so the policy's accumulation site never ran in place.)
     import numpy as np  # noqa: PLC0415
 
     slot = {0: np.zeros(1)}
-    return _exclusive_probe(slot[0])
+    return _probe_caller(slot[0])
 
 
 _EXCLUSIVE_REFS = _calibrate()
@@ -57,7 +65,8 @@ def _sum_grads(existing, new):
     return memory.track(existing + new, "gradients")
 
 
-def _accumulate_leaf(leaf, grad) -> None:
+def _run_leaf_hooks(leaf, grad):
+    """A leaf's tensor hooks, in order; a returned tensor replaces the gradient."""
     if leaf._hooks:
         from ..tensor import _wrap  # noqa: PLC0415
 
@@ -65,6 +74,17 @@ def _accumulate_leaf(leaf, grad) -> None:
             r = hook(_wrap(grad))
             if r is not None:
                 grad = r._data
+    return grad
+
+
+def _accumulate_leaf(leaf, grad) -> None:
+    if leaf._hooks:
+        hooked = _run_leaf_hooks(leaf, grad)
+        if hooked is not grad:
+            # A hook's tensor may be held by whoever made it: never adopt it as .grad.
+            hooked = hooked.copy()
+        grad = hooked
+        del hooked
     if grad.shape != leaf._data.shape:
         raise RuntimeError(f"gradient of shape {grad.shape} for a leaf of shape {leaf._data.shape}")
     if grad.dtype != leaf._data.dtype:
@@ -142,17 +162,34 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
         captured = [None] * len(targets)
 
     # Dependency counts over the reachable (and, with targets, needed) part of the graph.
+    # Leaves are counted too: like PyTorch's AccumulateGrad, a leaf used several times gets
+    # ONE sum, so its hooks and post-accumulate hooks run once, with the whole gradient.
     deps: dict = {}
+    leaf_pending: dict = {}  # id(leaf) -> [leaf, edges still to arrive, summed gradient]
     seen = set(root_nodes)
     stack = list(root_nodes)
+
+    def count_leaf(leaf):
+        entry = leaf_pending.get(id(leaf))
+        if entry is None:
+            leaf_pending[id(leaf)] = [leaf, 1, None]
+        else:
+            entry[1] += 1
+
+    for edge, _ in roots:
+        if isinstance(edge, Tensor):
+            count_leaf(edge)
     while stack:
         node = stack.pop()
         for nxt in node.next:
-            if isinstance(nxt, Function) and (needed is None or needed.get(nxt)):
-                deps[nxt] = deps.get(nxt, 0) + 1
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
+            if isinstance(nxt, Function):
+                if needed is None or needed.get(nxt):
+                    deps[nxt] = deps.get(nxt, 0) + 1
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        stack.append(nxt)
+            elif nxt is not None:
+                count_leaf(nxt)
 
     def deliver_leaf(leaf, g):
         if targets is None:
@@ -164,14 +201,30 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
         if accumulate:
             _accumulate_leaf(leaf, g)
         else:
-            captured[i] = g if captured[i] is None else captured[i] + g
+            captured[i] = _run_leaf_hooks(leaf, g)  # autograd.grad runs them too (PyTorch)
+
+    def arrive_leaf(leaf, grads_in, i):
+        # Takes grads_in[i] out of its list, so that once the sum is complete nothing but
+        # this call chain refers to it and _accumulate_leaf can prove it may steal it.
+        g = grads_in[i]
+        grads_in[i] = None
+        entry = leaf_pending[id(leaf)]
+        if g is not None:
+            memory.track(g, "gradients")
+            entry[2] = g if entry[2] is None else _sum_grads(entry[2], g)
+            del g
+        entry[1] -= 1
+        if entry[1] == 0:
+            del leaf_pending[id(leaf)]
+            if entry[2] is not None:
+                deliver_leaf(leaf, entry.pop())
 
     grads: dict = {}
     anomaly = state.anomaly
     with memory.category("gradients"), no_grad():
         for edge, g in roots:
             if isinstance(edge, Tensor):
-                deliver_leaf(edge, g)
+                arrive_leaf(edge, [g], 0)
             elif edge in grads:
                 grads[edge] = grads[edge] + g
             else:
@@ -201,6 +254,9 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                 if anomaly == "nan":
                     _check_nan(node, outs)
             for i, nxt in enumerate(node.next):
+                if nxt is not None and not isinstance(nxt, Function):
+                    arrive_leaf(nxt, outs or [None] * (i + 1), i)
+                    continue
                 gi = None
                 if outs is not None:
                     gi = outs[i]
@@ -219,8 +275,6 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                     deps[nxt] -= 1
                     if deps[nxt] == 0:
                         ready.append(nxt)
-                elif gi is not None:
-                    deliver_leaf(nxt, gi)
                 del gi
     return captured
 

@@ -28,11 +28,19 @@ import os
 import sys
 import traceback
 
+import numpy as np
+
 from .. import memory
 from .grad_mode import state
 
 _FRAMEWORK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _FREED = object()
+
+
+def _as_array(a):
+    # NumPy ufuncs and reductions return scalars for 0-d results; tensors and gradients
+    # must stay arrays (repr, .numpy(), out= and memory accounting expect one).
+    return np.asarray(a) if isinstance(a, np.generic) else a
 
 
 class VersionCounter:
@@ -200,6 +208,7 @@ class Function:
         grads = self.backward(grad)
         if type(grads) is not tuple:
             grads = (grads,)
+        grads = tuple(_as_array(g) for g in grads)
         if len(grads) != len(self.next):
             raise RuntimeError(f"{self.name()} returned {len(grads)} gradients, expected {len(self.next)}")
         return grads
@@ -251,7 +260,7 @@ def edge_of(t):
     return fn if fn is not None else t
 
 
-def _check_inplace_target(cls, target, grad_on: bool) -> None:
+def _check_inplace_target(cls, target, grad_on: bool, any_needs: bool = False) -> None:
     """Raises before the kernel runs, so a refused inplace op changes nothing."""
     if grad_on:
         if target._requires_grad and target._grad_fn is None and target._base is None:
@@ -267,7 +276,8 @@ def _check_inplace_target(cls, target, grad_on: bool) -> None:
                     f"a view of a leaf Variable that requires grad is being used in an in-place "
                     f"operation ({cls.inplace_name}). Wrap it in `with no_grad():` or clone() first."
                 )
-            if target._view_fn is None and base.requires_grad:
+            # any_needs: the written value may bring history into a base that had none.
+            if target._view_fn is None and (base.requires_grad or any_needs):
                 raise RuntimeError(
                     f"a view was created in no_grad mode and is being modified in place "
                     f"({cls.inplace_name}) with grad mode enabled: its history cannot be rewritten. "
@@ -284,8 +294,10 @@ def _check_inplace_target(cls, target, grad_on: bool) -> None:
 
 
 def _save_inputs(cls, inputs, arrays, needs, inplace):
-    """The SavedTensors of forward's inputs; copies those the inplace kernel overwrites."""
+    """The SavedTensors of forward's inputs, and the bytes copied because the inplace
+    kernel would overwrite them."""
     saved = {}
+    copied = 0
     target = arrays[0] if inplace else None
     xp_may_share = None
     for name, idx, when in cls._save_plan:
@@ -301,12 +313,12 @@ def _save_inputs(cls, inputs, arrays, needs, inplace):
                 # Backward needs the value the kernel is about to overwrite: keep a copy.
                 # Correct, but it is exactly the memory this inplace op did not save.
                 copy = memory.track(arr.copy(), "inplace_copies")
-                memory.count("inplace_copy_bytes", copy.nbytes)
+                copied += copy.nbytes
                 saved[name] = SavedTensor(copy, None, name)
                 continue
         t = inputs[idx]
         saved[name] = SavedTensor(arr, t._vc if isinstance(t, Tensor) else None, name)
-    return saved
+    return saved, copied
 
 
 def _apply(cls, inputs, params, inplace):
@@ -333,11 +345,11 @@ def _apply(cls, inputs, params, inplace):
     ctx.needs_input_grad = tuple(needs)
     target = inputs[0] if inplace else None
     if inplace:
-        _check_inplace_target(cls, target, grad_on)
+        _check_inplace_target(cls, target, grad_on, any_needs)
         ctx.out = arrays[0]
     else:
         ctx.out = None
-    saved = _save_inputs(cls, inputs, arrays, needs, inplace) if any_needs and cls._save_plan else None
+    saved, copied = _save_inputs(cls, inputs, arrays, needs, inplace) if any_needs and cls._save_plan else (None, 0)
     if any_needs and state.anomaly:
         ctx._trace = traceback.format_stack()[:-2]
 
@@ -347,9 +359,13 @@ def _apply(cls, inputs, params, inplace):
         if inplace:
             raise RuntimeError(f"{cls.inplace_name}: {e}") from None
         raise
+    result = _as_array(result)
 
     if inplace:
+        if copied:  # counted once the op has run: a refused op copied for nothing
+            memory.count("inplace_copy_bytes", copied)
         out_arr = ctx.out
+        ctx.out = None  # the node must not keep the target's buffer alive after forward
         if result is not out_arr:
             # Kernels should write through ctx.out; this keeps any other one correct.
             out_arr[...] = result
@@ -376,6 +392,10 @@ def _apply(cls, inputs, params, inplace):
         for name, idx, when in cls._save_plan:
             if idx < 0 and (when is None or any(needs[i] for i in when)):
                 saved[name] = SavedTensor(out._data, out._vc, name)
+        for name in [n for n, s in saved.items() if s.vc is None and not hasattr(s.array, "shape")]:
+            # A Python scalar (x * 2.0) is a constant, not a saved tensor: as in PyTorch it
+            # survives release(), so a node that saved only constants can run again.
+            ctx.__dict__[name] = saved.pop(name).array
         if saved:
             ctx._saved = saved
         if inplace and target._base is not None:

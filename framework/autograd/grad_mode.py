@@ -55,13 +55,22 @@ class _GradModeContext:
         return wrapper
 
 
-class no_grad(_GradModeContext):
+class _NoParamGradModeContext(_GradModeContext):
+    """Also usable as a bare decorator, ``@no_grad`` as well as ``@no_grad()`` (PyTorch 2)."""
+
+    def __new__(cls, fn=None):
+        if fn is None:
+            return super().__new__(cls)
+        return cls()(fn)
+
+
+class no_grad(_NoParamGradModeContext):
     """Ops inside do not record history (inplace on leaves is allowed here)."""
 
     _mode = False
 
 
-class enable_grad(_GradModeContext):
+class enable_grad(_NoParamGradModeContext):
     """Turns recording back on inside a ``no_grad`` block."""
 
     _mode = True
@@ -77,6 +86,11 @@ class set_grad_enabled(_GradModeContext):
 
     def __enter__(self):
         return self
+
+    def __call__(self, fn):
+        # Used as a decorator, the mode applies to calls of fn only: undo __init__'s switch.
+        state.enabled = self._prev
+        return super().__call__(fn)
 
 
 class detect_anomaly:
