@@ -39,10 +39,13 @@ CATEGORIES = (
 
 _allocated = 0
 _peak = 0
-_by_category: Counter = Counter()
-_peak_by_category: Counter = Counter()
+# Plain dicts with every category present: the hot path is a dict lookup, and a name
+# outside CATEGORIES is caught instead of silently starting a category breakdown() omits.
+_by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+_peak_by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
 _live: dict[int, "_BufferRef"] = {}  # id(root buffer) -> its weak reference
-_saved_refcount: Counter = Counter()  # id(root buffer) -> saved tensors holding it
+_saved_refcount: dict[int, int] = {}  # id(root buffer) -> saved tensors holding it
+_saved_size: dict[int, int] = {}  # id(root buffer) -> its bytes, while saved
 _saved_bytes = 0
 _default_category: list = [None]
 _timelines: list["Timeline"] = []
@@ -60,18 +63,30 @@ def _on_free(ref: _BufferRef) -> None:
     global _allocated
     if _live.pop(ref.key, None) is None:
         return
-    _allocated -= ref.nbytes
-    _by_category[ref.category] -= ref.nbytes
+    nbytes = ref.nbytes
+    _allocated -= nbytes
+    _by_category[ref.category] -= nbytes
     if _timelines:
-        _record_event(-ref.nbytes, ref.category)
+        _record_event(-nbytes, ref.category)
+
+
+def _bad_category(name) -> ValueError:
+    return ValueError(f"unknown memory category {name!r}; use one of {', '.join(CATEGORIES)}")
 
 
 def root_buffer(array):
-    """The array that owns ``array``'s memory (``array`` itself when it owns it)."""
-    base = array.base
-    while isinstance(base, np.ndarray):
-        array, base = base, base.base
-    return array
+    """The array that owns ``array``'s memory (``array`` itself when it owns it).
+
+    Follows ``.base`` through NumPy and CuPy views, and through the ``DummyArray``
+    wrappers that ``as_strided`` / ``sliding_window_view`` put between a window view
+    and its array (otherwise an im2col view would count at its logical size).
+    """
+    root, base = array, array.base
+    while base is not None:
+        if hasattr(base, "shape"):
+            root = base
+        base = getattr(base, "base", None)
+    return root
 
 
 def track(array, category: str | None = None, fallback: str = "other"):
@@ -80,27 +95,40 @@ def track(array, category: str | None = None, fallback: str = "other"):
     The category is ``category``, else the one set by :func:`category` around the call,
     else ``fallback``. Idempotent: a buffer is counted once however many arrays view it.
     Arrays that are not NumPy arrays (CuPy) are counted by the GPU pool hook instead.
+
+    Raises:
+        ValueError: the category is not one of :data:`CATEGORIES`.
     """
     global _allocated, _peak
+    if category is not None and category not in _by_category:
+        raise _bad_category(category)
     if not isinstance(array, np.ndarray):
         return array
-    root = root_buffer(array)
+    # This runs for every op output and every gradient: keep the common case short.
+    root = array if array.base is None else root_buffer(array)
     key = id(root)
     if key in _live:
         return array
     nbytes = root.nbytes
-    if nbytes == 0:
+    if not nbytes:
         return array
     cat = category or _default_category[-1] or fallback
+    in_cat = _by_category.get(cat)
+    if in_cat is None:
+        raise _bad_category(cat)  # a bad fallback (the block's name was checked on entry)
     ref = _BufferRef(root, _on_free)
-    ref.key, ref.nbytes, ref.category = key, nbytes, cat
+    ref.key = key
+    ref.nbytes = nbytes
+    ref.category = cat
     _live[key] = ref
-    _allocated += nbytes
-    _by_category[cat] += nbytes
-    if _allocated > _peak:
-        _peak = _allocated
-    if _by_category[cat] > _peak_by_category[cat]:
-        _peak_by_category[cat] = _by_category[cat]
+    in_cat += nbytes
+    _by_category[cat] = in_cat
+    if in_cat > _peak_by_category[cat]:
+        _peak_by_category[cat] = in_cat
+    total = _allocated + nbytes
+    _allocated = total
+    if total > _peak:
+        _peak = total
     if _timelines:
         _record_event(nbytes, cat)
     return array
@@ -108,6 +136,8 @@ def track(array, category: str | None = None, fallback: str = "other"):
 
 def retag(array, category: str) -> None:
     """Moves ``array``'s buffer to another category (e.g. a tensor becoming a Parameter)."""
+    if category not in _by_category:
+        raise _bad_category(category)
     if not isinstance(array, np.ndarray):
         return
     track(array, category)
@@ -155,8 +185,8 @@ def _xp_of(array):
 @contextlib.contextmanager
 def category(name: str):
     """Buffers allocated inside the block default to category ``name``."""
-    if name not in CATEGORIES:
-        raise ValueError(f"unknown memory category {name!r}; use one of {', '.join(CATEGORIES)}")
+    if name not in _by_category:
+        raise _bad_category(name)
     _default_category.append(name)
     try:
         yield
@@ -167,35 +197,36 @@ def category(name: str):
 # --- saved-for-backward accounting ----------------------------------------------------
 
 def note_saved(array) -> None:
-    """An autograd node now holds ``array`` for backward."""
+    """An autograd node now holds ``array`` for backward (any device)."""
     global _saved_bytes
-    if not isinstance(array, np.ndarray):
-        return
+    if not hasattr(array, "shape"):
+        return  # a Python scalar operand
     track(array, "activations")
-    key = id(root_buffer(array))
-    if _saved_refcount[key] == 0:
-        _saved_bytes += _live[key].nbytes if key in _live else 0
-    _saved_refcount[key] += 1
+    root = root_buffer(array)
+    key = id(root)
+    if key not in _saved_refcount:
+        _saved_size[key] = root.nbytes
+        _saved_bytes += root.nbytes
+    _saved_refcount[key] = _saved_refcount.get(key, 0) + 1
 
 
 def note_released(array) -> None:
     """An autograd node no longer holds ``array`` (backward ran, or the graph died)."""
     global _saved_bytes
-    if not isinstance(array, np.ndarray):
+    if not hasattr(array, "shape"):
         return
     key = id(root_buffer(array))
-    n = _saved_refcount[key] - 1
+    n = _saved_refcount.get(key, 0) - 1
     if n <= 0:
-        del _saved_refcount[key]
-        ref = _live.get(key)
-        _saved_bytes -= ref.nbytes if ref is not None else 0
+        _saved_refcount.pop(key, None)
+        _saved_bytes -= _saved_size.pop(key, 0)
     else:
         _saved_refcount[key] = n
 
 
 def saved_refcount(array) -> int:
     """How many saved-for-backward references point at ``array``'s buffer."""
-    return _saved_refcount.get(id(root_buffer(array)), 0) if isinstance(array, np.ndarray) else 0
+    return _saved_refcount.get(id(root_buffer(array)), 0) if hasattr(array, "shape") else 0
 
 
 def saved_bytes() -> int:
@@ -219,20 +250,19 @@ def reset_peak() -> None:
     """Starts a new peak measurement from the current allocation."""
     global _peak
     _peak = _allocated
-    _peak_by_category.clear()
-    _peak_by_category.update({k: v for k, v in _by_category.items() if v})
+    _peak_by_category.update(_by_category)
     if _gpu_hook is not None:
         _gpu_hook.peak = _gpu_hook.allocated
 
 
 def breakdown() -> dict[str, int]:
     """Live bytes per category (every category present, zeros included)."""
-    return {c: int(_by_category.get(c, 0)) for c in CATEGORIES}
+    return dict(_by_category)
 
 
 def peak_breakdown() -> dict[str, int]:
     """Per-category high-water marks since the last :func:`reset_peak`."""
-    return {c: int(_peak_by_category.get(c, 0)) for c in CATEGORIES}
+    return dict(_peak_by_category)
 
 
 def stats() -> dict[str, int]:

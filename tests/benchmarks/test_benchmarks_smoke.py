@@ -1,0 +1,95 @@
+"""Smoke runs of the benchmarks: ``main(["--quick"])`` in-process prints the expected tables.
+
+Only the shape of the output and the byte counts are checked, never timings (the
+machine is shared and noisy; the numbers belong in docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import bench_elementwise, bench_op_overhead, common
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_op_overhead_quick(capsys, tmp_path):
+    path = tmp_path / "overhead.json"
+    payload = bench_op_overhead.main(["--quick", "--json", str(path)])
+    out = capsys.readouterr().out
+    first_cells = [r[0] for r in _table_rows(out)]
+    for mode in ("forward + backward", "forward (grad on)", "forward (no_grad)",
+                 "NumPy forward kernels", "NumPy forward + backward kernels"):
+        assert mode in first_cells
+    for kind in bench_op_overhead.MIX:
+        assert kind in first_cells
+    assert "Target: forward + backward <= 10 µs/op:" in out
+    assert "Machine: " in out
+    saved = json.loads(path.read_text())
+    assert saved["params"]["quick"] is True and saved["params"]["ops"] == 20
+    assert set(saved["results"]) == set(payload["results"])
+    for r in saved["results"].values():
+        assert 0 < r["min_us_per_op"] <= r["median_us_per_op"]
+    assert set(saved["machine"]) >= {"cpu", "cores", "python", "numpy", "date"}
+
+
+def test_op_overhead_profile_option(capsys):
+    bench_op_overhead.main(["--quick", "--ops", "10", "--repeats", "1", "--profile", "5"])
+    out = capsys.readouterr().out
+    assert "cProfile of forward + backward" in out and "tottime" in out
+
+
+def test_elementwise_quick(capsys, tmp_path):
+    path = tmp_path / "elementwise.json"
+    payload = bench_elementwise.main(["--quick", "--json", str(path)])
+    out = capsys.readouterr().out
+    rows = _table_rows(out)
+    pairs = {(r[0], r[1]) for r in rows if len(r) > 2}
+    for op in ("add", "relu", "exp", "mul"):
+        for variant in bench_elementwise.VARIANTS:
+            assert (op, variant) in pairs
+    assert ("add", "np inplace (control)") in pairs
+    assert "Noise floor:" in out
+    for name in ("x.add_(y)", "x.relu_()", "x.exp_()", "x.mul_(y)"):
+        assert name in [r[0] for r in rows]
+    assert "Target: x.add_(y) <= 1.15x raw NumPy:" in out
+    saved = json.loads(path.read_text())
+    size = saved["params"]["size"]
+    assert size == 1 << 16
+    for op, variants in saved["results"].items():
+        # Bytes are exact, not timings: inplace allocates nothing, out of place one tensor.
+        assert variants["fw inplace"]["allocated_bytes_counter"] == 0
+        assert variants["fw out"]["allocated_bytes_counter"] == 4 * size
+        assert variants["fw inplace"]["allocated_bytes_tracemalloc"] == 0
+        assert variants["np inplace"]["allocated_bytes_tracemalloc"] == 0
+        assert variants["np out"]["allocated_bytes_tracemalloc"] == 4 * size
+        assert variants["np out"]["allocated_bytes_counter"] is None
+    assert set(payload["inplace_over_raw"]) == {"add", "relu", "exp", "mul"}
+
+
+def test_common_helpers():
+    s = common.summarize([3.0, 1.0, 2.0])
+    assert s == {"min": 1.0, "median": 2.0, "repeats": 3}
+    calls = []
+    times = common.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3,
+                               warmup=0)
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert calls == ["a", "b", "b", "a", "a", "b"]  # the order rotates every round
+    assert len(common.time_repeats(lambda: None, 4)) == 4
+    table = common.markdown_table(["x", "y"], [[1, "2"]])
+    assert table.splitlines() == ["| x | y |", "|---|---|", "| 1 | 2 |"]
+    info = common.machine_info()
+    assert info["cores"] >= 1 and info["cpu"]
+
+
+def test_repeats_must_be_positive():
+    with pytest.raises(SystemExit):
+        bench_elementwise.main(["--quick", "--repeats", "0"])
