@@ -1,0 +1,188 @@
+"""The functional form of every layer (``import framework.nn.functional as F``).
+
+Signatures follow ``torch.nn.functional``. ``relu(x, inplace=False)`` and friends take
+the inplace path only when asked explicitly; the policy-driven modules
+(``nn.ReLU(inplace=None)``) decide with :func:`framework.inplace.enabled` and pass the
+decision here. Convolution, pooling, normalisation, dropout and losses live in
+``framework.ops.{conv,norm,dropout,loss}`` and are imported when first called.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .. import inplace as _inplace
+from .. import ops as _ops
+from ..tensor import Tensor
+
+
+def _family(name: str):
+    """``framework.ops.<name>``, imported on first use (a clear error if it is missing)."""
+    try:
+        return importlib.import_module(f"framework.ops.{name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"framework.ops.{name}":
+            raise NotImplementedError(f"framework.ops.{name} is not available in this checkout") from None
+        raise
+
+
+# --- linear and convolution ---------------------------------------------------------------
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``input @ weight.T + bias`` for inputs of shape ``(*, in_features)``.
+
+    The bias is added into the fresh matmul output in place under the inplace policy
+    (``add`` saves nothing for backward and nobody else holds that output, so it is
+    exact); under ``off`` the sum is a new tensor.
+    """
+    if weight.ndim != 2:
+        raise RuntimeError(f"linear: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
+    if input.ndim == 0 or input.shape[-1] != weight.shape[1]:
+        raise RuntimeError(
+            f"linear: input's last dimension must be in_features={weight.shape[1]}, "
+            f"got input of shape {tuple(input.shape)}"
+        )
+    out = _ops.matmul(input, _ops.t(weight))
+    if bias is None:
+        return out
+    if _inplace.enabled() and out.dtype == bias.dtype:
+        return out.add_(bias)
+    return out + bias
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0):
+    """2-D convolution (cross-correlation) of ``(N, C, H, W)`` with ``(O, C, kH, kW)``."""
+    return _family("conv").conv2d(input, weight, bias, stride=stride, padding=padding)
+
+
+# --- activations ------------------------------------------------------------------------------
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    """max(x, 0); in place (on ``input``'s buffer, returning ``input``) when ``inplace``."""
+    return _ops.relu_(input) if inplace else _ops.relu(input)
+
+
+def relu_(input: Tensor) -> Tensor:
+    return _ops.relu_(input)
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    """x if x > 0 else negative_slope * x (the inplace form needs a slope >= 0)."""
+    if inplace:
+        return _ops.leaky_relu_(input, negative_slope)
+    return _ops.leaky_relu(input, negative_slope)
+
+
+def leaky_relu_(input: Tensor, negative_slope: float = 0.01) -> Tensor:
+    return _ops.leaky_relu_(input, negative_slope)
+
+
+def sigmoid(input: Tensor) -> Tensor:
+    return _ops.sigmoid(input)
+
+
+def tanh(input: Tensor) -> Tensor:
+    return _ops.tanh(input)
+
+
+def softmax(input: Tensor, dim: int = -1) -> Tensor:
+    return _ops.softmax(input, dim)
+
+
+def log_softmax(input: Tensor, dim: int = -1) -> Tensor:
+    return _ops.log_softmax(input, dim)
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zeroes elements with probability ``p`` and scales the rest by ``1 / (1 - p)``."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    return _family("dropout").dropout(input, p=p, training=training, inplace=inplace)
+
+
+# --- pooling and shape -------------------------------------------------------------------------
+
+def max_pool2d(input, kernel_size, stride=None, padding=0):
+    return _family("conv").max_pool2d(input, kernel_size, stride=stride, padding=padding)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0):
+    return _family("conv").avg_pool2d(input, kernel_size, stride=stride, padding=padding)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    return _family("conv").adaptive_avg_pool2d(input, output_size)
+
+
+def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Merges dims ``start_dim..end_dim`` (a view when the strides allow one)."""
+    return _ops.flatten(input, start_dim, end_dim)
+
+
+# --- normalisation -----------------------------------------------------------------------------
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Batch normalisation over all dims but 1; updates running stats in place when training."""
+    return _family("norm").batch_norm(
+        input, running_mean, running_var, weight, bias, training=training, momentum=momentum, eps=eps
+    )
+
+
+def inplace_abn(input, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5,
+                negative_slope=0.01):
+    """BatchNorm + leaky ReLU written over ``input`` (returned); backward inverts both.
+
+    ``input`` must not be a leaf that requires grad (its values are overwritten).
+    """
+    return _family("norm").inplace_abn(
+        input, running_mean, running_var, weight, bias, training=training, momentum=momentum, eps=eps,
+        negative_slope=negative_slope,
+    )
+
+
+# --- losses ------------------------------------------------------------------------------------
+
+def _no_weight(weight, fn: str) -> None:
+    if weight is not None:
+        raise NotImplementedError(f"{fn}: class weights are not supported")
+
+
+def cross_entropy(input, target, weight=None, *, reduction: str = "mean", label_smoothing: float = 0.0):
+    """Softmax cross entropy of logits ``(N, C)`` with class indices ``(N,)``."""
+    _no_weight(weight, "cross_entropy")
+    return _family("loss").cross_entropy(input, target, reduction=reduction, label_smoothing=label_smoothing)
+
+
+def nll_loss(input, target, weight=None, *, reduction: str = "mean"):
+    """Negative log likelihood of log-probabilities ``(N, C)`` with class indices ``(N,)``."""
+    _no_weight(weight, "nll_loss")
+    return _family("loss").nll_loss(input, target, reduction=reduction)
+
+
+def mse_loss(input, target, *, reduction: str = "mean"):
+    """Mean (or sum, or elementwise) squared error."""
+    return _family("loss").mse_loss(input, target, reduction=reduction)
+
+
+__all__ = [
+    "linear",
+    "conv2d",
+    "relu",
+    "relu_",
+    "leaky_relu",
+    "leaky_relu_",
+    "sigmoid",
+    "tanh",
+    "softmax",
+    "log_softmax",
+    "dropout",
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    "flatten",
+    "batch_norm",
+    "inplace_abn",
+    "cross_entropy",
+    "nll_loss",
+    "mse_loss",
+]

@@ -1,0 +1,77 @@
+"""Adam and AdamW with bias correction (PyTorch's formulas)."""
+
+from __future__ import annotations
+
+import math
+
+from .. import creation, memory
+from .optimizer import Optimizer, _Updater
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba), exactly ``torch.optim.Adam``'s update (``amsgrad=False``)::
+
+        t += 1
+        g = grad + weight_decay * p                  (L2 penalty; AdamW decays p instead)
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        p = p - lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)
+
+    ``m`` (``exp_avg``) and ``v`` (``exp_avg_sq``) start at zero, allocated as
+    ``optimizer_state``; ``step`` is a Python int. Parameters and state are updated in
+    place under the inplace policy ``on`` and rebound under ``off``.
+    """
+
+    _decoupled = False
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+
+    def _update(self, p, grad, state, group, u: _Updater):
+        lr, (beta1, beta2), eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        if not state:
+            state["step"] = 0
+            with memory.category("optimizer_state"):
+                state["exp_avg"] = creation.zeros_like(p)
+                state["exp_avg_sq"] = creation.zeros_like(p)
+        state["step"] += 1
+        step = state["step"]
+
+        if self._decoupled:
+            p = u.mul(p, 1 - lr * weight_decay)
+        elif weight_decay != 0:
+            grad = grad.add(p, alpha=weight_decay)
+
+        exp_avg = u.add(u.mul(state["exp_avg"], beta1), grad, alpha=1 - beta1)
+        exp_avg_sq = u.add(u.mul(state["exp_avg_sq"], beta2), grad * grad, alpha=1 - beta2)
+        self._set_state(state, "exp_avg", exp_avg)
+        self._set_state(state, "exp_avg_sq", exp_avg_sq)
+
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
+        step_size = lr / bias_correction1
+        denom = u.add(u.div(exp_avg_sq.sqrt(), math.sqrt(bias_correction2)), eps)
+        return u.add(p, exp_avg / denom, alpha=-step_size)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter), ``torch.optim.AdamW``::
+
+        p = p * (1 - lr * weight_decay), then the Adam update without the L2 term.
+    """
+
+    _decoupled = True
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

@@ -1,0 +1,289 @@
+"""Optimizer: parameter groups, state, ``zero_grad``, ``state_dict`` (PyTorch's API).
+
+Parameter updates are an inplace SITE of the policy (:mod:`framework.inplace`):
+
+- ``on``: ``step()`` updates each parameter and its state tensors IN PLACE under
+  ``no_grad`` with the tensors' inplace ops (``p.add_``, ``buf.mul_``, ...). Storage is
+  reused and every version bumps, so a graph recorded before ``step()`` raises in
+  backward instead of using the new values.
+- ``off``: ``step()`` evaluates the SAME arithmetic with out-of-place ops and rebinds the
+  results: the parameter object stays (``p._data`` is the new array, counted as
+  ``parameters``) and each state tensor is replaced by a new one (``optimizer_state``).
+  The parameter's EXISTING version counter is bumped, so a graph recorded before
+  ``step()`` raises exactly as under ``on``. Tensors that aliased the old storage
+  (``p.detach()``, views, a ``state_dict()`` taken earlier) keep the old values under
+  ``off`` and see the new ones under ``on``; the version bump marks them stale in both.
+
+Both paths run the same floating point operations in the same order, so results are
+bitwise identical (a test trains 20 steps under each and compares).
+
+Memory: state buffers are allocated under ``memory.category("optimizer_state")``; the
+temporaries of a step (``grad + wd * p``, ``sqrt(v)``, ...) are ``workspace``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from .. import inplace as _inplace
+from .. import memory
+from ..autograd.function import call_site
+from ..autograd.grad_mode import enable_grad, no_grad
+from ..tensor import Tensor, _wrap
+
+
+class _Required:
+    """Marks a hyperparameter without a default (``lr`` of SGD)."""
+
+    def __repr__(self):
+        return "<required parameter>"
+
+
+required = _Required()
+
+_SET_MESSAGE = (
+    "optimizer parameters need to be organized in ordered collections, but the ordering of tensors in sets "
+    "will change between runs. Please use a list instead."
+)
+
+
+class _Updater:
+    """Tensor updates that run in place (policy ``on``) or out of place (``off``).
+
+    Each method returns the updated tensor: the same object in place, a new one out of
+    place. The arithmetic (and its rounding) is the same either way.
+    """
+
+    __slots__ = ("inplace",)
+
+    def __init__(self, inplace: bool):
+        self.inplace = inplace
+
+    def add(self, t: Tensor, other, alpha=1) -> Tensor:
+        return t.add_(other, alpha=alpha) if self.inplace else t.add(other, alpha=alpha)
+
+    def mul(self, t: Tensor, other) -> Tensor:
+        return t.mul_(other) if self.inplace else t.mul(other)
+
+    def div(self, t: Tensor, other) -> Tensor:
+        return t.div_(other) if self.inplace else t.div(other)
+
+    def sqrt(self, t: Tensor) -> Tensor:
+        return t.sqrt_() if self.inplace else t.sqrt()
+
+
+class Optimizer:
+    """Base class: holds ``param_groups`` (dicts with ``"params"`` and hyperparameters)
+    and per-parameter ``state``; subclasses implement :meth:`step` via :meth:`_update`.
+
+    Args:
+        params: an iterable of tensors, or of dicts ``{"params": [...], "lr": ...}`` that
+            override ``defaults`` per group.
+        defaults: the hyperparameters of groups that do not set them.
+    """
+
+    def __init__(self, params, defaults: dict):
+        self.defaults = dict(defaults)
+        self.state: dict = {}
+        self.param_groups: list[dict] = []
+        if isinstance(params, Tensor):
+            raise TypeError(
+                "params argument given to the optimizer should be an iterable of Tensors or dicts, but got a Tensor"
+            )
+        if isinstance(params, (set, frozenset)):
+            raise TypeError(_SET_MESSAGE)
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for g in groups:
+            self.add_param_group(g)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Adds a group (e.g. layers unfrozen later); missing hyperparameters take defaults."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, got {type(param_group).__name__}")
+        params = param_group["params"]
+        if isinstance(params, Tensor):
+            params = [params]
+        elif isinstance(params, (set, frozenset)):
+            raise TypeError(_SET_MESSAGE)
+        else:
+            params = list(params)
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(p).__name__}")
+            if not p.is_leaf:
+                raise ValueError("can't optimize a non-leaf Tensor")
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError("a parameter group contains the same parameter more than once")
+        group = {"params": params}
+        for k, v in param_group.items():
+            if k != "params":
+                group[k] = v
+        for k, default in self.defaults.items():
+            if default is required and k not in group:
+                raise ValueError(f"parameter group didn't specify a value of required optimization parameter {k}")
+            group.setdefault(k, default)
+        existing = {id(p) for g in self.param_groups for p in g["params"]}
+        if existing & {id(p) for p in params}:
+            raise ValueError("some parameters appear in more than one parameter group")
+        self._check_group(group)
+        self.param_groups.append(group)
+
+    def _check_group(self, group: dict) -> None:
+        """Validates a group's hyperparameters (subclasses raise ValueError)."""
+
+    # --- gradients ---------------------------------------------------------------------
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Resets every parameter's gradient: to ``None`` (default), or to zeros in place."""
+        from ..nn.module import _zero_grad  # noqa: PLC0415
+
+        for group in self.param_groups:
+            for p in group["params"]:
+                _zero_grad(p, set_to_none)
+
+    # --- the step ------------------------------------------------------------------------
+    def step(self, closure=None):
+        """One update of every parameter that has a gradient.
+
+        Args:
+            closure: optional; re-evaluates the model and returns the loss (run with
+                grad enabled before the update).
+
+        Returns:
+            the closure's loss, or None.
+        """
+        loss = None
+        if closure is not None:
+            with enable_grad():
+                loss = closure()
+        u = _Updater(_inplace.enabled())
+        site = call_site()
+        with no_grad(), memory.category("workspace"):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    st = self.state.setdefault(p, {})
+                    new_p = self._update(p, p.grad, st, group, u)
+                    if new_p is not p:
+                        _rebind(p, new_p, type(self).__name__, site)
+        return loss
+
+    def _update(self, p: Tensor, grad: Tensor, state: dict, group: dict, u: _Updater) -> Tensor:
+        """Updates one parameter; returns ``p`` (updated in place) or its new value.
+
+        Store new state tensors with :meth:`_set_state`; allocate fresh ones inside
+        ``memory.category("optimizer_state")``.
+        """
+        raise NotImplementedError
+
+    @staticmethod
+    def _set_state(state: dict, key: str, value: Tensor) -> None:
+        """Stores a state tensor, counting a new buffer as ``optimizer_state``."""
+        if state.get(key) is not value:
+            memory.retag(value._data, "optimizer_state")
+            state[key] = value
+
+    # --- state dict ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """``{"state": {index: {name: value}}, "param_groups": [{..., "params": [indices]}]}``.
+
+        Parameters are named by their position over all groups, as in PyTorch. The state
+        tensors are the live ones (not copies): serialise them, or ``copy.deepcopy`` the
+        dict, to keep a snapshot.
+        """
+        index: dict[int, int] = {}
+        groups = []
+        for g in self.param_groups:
+            packed = {k: v for k, v in g.items() if k != "params"}
+            packed["params"] = [index.setdefault(id(p), len(index)) for p in g["params"]]
+            groups.append(packed)
+        state = {index[id(p)]: dict(s) for p, s in self.state.items() if id(p) in index and s}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores hyperparameters and state saved by :meth:`state_dict`.
+
+        State tensors are copied (to each parameter's device; floating ones to its dtype)
+        into new ``optimizer_state`` buffers. Values may be tensors or NumPy arrays.
+
+        Raises:
+            ValueError: when the number of groups, or of parameters in a group, differs.
+        """
+        if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
+            raise ValueError("optimizer state_dict must be a dict with keys 'state' and 'param_groups'")
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"loaded state dict has a different number of parameter groups ({len(saved_groups)}) than the "
+                f"optimizer ({len(self.param_groups)})"
+            )
+        for i, (g, sg) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(g["params"]) != len(sg["params"]):
+                raise ValueError(
+                    f"loaded state dict contains a parameter group that doesn't match the size of optimizer's "
+                    f"group: group {i} has {len(sg['params'])} parameters in the state dict, "
+                    f"{len(g['params'])} in the optimizer"
+                )
+        id_map = {}
+        for g, sg in zip(self.param_groups, saved_groups):
+            for p, idx in zip(g["params"], sg["params"]):
+                id_map[idx] = p
+        new_state: dict = {}
+        with no_grad(), memory.category("optimizer_state"):
+            for idx, s in state_dict["state"].items():
+                p = id_map.get(int(idx))
+                if p is None:
+                    continue
+                new_state[p] = {k: _cast_state(v, p, k) for k, v in s.items()}
+        new_groups = []
+        for g, sg in zip(self.param_groups, saved_groups):
+            ng = {k: copy.deepcopy(v) for k, v in sg.items() if k != "params"}
+            ng["params"] = g["params"]
+            new_groups.append(ng)
+        self.state = new_state
+        self.param_groups = new_groups
+
+    def __repr__(self) -> str:
+        s = type(self).__name__ + " ("
+        for i, g in enumerate(self.param_groups):
+            s += f"\nParameter Group {i}"
+            for k in sorted(g):
+                if k != "params":
+                    s += f"\n    {k}: {g[k]}"
+        return s + "\n)"
+
+
+def _cast_state(value, p: Tensor, key: str):
+    if isinstance(value, Tensor):
+        array = value._data
+    elif isinstance(value, np.ndarray):
+        array = value
+    else:
+        return copy.deepcopy(value)
+    from .. import backend  # noqa: PLC0415
+
+    array = backend.to_device(array, p.device)
+    if array.dtype.kind == "f" and key != "step":
+        array = array.astype(p.dtype, copy=False)
+    array = array.copy()
+    return _wrap(memory.track(array, "optimizer_state"))
+
+
+def _rebind(p: Tensor, new: Tensor, who: str, site) -> None:
+    """The ``off`` path's commit: ``p`` gets ``new``'s storage; its version bumps."""
+    if new.shape != p.shape or new.dtype != p.dtype:
+        raise RuntimeError(
+            f"{who}.step computed a value of shape {tuple(new.shape)} and dtype {new.dtype} for a parameter of "
+            f"shape {tuple(p.shape)} and dtype {p.dtype}"
+        )
+    p._data = new._data
+    memory.retag(p._data, "parameters")
+    # The old storage is gone from p, but graphs recorded before the step saved it with
+    # p's version counter: bump that counter so they raise in backward, as under `on`.
+    p._vc.bump(f"{who}.step (inplace policy off: new storage)", site)

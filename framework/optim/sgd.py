@@ -1,0 +1,58 @@
+"""SGD with momentum, dampening, Nesterov momentum and L2 weight decay (PyTorch's rule)."""
+
+from __future__ import annotations
+
+from .. import memory
+from .optimizer import Optimizer, _Updater, required
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent, exactly ``torch.optim.SGD``'s update::
+
+        g = grad + weight_decay * p
+        buf = g                                   (first step)
+        buf = momentum * buf + (1 - dampening) * g  (later steps)
+        g = g + momentum * buf  if nesterov  else  buf       (when momentum != 0)
+        p = p - lr * g
+
+    Parameters and the momentum buffer are updated in place under the inplace policy
+    ``on`` and rebound to new storage under ``off`` (see :mod:`framework.optim.optimizer`).
+
+    Raises:
+        ValueError: for a negative lr, momentum or weight decay, and for ``nesterov``
+            without momentum or with dampening.
+    """
+
+    def __init__(self, params, lr=required, momentum: float = 0, dampening: float = 0, weight_decay: float = 0,
+                 nesterov: bool = False):
+        if lr is not required and lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov)
+        super().__init__(params, defaults)
+
+    def _check_group(self, group: dict) -> None:
+        if group["lr"] < 0.0:
+            raise ValueError(f"Invalid learning rate: {group['lr']}")
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+    def _update(self, p, grad, state, group, u: _Updater):
+        lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
+        weight_decay, nesterov = group["weight_decay"], group["nesterov"]
+        d_p = grad if weight_decay == 0 else grad.add(p, alpha=weight_decay)
+        if momentum != 0:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                with memory.category("optimizer_state"):
+                    buf = d_p.clone()
+            else:
+                buf = u.add(u.mul(buf, momentum), d_p, alpha=1 - dampening)
+            self._set_state(state, "momentum_buffer", buf)
+            d_p = d_p.add(buf, alpha=momentum) if nesterov else buf
+        return u.add(p, d_p, alpha=-lr)

@@ -1,0 +1,357 @@
+"""batch_norm and inplace_abn: forward against float64 NumPy references, running
+statistics, gradients (finite differences and BN + leaky ReLU), the inplace contract,
+and the memory InPlace-ABN saves."""
+
+import numpy as np
+import pytest
+
+import framework as fw
+from framework import memory
+from framework.ops.norm import batch_norm, inplace_abn
+from framework.testing import assert_close, gradcheck
+
+SHAPES = [(6, 3), (4, 3, 2, 3)]
+
+
+def _t(a, requires_grad=False):
+    return fw.tensor(np.asarray(a), dtype=np.asarray(a).dtype, requires_grad=requires_grad)
+
+
+def _axes(shape):
+    return (0,) + tuple(range(2, len(shape)))
+
+
+def _cs(shape):
+    return (1, shape[1]) + (1,) * (len(shape) - 2)
+
+
+def ref_bn(x, mean, var, w, b, eps=1e-5):
+    cs = _cs(x.shape)
+    y = (x - mean.reshape(cs)) / np.sqrt(var.reshape(cs) + eps)
+    if w is not None:
+        y = y * w.reshape(cs)
+    if b is not None:
+        y = y + b.reshape(cs)
+    return y
+
+
+def ref_batch_stats(x):
+    ax = _axes(x.shape)
+    m = x.size // x.shape[1]
+    mean = x.mean(axis=ax)
+    var = ((x - mean.reshape(_cs(x.shape))) ** 2).mean(axis=ax)
+    return mean, var, var * m / (m - 1)
+
+
+def _data(shape, seed=0, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+    c = shape[1]
+    w = rng.standard_normal(c).astype(dtype)
+    b = rng.standard_normal(c).astype(dtype)
+    return x, w, b
+
+
+# --------------------------------------------------------------------------- batch_norm
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_training_forward_matches_reference(shape, affine):
+    x, w, b = _data(shape)
+    if not affine:
+        w = b = None
+    out = batch_norm(_t(x), None, None, None if w is None else _t(w), None if b is None else _t(b), training=True)
+    mean, var, _ = ref_batch_stats(x)
+    assert out.shape == shape and out.dtype == np.float64
+    assert_close(out, ref_bn(x, mean, var, w, b), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_running_stats_after_several_steps(shape):
+    momentum = 0.3
+    c = shape[1]
+    rm, rv = fw.zeros(c, dtype=fw.float64), fw.ones(c, dtype=fw.float64)
+    ref_m, ref_v = np.zeros(c), np.ones(c)
+    _, w, b = _data(shape)
+    for step in range(4):
+        x, _, _ = _data(shape, seed=step + 1)
+        out = batch_norm(_t(x), rm, rv, _t(w), _t(b), training=True, momentum=momentum)
+        mean, var, unbiased = ref_batch_stats(x)
+        ref_m = (1 - momentum) * ref_m + momentum * mean
+        ref_v = (1 - momentum) * ref_v + momentum * unbiased
+        # The output uses the batch's BIASED variance, the running var its UNBIASED one.
+        assert_close(out, ref_bn(x, mean, var, w, b), rtol=1e-12, atol=1e-12)
+        assert_close(rm, ref_m, rtol=1e-12, atol=1e-12)
+        assert_close(rv, ref_v, rtol=1e-12, atol=1e-12)
+
+
+def test_running_stats_float32():
+    x, w, b = _data((16, 4, 3, 3), dtype=np.float32)
+    rm, rv = fw.zeros(4), fw.ones(4)
+    batch_norm(_t(x), rm, rv, _t(w), _t(b), training=True)
+    mean, _, unbiased = ref_batch_stats(x.astype(np.float64))
+    assert rm.dtype == np.float32 and rv.dtype == np.float32
+    assert_close(rm, 0.1 * mean, rtol=1e-5, atol=1e-6)
+    assert_close(rv, 0.9 + 0.1 * unbiased, rtol=1e-5, atol=1e-6)
+
+
+def test_running_stat_versions_bump_once_per_training_call():
+    rm, rv = fw.zeros(3), fw.ones(3)
+    x = fw.randn(5, 3, 2, 2)
+    v0 = (rm._version, rv._version)
+    for k in range(1, 4):
+        batch_norm(x, rm, rv, training=True)
+        assert (rm._version, rv._version) == (v0[0] + k, v0[1] + k)
+    batch_norm(x, rm, rv, training=False)  # eval reads them, never writes
+    assert (rm._version, rv._version) == (v0[0] + 3, v0[1] + 3)
+
+
+def test_running_stat_update_is_seen_by_a_graph_that_saved_them():
+    # A graph that used the running buffers (as inputs of other ops) sees the update.
+    rm, rv = fw.zeros(3), fw.ones(3)
+    w = fw.ones(3, requires_grad=True)
+    y = (w * rm).sum()
+    batch_norm(fw.randn(4, 3), rm, rv, training=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_batch_norm_eval_uses_running_stats(shape):
+    x, w, b = _data(shape)
+    c = shape[1]
+    rng = np.random.default_rng(7)
+    m, v = rng.standard_normal(c), rng.random(c) + 0.5
+    rm, rv = _t(m), _t(v)
+    out = batch_norm(_t(x), rm, rv, _t(w), _t(b), training=False)
+    assert_close(out, ref_bn(x, m, v, w, b), rtol=1e-12, atol=1e-12)
+    assert_close(rm, m, rtol=0, atol=0)
+    assert_close(rv, v, rtol=0, atol=0)
+
+
+def test_eval_without_running_stats_uses_batch_stats():
+    x, w, b = _data((6, 3))
+    mean, var, _ = ref_batch_stats(x)
+    assert_close(batch_norm(_t(x), None, None, _t(w), _t(b)), ref_bn(x, mean, var, w, b), rtol=1e-12, atol=1e-12)
+
+
+def test_eval_backward_ignores_later_running_stat_updates():
+    x, w, b = _data((6, 3))
+    rm, rv = fw.zeros(3, dtype=fw.float64), fw.ones(3, dtype=fw.float64)
+    wt = _t(w, requires_grad=True)
+    out = batch_norm(_t(x), rm, rv, wt, None, training=False)
+    batch_norm(_t(x), rm, rv, training=True)  # moves the running stats in place
+    out.sum().backward()
+    assert_close(wt.grad, (x / np.sqrt(1 + 1e-5)).sum(axis=0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_batch_norm_gradcheck_training(shape):
+    x, w, b = _data(shape)
+    args = [_t(x, True), _t(w, True), _t(b, True)]
+    assert gradcheck(lambda x, w, b: batch_norm(x, None, None, w, b, training=True), args)
+
+
+def test_batch_norm_gradcheck_training_no_affine():
+    x, _, _ = _data((4, 3, 2, 2))
+    assert gradcheck(lambda x: batch_norm(x, None, None, training=True), [_t(x, True)])
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_batch_norm_gradcheck_eval(shape):
+    x, w, b = _data(shape)
+    c = shape[1]
+    rm, rv = _t(np.linspace(-1, 1, c)), _t(np.linspace(0.5, 2, c))
+    args = [_t(x, True), _t(w, True), _t(b, True)]
+    assert gradcheck(lambda x, w, b: batch_norm(x, rm, rv, w, b, training=False), args)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_partial_gradients_match_full(training):
+    x, w, b = _data((4, 3, 2, 2))
+    rm, rv = fw.zeros(3, dtype=fw.float64), fw.ones(3, dtype=fw.float64)
+    g = np.random.default_rng(3).standard_normal(x.shape)
+    full = [_t(x, True), _t(w, True), _t(b, True)]
+    batch_norm(full[0], rm, rv, full[1], full[2], training=training).backward(_t(g))
+    for k in range(3):
+        part = [_t(a, i == k) for i, a in enumerate((x, w, b))]
+        batch_norm(part[0], rm, rv, part[1], part[2], training=training).backward(_t(g))
+        assert_close(part[k].grad, full[k].grad, rtol=1e-12, atol=1e-12)
+
+
+def test_batch_norm_non_contiguous_input():
+    x, w, b = _data((3, 4, 2, 5))
+    xt = _t(x).permute(0, 3, 2, 1)  # (3, 5, 2, 4): channels = 5, a strided view
+    out = batch_norm(xt, None, None, training=True)
+    xc = np.ascontiguousarray(x.transpose(0, 3, 2, 1))
+    mean, var, _ = ref_batch_stats(xc)
+    assert_close(out, ref_bn(xc, mean, var, None, None), rtol=1e-12, atol=1e-12)
+
+
+def test_batch_norm_saves_input_and_releases_after_backward():
+    x = fw.randn(8, 4, 4, 4, requires_grad=True)
+    w, b = fw.ones(4, requires_grad=True), fw.zeros(4, requires_grad=True)
+    before = memory.saved_bytes()
+    out = batch_norm(x, None, None, w, b, training=True)
+    # x, weight, and the per-channel mean and inverse std
+    assert memory.saved_bytes() - before == x.nbytes + w.nbytes + 2 * 4 * 4
+    out.sum().backward()
+    assert memory.saved_bytes() == before
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out.grad_fn.backward(np.ones(out.shape, np.float32))
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: batch_norm(fw.randn(4), None, None), "shape"),
+        (lambda: batch_norm(fw.randn(4, 3), fw.zeros(4), fw.ones(4), training=True), "running_mean"),
+        (lambda: batch_norm(fw.randn(4, 3), None, None, fw.ones(2)), "weight"),
+        (lambda: batch_norm(fw.randn(1, 3), None, None, training=True), "more than 1 value per channel"),
+        (lambda: inplace_abn(fw.randn(4, 3), None, None, None, None, negative_slope=0.0), "negative_slope"),
+    ],
+)
+def test_bad_arguments_raise(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# --------------------------------------------------------------------------- inplace_abn
+
+
+def _abn_and_reference(shape, training, slope=0.01, dtype=np.float64, seed=0):
+    """Gradients of InPlace-ABN and of BN(weight=|w|+eps) + leaky_relu on the same data."""
+    x, w, b = _data(shape, seed=seed, dtype=dtype)
+    w[0] = -abs(w[0]) - 0.5  # a negative weight: |w| and sign(w) matter
+    c = shape[1]
+    eps = 1e-5
+    g = np.random.default_rng(seed + 11).standard_normal(shape).astype(dtype)
+    results = []
+    for fused in (True, False):
+        rm, rv = _t(np.linspace(-0.5, 0.5, c).astype(dtype)), _t(np.linspace(0.5, 1.5, c).astype(dtype))
+        xt, wt, bt = _t(x, True), _t(w, True), _t(b, True)
+        h = xt * 1
+        if fused:
+            out = inplace_abn(h, rm, rv, wt, bt, training=training, eps=eps, negative_slope=slope)
+        else:
+            out = fw.leaky_relu(batch_norm(h, rm, rv, wt.abs() + eps, bt, training=training, eps=eps), slope)
+        out.backward(_t(g))
+        results.append([out.detach(), xt.grad, wt.grad, bt.grad, rm, rv])
+    return results
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("slope", [0.01, 0.3])
+def test_inplace_abn_matches_bn_plus_leaky_relu(shape, training, slope):
+    fused, ref = _abn_and_reference(shape, training, slope)
+    names = ["output", "grad x", "grad weight", "grad bias", "running_mean", "running_var"]
+    for name, a, e in zip(names, fused, ref):
+        # The contract is 1e-4; in float64 they agree to rounding.
+        assert_close(a, e, rtol=1e-9, atol=1e-9, msg=name)
+
+
+def test_inplace_abn_float32_close_to_reference():
+    fused, ref = _abn_and_reference((8, 4, 3, 3), True, dtype=np.float32)
+    for a, e in zip(fused, ref):
+        assert a.dtype == np.float32
+        assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
+def test_inplace_abn_is_in_place():
+    h = fw.randn(4, 3, 2, 2, requires_grad=True) * 1
+    w, b = fw.ones(3, requires_grad=True), fw.zeros(3, requires_grad=True)
+    buf, v = h._data, h._version
+    out = inplace_abn(h, None, None, w, b, training=True)
+    assert out is h
+    assert out._data is buf and np.shares_memory(out._data, buf)
+    assert h._version == v + 1
+    assert h.grad_fn.name() == "InPlaceABNBackward"
+
+
+def test_inplace_abn_makes_no_copy_of_its_input():
+    memory.reset_stats()
+    h = fw.randn(4, 3, 2, 2, requires_grad=True) * 1
+    inplace_abn(h, None, None, fw.ones(3, requires_grad=True), fw.zeros(3, requires_grad=True), training=True)
+    assert memory.stats().get("inplace_copy_bytes", 0) == 0
+    assert memory.stats().get("inplace_ops", 0) == 1
+
+
+def test_inplace_abn_on_leaf_requiring_grad_raises_and_changes_nothing():
+    x = fw.randn(4, 3, requires_grad=True)
+    before = x.detach().numpy().copy()
+    rm, rv = fw.zeros(3), fw.ones(3)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        inplace_abn(x, rm, rv, fw.ones(3), fw.zeros(3), training=True)
+    assert np.array_equal(x.detach().numpy(), before)
+    assert rm._version == 0 and rv._version == 0
+    with fw.no_grad():  # allowed under no_grad, as every inplace op
+        inplace_abn(x, rm, rv, fw.ones(3), fw.zeros(3), training=True)
+    assert rm._version == 1
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("training", [True, False])
+def test_inplace_abn_gradcheck(shape, training):
+    x, w, b = _data(shape)
+    w[1] = -0.7
+    c = shape[1]
+    rm, rv = _t(np.linspace(-1, 1, c)), _t(np.linspace(0.5, 2, c))
+    args = [_t(x, True), _t(w, True), _t(b, True)]
+    assert gradcheck(lambda x, w, b: inplace_abn(x * 1, rm, rv, w, b, training=training), args)
+
+
+def test_inplace_abn_gradcheck_no_affine():
+    x, _, _ = _data((4, 3, 2, 2))
+    assert gradcheck(lambda x: inplace_abn(x * 1, None, None, None, None, training=True), [_t(x, True)])
+
+
+def test_inplace_abn_on_a_view_of_a_non_leaf():
+    # CopySlices: the rest of the base keeps its gradient, the view gets ABN's.
+    x, w, b = _data((5, 3, 2))
+    args = [_t(x, True), _t(w, True), _t(b, True)]
+
+    def fn(x, w, b):
+        h = x * 1
+        inplace_abn(h[1:], None, None, w, b, training=True)
+        return h
+
+    assert gradcheck(fn, args)
+
+
+def test_inplace_abn_saved_output_is_version_checked():
+    h = fw.randn(4, 3, requires_grad=True) * 1
+    out = inplace_abn(h, None, None, fw.ones(3, requires_grad=True), fw.zeros(3), training=True)
+    out.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("inplace_act", [False, True])
+def test_memory_inplace_abn_keeps_one_activation_instead_of_two(inplace_act):
+    shape = (8, 4, 16, 16)
+    c = shape[1]
+    x = fw.randn(*shape, requires_grad=True)
+    act = x.nbytes
+    w, b = fw.ones(c, requires_grad=True), fw.zeros(c, requires_grad=True)
+    rm, rv = fw.zeros(c), fw.ones(c)
+
+    h = x * 1  # stands for a conv output; saves nothing itself
+    base = memory.saved_bytes()
+    y = batch_norm(h, rm, rv, w, b, training=True)
+    ref = y.leaky_relu_() if inplace_act else fw.leaky_relu(y)
+    bn_leaky = memory.saved_bytes() - base
+    ref.sum().backward()
+    del ref, y, h
+
+    h = x * 1
+    base = memory.saved_bytes()
+    out = inplace_abn(h, rm, rv, w, b, training=True)
+    abn = memory.saved_bytes() - base
+    small = 4 * c * 4  # per-channel vectors (weight, bias, statistics)
+    assert 2 * act <= bn_leaky <= 2 * act + small  # BN input + leaky_relu output
+    assert act <= abn <= act + small  # the output only: it is the input's buffer
+    assert abs((bn_leaky - abn) - act) <= small
+    out.sum().backward()
+    assert memory.saved_bytes() == base

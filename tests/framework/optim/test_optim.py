@@ -1,0 +1,352 @@
+"""Optimizers against NumPy references of PyTorch's formulas, under both inplace policies."""
+
+import copy
+import importlib.util
+import pickle
+
+import numpy as np
+import pytest
+
+import framework as fw
+from framework import memory, nn, optim
+
+POLICIES = ["on", "off"]
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_policy():
+    fw.manual_seed(0)
+    prev = fw.inplace.get_policy()
+    yield
+    fw.inplace.set_policy(prev)
+
+
+# --- NumPy references (float64) of torch.optim's single-tensor updates ------------------------
+
+def sgd_ref(p, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+    p, buf, out = p.copy(), None, []
+    for g in grads:
+        d = g + weight_decay * p if weight_decay else g
+        if momentum:
+            buf = d.copy() if buf is None else momentum * buf + (1 - dampening) * d
+            d = d + momentum * buf if nesterov else buf
+        p = p - lr * d
+        out.append(p.copy())
+    return out
+
+
+def adam_ref(p, grads, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
+    b1, b2 = betas
+    p, m, v, out = p.copy(), np.zeros_like(p), np.zeros_like(p), []
+    for t, g in enumerate(grads, 1):
+        if decoupled:
+            p = p * (1 - lr * weight_decay)
+        elif weight_decay:
+            g = g + weight_decay * p
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        p = p - lr / (1 - b1**t) * m / (np.sqrt(v) / np.sqrt(1 - b2**t) + eps)
+        out.append(p.copy())
+    return out
+
+
+SGD_CASES = [
+    dict(lr=0.1),
+    dict(lr=0.1, weight_decay=0.05),
+    dict(lr=0.05, momentum=0.9),
+    dict(lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.01),
+    dict(lr=0.05, momentum=0.9, nesterov=True),
+    dict(lr=0.05, momentum=0.5, nesterov=True, weight_decay=0.1),
+]
+ADAM_CASES = [
+    (optim.Adam, dict(lr=0.01), False),
+    (optim.Adam, dict(lr=0.02, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1), False),
+    (optim.AdamW, dict(lr=0.01), True),  # default weight_decay 1e-2
+    (optim.AdamW, dict(lr=0.03, betas=(0.5, 0.9), weight_decay=0.2), True),
+]
+
+
+def run_manual(opt_cls, kwargs, policy, steps=6):
+    """Runs ``steps`` updates of two float64 parameters with given gradients."""
+    fw.inplace.set_policy(policy)
+    rng = np.random.default_rng(1)
+    p0 = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
+    grads = [[rng.standard_normal(a.shape) for _ in range(steps)] for a in p0]
+    params = [nn.Parameter(fw.tensor(a, dtype=fw.float64)) for a in p0]
+    opt = opt_cls(params, **kwargs)
+    history = [[] for _ in params]
+    for k in range(steps):
+        for p, g in zip(params, grads):
+            p.grad = fw.tensor(g[k], dtype=fw.float64)
+        opt.step()
+        for h, p in zip(history, params):
+            h.append(p.detach().numpy().copy())
+    return p0, grads, history
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("kwargs", SGD_CASES)
+def test_sgd_matches_reference(kwargs, policy):
+    p0, grads, history = run_manual(optim.SGD, kwargs, policy)
+    for a, g, h in zip(p0, grads, history):
+        for got, want in zip(h, sgd_ref(a, g, **kwargs)):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("cls,kwargs,decoupled", ADAM_CASES)
+def test_adam_matches_reference(cls, kwargs, decoupled, policy):
+    p0, grads, history = run_manual(cls, kwargs, policy)
+    ref_kwargs = dict(kwargs)
+    if cls is optim.AdamW:
+        ref_kwargs.setdefault("weight_decay", 1e-2)
+    for a, g, h in zip(p0, grads, history):
+        for got, want in zip(h, adam_ref(a, g, decoupled=decoupled, **ref_kwargs)):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("cls,kwargs", [(optim.SGD, k) for k in SGD_CASES] + [(c, k) for c, k, _ in ADAM_CASES])
+def test_on_and_off_updates_are_bitwise_identical(cls, kwargs):
+    on = run_manual(cls, kwargs, "on")[2]
+    off = run_manual(cls, kwargs, "off")[2]
+    for h_on, h_off in zip(on, off):
+        for a, b in zip(h_on, h_off):
+            np.testing.assert_array_equal(a, b)
+
+
+# --- on and off: the same training run ------------------------------------------------------------
+
+def make_model():
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(),
+                         nn.Linear(16, 3))
+
+
+def regression_data():
+    rng = np.random.default_rng(3)
+    x = fw.tensor(rng.standard_normal((32, 6)), dtype=fw.float32)
+    y = fw.tensor(rng.standard_normal((32, 3)), dtype=fw.float32)
+    return x, y
+
+
+def train(model, opt, steps, data):
+    x, y = data
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        out = model(x)
+        loss = ((out - y) * (out - y)).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+OPTIMIZERS = [
+    (optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3)),
+    (optim.SGD, dict(lr=0.1, momentum=0.8, dampening=0.1)),
+    (optim.Adam, dict(lr=0.01, weight_decay=1e-3)),
+    (optim.AdamW, dict(lr=0.01)),
+]
+
+
+@pytest.mark.parametrize("cls,kwargs", OPTIMIZERS)
+def test_policies_give_identical_training(cls, kwargs):
+    if importlib.util.find_spec("framework.ops.norm") is None:
+        pytest.skip("framework.ops.norm is not available yet")
+    runs = {}
+    for policy in POLICIES:
+        fw.inplace.set_policy(policy)
+        fw.manual_seed(11)
+        model = make_model()
+        opt = cls(model.parameters(), **kwargs)
+        losses = train(model, opt, 20, regression_data())
+        runs[policy] = (losses, [p.detach().numpy().copy() for p in model.parameters()])
+    assert runs["on"][0][-1] < runs["on"][0][0]  # it trains
+    # the same arithmetic in the same order: equal to float32 rounding (in practice bitwise)
+    np.testing.assert_allclose(runs["on"][0], runs["off"][0], rtol=1e-6, atol=0)
+    for a, b in zip(runs["on"][1], runs["off"][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("cls,kwargs", [OPTIMIZERS[1], OPTIMIZERS[2]])
+def test_storage_and_memory_under_each_policy(cls, kwargs):
+    p = nn.Parameter(fw.randn(64, 32))
+    opt = cls([p], **kwargs)
+    nbuf = 1 if cls is optim.SGD else 2
+    for policy in POLICIES:
+        fw.inplace.set_policy(policy)
+        opt.state.clear()
+        params_before = memory.breakdown()["parameters"]
+        state_before = memory.breakdown()["optimizer_state"]
+        p.grad = fw.randn(64, 32)
+        opt.step()  # allocates the state
+        assert memory.breakdown()["optimizer_state"] - state_before == nbuf * p.nbytes
+        array = p._data
+        state = dict(opt.state[p])
+        p.grad = fw.randn(64, 32)
+        base = memory.allocated_bytes()
+        memory.reset_peak()
+        opt.step()
+        peak = memory.max_allocated_bytes() - base
+        tensors = [k for k, v in state.items() if isinstance(v, fw.Tensor)]
+        if policy == "on":
+            assert p._data is array  # updated in place
+            assert all(opt.state[p][k] is state[k] and opt.state[p][k]._data is state[k]._data for k in tensors)
+            peak_on = peak
+        else:
+            assert p._data is not array and isinstance(p, nn.Parameter)  # rebound, same object
+            assert all(opt.state[p][k] is not state[k] for k in tensors)
+            assert peak > peak_on  # new parameter and state buffers before the old ones go
+        del array, state
+        assert memory.breakdown()["parameters"] == params_before
+        assert memory.breakdown()["optimizer_state"] - state_before == nbuf * p.nbytes
+
+
+# --- versions: a graph recorded before step() cannot backpropagate after it -----------------------
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("cls", [optim.SGD, optim.Adam])
+def test_step_bumps_versions_and_stale_graph_raises(policy, cls):
+    fw.inplace.set_policy(policy)
+    w = nn.Parameter(fw.randn(4))
+    opt = cls([w], lr=0.1)
+    loss = (w * w).sum()  # saves w for backward
+    loss.backward(retain_graph=True)
+    v = w._version
+    opt.step()
+    assert w._version > v
+    culprit = "add_" if policy == "on" else f"{cls.__name__}.step"
+    with pytest.raises(RuntimeError, match=f"modified by .*{culprit}.*test_optim.py"):
+        loss.backward()
+
+
+# --- state dict ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("cls,kwargs", [OPTIMIZERS[0], OPTIMIZERS[2]])
+def test_state_dict_round_trip_continues_identically(cls, kwargs, policy):
+    if importlib.util.find_spec("framework.ops.norm") is None:
+        pytest.skip("framework.ops.norm is not available yet")
+    fw.inplace.set_policy(policy)
+    data = regression_data()
+    fw.manual_seed(2)
+    model = make_model()
+    opt = cls(model.parameters(), **kwargs)
+    train(model, opt, 5, data)
+    saved_model = pickle.loads(pickle.dumps(model.state_dict()))
+    saved_opt = pickle.loads(pickle.dumps(opt.state_dict()))
+    assert sorted(saved_opt["state"]) == list(range(len(list(model.parameters()))))
+    expected = train(model, opt, 5, data)
+
+    fw.manual_seed(99)
+    model2 = make_model()
+    opt2 = cls(model2.parameters(), lr=123.0)
+    model2.load_state_dict(saved_model)
+    opt2.load_state_dict(saved_opt)
+    assert opt2.param_groups[0]["lr"] == kwargs["lr"]
+    assert all(p2 in opt2.state for p2 in model2.parameters())
+    assert train(model2, opt2, 5, data) == expected
+
+
+def test_state_dict_format_and_load_errors():
+    a, b, c = (nn.Parameter(fw.randn(2)) for _ in range(3))
+    opt = optim.SGD([{"params": [a, b]}, {"params": [c], "lr": 0.5}], lr=0.1, momentum=0.9)
+    for p in (a, b, c):
+        p.grad = fw.ones(2)
+    opt.step()
+    sd = opt.state_dict()
+    assert [g["params"] for g in sd["param_groups"]] == [[0, 1], [2]]
+    assert sd["param_groups"][1]["lr"] == 0.5 and sd["param_groups"][0]["momentum"] == 0.9
+    assert set(sd["state"]) == {0, 1, 2} and set(sd["state"][0]) == {"momentum_buffer"}
+    assert sd["state"][0]["momentum_buffer"] is opt.state[a]["momentum_buffer"]  # live, as PyTorch
+
+    one_group = optim.SGD([a, b, c], lr=0.1)
+    with pytest.raises(ValueError, match="different number of parameter groups"):
+        one_group.load_state_dict(sd)
+    other = optim.SGD([{"params": [a]}, {"params": [b, c]}], lr=0.1)
+    with pytest.raises(ValueError, match="doesn't match the size of optimizer's group"):
+        other.load_state_dict(sd)
+    with pytest.raises(ValueError, match="'state' and 'param_groups'"):
+        other.load_state_dict({"state": {}})
+    # loading copies the state: later steps of one optimizer do not touch the other
+    twin = optim.SGD([{"params": [a, b]}, {"params": [c]}], lr=0.1)
+    twin.load_state_dict(copy.deepcopy(sd))
+    buf = twin.state[a]["momentum_buffer"]
+    assert buf is not opt.state[a]["momentum_buffer"] and memory.is_tracked(buf._data)
+    np.testing.assert_array_equal(buf.numpy(), opt.state[a]["momentum_buffer"].numpy())
+
+
+# --- param groups, validation, zero_grad -------------------------------------------------------------------
+
+def test_param_groups_and_add_param_group():
+    a, b = nn.Parameter(fw.zeros(2)), nn.Parameter(fw.zeros(2))
+    opt = optim.SGD([{"params": [a]}, {"params": b, "lr": 1.0}], lr=0.1)
+    for p in (a, b):
+        p.grad = fw.ones(2)
+    opt.step()
+    np.testing.assert_allclose(a.detach().numpy(), -0.1)
+    np.testing.assert_allclose(b.detach().numpy(), -1.0)
+    c = nn.Parameter(fw.zeros(3))
+    opt.add_param_group({"params": [c], "momentum": 0.5})
+    assert opt.param_groups[2]["lr"] == 0.1 and opt.param_groups[2]["momentum"] == 0.5
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        opt.add_param_group({"params": [a]})
+    with pytest.raises(ValueError, match="same parameter more than once"):
+        optim.SGD([a, a], lr=0.1)
+    with pytest.raises(ValueError, match="empty parameter list"):
+        optim.Adam([])
+    with pytest.raises(TypeError, match="ordered collections"):
+        optim.SGD({a, b}, lr=0.1)
+    with pytest.raises(ValueError, match="required optimization parameter lr"):
+        optim.SGD([a])
+    with pytest.raises(ValueError, match="non-leaf"):
+        optim.SGD([a * 2], lr=0.1)
+    assert "Parameter Group 1\n    dampening: 0\n    lr: 1.0" in repr(opt)
+
+
+def test_hyperparameter_validation():
+    p = [nn.Parameter(fw.zeros(1))]
+    with pytest.raises(ValueError, match="Nesterov momentum requires a momentum and zero dampening"):
+        optim.SGD(p, lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="Nesterov momentum requires a momentum and zero dampening"):
+        optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="Invalid learning rate"):
+        optim.SGD(p, lr=-1)
+    with pytest.raises(ValueError, match="Invalid momentum"):
+        optim.SGD(p, lr=0.1, momentum=-0.5)
+    with pytest.raises(ValueError, match="Invalid weight_decay"):
+        optim.AdamW(p, weight_decay=-1)
+    with pytest.raises(ValueError, match="Invalid beta parameter at index 1"):
+        optim.Adam(p, betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="Invalid epsilon"):
+        optim.Adam(p, eps=-1e-8)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_zero_grad_and_skipping_params_without_grad(policy):
+    fw.inplace.set_policy(policy)
+    a, b = nn.Parameter(fw.ones(3)), nn.Parameter(fw.ones(3))
+    opt = optim.Adam([a, b], lr=0.1)
+    a.grad = fw.ones(3)
+    opt.step()
+    assert b not in opt.state and opt.state[a]["step"] == 1
+    np.testing.assert_array_equal(b.detach().numpy(), 1.0)  # no grad: untouched
+    g = a.grad
+    opt.zero_grad(set_to_none=False)
+    assert a.grad is g and not g.numpy().any() and b.grad is None
+    opt.zero_grad()
+    assert a.grad is None
+
+
+def test_step_with_closure():
+    w = nn.Parameter(fw.tensor([2.0]))
+    opt = optim.SGD([w], lr=0.25)
+
+    def closure():
+        opt.zero_grad()
+        loss = (w * w).sum()
+        loss.backward()
+        return loss
+
+    assert opt.step(closure).item() == 4.0
+    assert w.item() == 1.0  # 2 - 0.25 * 4
