@@ -210,7 +210,6 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
         grads_in[i] = None
         entry = leaf_pending[id(leaf)]
         if g is not None:
-            memory.track(g, "gradients")
             entry[2] = g if entry[2] is None else _sum_grads(entry[2], g)
             del g
         entry[1] -= 1
@@ -221,8 +220,10 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
 
     grads: dict = {}
     anomaly = state.anomaly
+    track = memory.track
     with memory.category("gradients"), no_grad():
         for edge, g in roots:
+            track(g, "gradients")
             if isinstance(edge, Tensor):
                 arrive_leaf(edge, [g], 0)
             elif edge in grads:
@@ -244,6 +245,12 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                     captured[i] = g
                 try:
                     outs = list(node.run_backward(g))
+                    # Count the new gradients now, while the incoming one is still alive:
+                    # that overlap is part of backward's real peak.
+                    for out in outs:
+                        if out is not None:
+                            track(out, "gradients")
+                    del out
                 except Exception as e:
                     if anomaly and getattr(node, "_trace", None):
                         raise type(e)(f"{e}\n\nThe forward call of {node.name()} was:\n" + "".join(node._trace)) from e
@@ -267,7 +274,6 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                     if needed is not None and not needed.get(nxt):
                         continue
                     if gi is not None:
-                        memory.track(gi, "gradients")
                         if nxt in grads:
                             grads[nxt] = _sum_grads(grads[nxt], gi)
                         else:

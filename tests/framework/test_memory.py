@@ -147,16 +147,6 @@ def test_counter_matches_tracemalloc_live_bytes_after_step(traced):
     assert _rel(m.counter_now, m.numpy_now) < 0.10, vars(m)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "engine.py _execute: the gradients a node returns are registered with the counter only "
-        "after the node's incoming gradient was dropped (`del g` before `memory.track(gi)`), so "
-        "the moments when both exist are invisible and the counter misses ~2.6 MiB (~14%) of "
-        "this step's peak. Tracking run_backward's outputs as soon as it returns gives 97% "
-        "agreement; remove this marker then."
-    ),
-)
 def test_counter_matches_tracemalloc_peak_on_training_step(traced):
     """Forward + backward of the MLP: the two peaks agree within 10%."""
     model = _mlp()
