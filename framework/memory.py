@@ -113,15 +113,16 @@ def track(array, category: str | None = None, fallback: str = "other"):
     if not nbytes:
         return array
     cat = category or _default_category[-1] or fallback
-    in_cat = _by_category.get(cat)
-    if in_cat is None:
+    if cat not in _by_category:
         raise _bad_category(cat)  # a bad fallback (the block's name was checked on entry)
+    # Creating the weakref may run the cyclic GC, which may free other buffers and run
+    # _on_free: read the counters only after it, so no decrement is overwritten.
     ref = _BufferRef(root, _on_free)
     ref.key = key
     ref.nbytes = nbytes
     ref.category = cat
     _live[key] = ref
-    in_cat += nbytes
+    in_cat = _by_category[cat] + nbytes
     _by_category[cat] = in_cat
     if in_cat > _peak_by_category[cat]:
         _peak_by_category[cat] = in_cat

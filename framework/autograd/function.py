@@ -103,6 +103,8 @@ class SavedTensor:
             self.array = None
 
     def __del__(self):
+        if self.array is None:
+            return
         try:
             self.release()
         except Exception:  # interpreter shutdown: module globals may be gone
@@ -142,6 +144,7 @@ class Function:
 
     saves: tuple = ()
     saved_when: dict = {}
+    out = None  # the target's buffer while an inplace forward runs (see _apply)
     is_view = False
     differentiable = True
     inplace_name: str | None = None
@@ -208,7 +211,10 @@ class Function:
         grads = self.backward(grad)
         if type(grads) is not tuple:
             grads = (grads,)
-        grads = tuple(_as_array(g) for g in grads)
+        for g in grads:
+            if isinstance(g, np.generic):
+                grads = tuple(_as_array(g) for g in grads)
+                break
         if len(grads) != len(self.next):
             raise RuntimeError(f"{self.name()} returned {len(grads)} gradients, expected {len(self.next)}")
         return grads
@@ -293,9 +299,11 @@ def _check_inplace_target(cls, target, grad_on: bool, any_needs: bool = False) -
             )
 
 
-def _save_inputs(cls, inputs, arrays, needs, inplace):
+def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
     """The SavedTensors of forward's inputs, and the bytes copied because the inplace
-    kernel would overwrite them."""
+    kernel would overwrite them. A Python scalar operand (``x * 2.0``) is a constant,
+    not a saved tensor: it becomes a plain attribute of ``ctx`` and, as in PyTorch,
+    survives ``release()``, so a node that saved only constants can run again."""
     saved = {}
     copied = 0
     target = arrays[0] if inplace else None
@@ -304,6 +312,9 @@ def _save_inputs(cls, inputs, arrays, needs, inplace):
         if idx < 0 or (when is not None and not any(needs[i] for i in when)):
             continue
         arr = arrays[idx]
+        if not hasattr(arr, "shape"):
+            ctx.__dict__[name] = arr
+            continue
         if inplace:
             if xp_may_share is None:
                 from ..backend import get_array_module  # noqa: PLC0415
@@ -321,37 +332,40 @@ def _save_inputs(cls, inputs, arrays, needs, inplace):
     return saved, copied
 
 
+_NO_NEEDS = tuple((False,) * n for n in range(8))
+
+
 def _apply(cls, inputs, params, inplace):
+    # This runs for every op call: the common cases are kept short and flat.
     grad_on = state.enabled
-    arrays = []
-    needs = []
+    arrays = [a._data if isinstance(a, Tensor) else a for a in inputs]
     any_needs = False
-    for a in inputs:
-        if isinstance(a, Tensor):
-            arrays.append(a._data)
-            if grad_on:
-                r = a._grad_fn is not None or a._requires_grad or (a._base is not None and a.requires_grad)
-                needs.append(r)
-                any_needs = any_needs or r
-            else:
-                needs.append(False)
-        else:
-            arrays.append(a)
-            needs.append(False)
-    if not cls.differentiable:
-        any_needs = False
+    if grad_on and cls.differentiable:
+        needs = []
+        for a in inputs:
+            r = isinstance(a, Tensor) and (
+                a._grad_fn is not None or a._requires_grad or (a._base is not None and a.requires_grad)
+            )
+            needs.append(r)
+            any_needs = any_needs or r
+        needs = tuple(needs)
+    else:
+        n = len(inputs)
+        needs = _NO_NEEDS[n] if n < 8 else (False,) * n
 
     ctx = cls.__new__(cls)
-    ctx.needs_input_grad = tuple(needs)
-    target = inputs[0] if inplace else None
+    ctx.needs_input_grad = needs
+    target = None
     if inplace:
+        target = inputs[0]
         _check_inplace_target(cls, target, grad_on, any_needs)
         ctx.out = arrays[0]
-    else:
-        ctx.out = None
-    saved, copied = _save_inputs(cls, inputs, arrays, needs, inplace) if any_needs and cls._save_plan else (None, 0)
-    if any_needs and state.anomaly:
-        ctx._trace = traceback.format_stack()[:-2]
+    saved, copied = (None, 0)
+    if any_needs:
+        if cls._save_plan:
+            saved, copied = _save_inputs(ctx, cls, inputs, arrays, needs, inplace)
+        if state.anomaly:
+            ctx._trace = traceback.format_stack()[:-2]
 
     try:
         result = cls.forward(ctx, *arrays, **params)
@@ -359,7 +373,8 @@ def _apply(cls, inputs, params, inplace):
         if inplace:
             raise RuntimeError(f"{cls.inplace_name}: {e}") from None
         raise
-    result = _as_array(result)
+    if isinstance(result, np.generic):
+        result = _as_array(result)
 
     if inplace:
         if copied:  # counted once the op has run: a refused op copied for nothing
@@ -386,16 +401,19 @@ def _apply(cls, inputs, params, inplace):
             memory.track(result, None, "activations")
 
     if any_needs:
-        ctx.next = tuple(edge_of(t) if n else None for t, n in zip(inputs, needs))
-        if saved is None:
-            saved = {}
+        edges = []
+        for t, n in zip(inputs, needs):
+            if n:
+                fn = t._grad_fn if t._base is None else t.grad_fn
+                edges.append(t if fn is None else fn)
+            else:
+                edges.append(None)
+        ctx.next = tuple(edges)
         for name, idx, when in cls._save_plan:
             if idx < 0 and (when is None or any(needs[i] for i in when)):
+                if saved is None:
+                    saved = {}
                 saved[name] = SavedTensor(out._data, out._vc, name)
-        for name in [n for n, s in saved.items() if s.vc is None and not hasattr(s.array, "shape")]:
-            # A Python scalar (x * 2.0) is a constant, not a saved tensor: as in PyTorch it
-            # survives release(), so a node that saved only constants can run again.
-            ctx.__dict__[name] = saved.pop(name).array
         if saved:
             ctx._saved = saved
         if inplace and target._base is not None:
