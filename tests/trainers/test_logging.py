@@ -1,0 +1,342 @@
+"""Tests for trainers.logging: run layout, TensorBoard events read back, progress, tables."""
+
+import io
+import os
+import struct
+import subprocess
+import sys
+import types
+import warnings
+
+import pytest
+
+from trainers.logging import (
+    MB,
+    Progress,
+    RunLogger,
+    default_run_name,
+    format_summary,
+    format_value,
+    read_scalars,
+    run_dir,
+)
+
+pytest.importorskip("tensorboard")
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from tensorboard.plugins.hparams import plugin_data_pb2  # noqa: E402
+
+TAGS = ("train/loss", "train/accuracy", "eval/accuracy", "perf/samples_per_sec",
+        "perf/step_ms", "memory/peak_mb", "memory/allocated_mb", "memory/floor_mb")
+
+
+def f32(x):
+    """The value TensorBoard stores for x (scalars are float32 on disk)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def metrics_at(step, policy_offset=0.0):
+    return {tag: 1.0 / (step + 3) + i * 10.5 + policy_offset for i, tag in enumerate(TAGS)}
+
+
+def synthetic_timeline():
+    # forward allocates activations, backward frees some and adds gradients, optimizer
+    # adds state: a peak at the forward/backward boundary.
+    events, alloc, t = [(0.0, 4 * MB, 0, "other", "")], 4 * MB, 0.0
+    for phase, deltas in (("forward", [3, 3, 2]), ("backward", [-2, 4, -3]),
+                          ("optimizer", [1, -1])):
+        for d in deltas:
+            t += 0.001
+            alloc += d * MB
+            events.append((t, alloc, d * MB, "activations", phase))
+    marks = [(0.0005, "forward"), (0.0035, "backward"), (0.0065, "optimizer")]
+    return {"events": events, "marks": marks}
+
+
+def accumulator(path):
+    acc = EventAccumulator(path, size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def event_files(path):
+    return [f for f in os.listdir(path) if ".out.tfevents." in f]
+
+
+# ------------------------------------------------------------------------ layout
+
+
+def test_module_imports_no_framework_and_defers_heavy_imports():
+    import trainers.logging
+
+    code = trainers.logging.__spec__.loader.get_source("trainers.logging")
+    for banned in ("import framework", "from framework", "import models", "from models"):
+        assert banned not in code
+    probe = ("import sys, trainers.logging; "
+             "print(sorted(m for m in ('framework', 'tensorboardX', 'matplotlib', 'tqdm', "
+             "'tensorboard') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(
+                             os.path.dirname(os.path.abspath(__file__)))))
+    assert out.stdout.strip() == "[]"
+
+
+def test_run_names_and_layout(tmp_path):
+    assert default_run_name("on", 1) == "inplace-on_np1"
+    assert default_run_name("off", 2) == "inplace-off_np2"
+    assert default_run_name("on", 1, "inplace_abn") == "inplace-on_np1_inplace_abn"
+    assert run_dir(tmp_path, "mlp", "inplace-on_np1") == os.path.join(
+        str(tmp_path), "mlp", "inplace-on_np1")
+    for bad in ("", "..", "a/b"):
+        with pytest.raises(ValueError, match="directory name"):
+            run_dir(tmp_path, bad, "inplace-on_np1")
+    with pytest.raises(ValueError, match="directory name"):
+        default_run_name("on", 1, "x/y")
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="world_size"):
+            default_run_name("on", bad)
+
+
+# ------------------------------------------------------------------------ a full run
+
+
+def write_run(path, policy):
+    offset = 0.0 if policy == "on" else 100.0
+    with RunLogger(path) as log:
+        log.config_text(f"inplace: {policy}\noptim:\n  lr: 0.1\n")
+        for step in range(0, 50, 10):
+            log.scalars(step, metrics_at(step, offset))
+        log.timeline_figure(40, synthetic_timeline(), floor_bytes=6 * MB)
+        log.hparams({"inplace": policy, "lr": 0.1, "batch_size": 32, "bn": True,
+                     "layers": [64, 32], "note": None},
+                    {"hparam/peak_mb": 12.0 + offset, "memory/peak_mb": 999.0})
+
+
+def test_full_run_reads_back_exactly(tmp_path):
+    exp = tmp_path / "mlp"
+    on, off = run_dir(tmp_path, "mlp", default_run_name("on", 1)), run_dir(
+        tmp_path, "mlp", default_run_name("off", 1))
+    with pytest.warns(RuntimeWarning, match="differs from the last value"):
+        write_run(on, "on")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        write_run(off, "off")
+
+    # Exactly two runs, no hparams sub-run, one event file per run.
+    assert sorted(os.listdir(exp)) == ["inplace-off_np1", "inplace-on_np1"]
+    for path in (on, off):
+        names = os.listdir(path)
+        assert not [n for n in names if os.path.isdir(os.path.join(path, n))]
+        assert len(event_files(path)) == 1
+        assert {"config.yaml", "timeline.png"} <= set(names)
+        with open(os.path.join(path, "timeline.png"), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+    for path, policy, offset in ((on, "on", 0.0), (off, "off", 100.0)):
+        expected = {tag: [(s, f32(metrics_at(s, offset)[tag])) for s in range(0, 50, 10)]
+                    for tag in TAGS}
+        # The hparams metric not logged by scalars() becomes a scalar at the last step;
+        # memory/peak_mb keeps its own series (no extra point).
+        expected["hparam/peak_mb"] = [(40, f32(12.0 + offset))]
+        assert read_scalars(path) == dict(sorted(expected.items()))
+
+        acc = accumulator(path)
+        assert acc.Tags()["images"] == ["memory/timeline"]
+        image = acc.Images("memory/timeline")[0]
+        assert image.step == 40 and image.encoded_image_string.startswith(b"\x89PNG")
+        assert (image.width, image.height) == (800, 400)
+        text = acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+        assert text == f"```yaml\ninplace: {policy}\noptim:\n  lr: 0.1\n```"
+        with open(os.path.join(path, "config.yaml")) as f:
+            assert f.read() == f"inplace: {policy}\noptim:\n  lr: 0.1\n"
+
+        content = acc.PluginTagToContent("hparams")
+        assert set(content) == {"_hparams_/experiment", "_hparams_/session_start_info",
+                                "_hparams_/session_end_info"}
+        start = plugin_data_pb2.HParamsPluginData.FromString(
+            content["_hparams_/session_start_info"]).session_start_info
+        hp = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
+        assert hp == {"inplace": policy, "lr": 0.1, "batch_size": 32.0, "bn": True,
+                      "layers": "[64, 32]", "note": "None"}
+        experiment = plugin_data_pb2.HParamsPluginData.FromString(
+            content["_hparams_/experiment"]).experiment
+        assert [m.name.tag for m in experiment.metric_infos] == ["hparam/peak_mb",
+                                                                  "memory/peak_mb"]
+
+
+def test_flush_makes_events_readable_while_open(tmp_path):
+    path = str(tmp_path / "run")
+    log = RunLogger(path, flush_secs=3600)
+    for step in range(20):
+        log.scalars(step, {"train/loss": float(step)})
+    log.flush()
+    assert read_scalars(path) == {"train/loss": [(s, float(s)) for s in range(20)]}
+    log.close()
+    log.close()  # idempotent
+    log.scalars(20, {"train/loss": 1.0})  # after close: a no-op, not an error
+
+
+def test_disabled_logger_creates_nothing(tmp_path):
+    path = tmp_path / "exp" / "run"
+    with RunLogger(path, enabled=False) as log:
+        log.scalars(0, {"train/loss": 1.0})
+        log.config_text("a: 1\n")
+        assert log.timeline_figure(0, synthetic_timeline()) is None
+        log.hparams({"lr": 0.1}, {"hparam/loss": 1.0})
+        log.flush()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_non_finite_values_are_skipped_with_one_warning(tmp_path):
+    path = str(tmp_path / "run")
+    with pytest.warns(RuntimeWarning, match="non-finite") as record:
+        with RunLogger(path) as log:
+            log.scalars(0, {"train/loss": float("nan"), "perf/step_ms": 2.5})
+            log.scalars(1, {"train/loss": float("inf"), "perf/step_ms": -float("inf")})
+            log.scalars(2, {"train/loss": 0.5})
+    assert sum("non-finite" in str(w.message) for w in record) == 1
+    assert read_scalars(path) == {"perf/step_ms": [(0, 2.5)], "train/loss": [(2, 0.5)]}
+    with RunLogger(str(tmp_path / "run2")) as log, pytest.raises(TypeError, match="train/loss"):
+        log.scalars(0, {"train/loss": "low"})
+
+
+def test_resume_with_purge_step_hides_later_points(tmp_path):
+    path = str(tmp_path / "run")
+    with RunLogger(path) as log:
+        for step in range(10):
+            log.scalars(step, {"train/loss": float(step)})
+    with pytest.warns(RuntimeWarning, match="earlier run"):
+        RunLogger(path).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # purge_step: a resume, no warning
+        with RunLogger(path, purge_step=5) as log:
+            for step in range(5, 8):
+                log.scalars(step, {"train/loss": step + 0.5})
+    assert read_scalars(path)["train/loss"] == (
+        [(s, float(s)) for s in range(5)] + [(s, s + 0.5) for s in range(5, 8)])
+
+
+# ------------------------------------------------------------------------ timeline figure
+
+
+def test_timeline_figure_from_object_and_empty(tmp_path):
+    import matplotlib
+
+    backend = matplotlib.get_backend()
+    tl = types.SimpleNamespace(**synthetic_timeline())
+    with RunLogger(str(tmp_path / "a")) as log:
+        assert log.timeline_figure(3, tl).endswith("timeline.png")
+        log.timeline_figure(4, {"events": [], "marks": []})
+    assert matplotlib.get_backend() == backend
+    assert [e.step for e in accumulator(str(tmp_path / "a")).Images("memory/timeline")] == [3, 4]
+
+
+def test_timeline_figure_from_framework_record_timeline(tmp_path):
+    np = pytest.importorskip("numpy")
+    memory = pytest.importorskip("framework.memory")
+    with memory.record_timeline() as tl:
+        memory.mark("forward")
+        a = memory.zeros((256, 256), np.float32, category="activations")
+        memory.mark("backward")
+        b = memory.zeros((128, 256), np.float32, category="gradients")
+        del a
+        memory.mark("optimizer")
+        del b
+    with RunLogger(str(tmp_path / "r")) as log:
+        log.timeline_figure(0, tl, floor_bytes=tl.peak // 2)
+    assert os.path.getsize(tmp_path / "r" / "timeline.png") > 1000
+
+
+# ------------------------------------------------------------------------ progress
+
+
+def test_progress_disabled_is_a_no_op(capsys):
+    bar = Progress(100, disable=True)
+    assert bar.disabled
+    for step in range(1, 31):
+        bar.update(step, loss=1.0, samples_per_sec=10.0, peak_mb=3.0)
+    bar.close()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_progress_on_a_non_tty_stream():
+    stream = io.StringIO()
+    with Progress(25, log_every=10, file=stream, desc="train") as bar:
+        assert not bar.disabled
+        for step in range(1, 26):
+            bar.update(step, loss=0.123456 + step, samples_per_sec=1234.56, peak_mb=12.345)
+    out = stream.getvalue()
+    final = out.rstrip("\n").split("\r")[-1]
+    assert "25/25" in final
+    assert "loss=25.12" in final and "samples/s=1234.6" in final and "peak_mb=12.3" in final
+    # Not a terminal: redrawn at start and close only, not every log_every steps.
+    assert out.count("\r") <= 3
+    with pytest.raises(ValueError, match="log_every"):
+        Progress(10, log_every=0, file=stream)
+
+
+def test_progress_counts_absolute_steps_when_called_on_logging_steps_only():
+    stream = io.StringIO()
+    bar = Progress(30, log_every=10, initial=5, file=stream)  # resumed at step 5
+    for step in (10, 20, 30):
+        bar.update(step, loss=float(step))
+    assert bar._bar.n == 30
+    bar.close()
+    assert "30/30" in stream.getvalue().split("\r")[-1]
+
+
+# ------------------------------------------------------------------------ tables
+
+
+def test_format_value_by_key():
+    assert format_value("memory/peak_mb", 12.345) == "12.3"
+    assert format_value("perf/samples_per_sec", 1234.56) == "1234.6"
+    assert format_value("train/loss", 0.0123456) == "0.01235"
+    assert format_value("eval/accuracy", 0.97312) == "97.31%"
+    assert format_value("saving_pct", 23.456) == "23.5%"
+    assert format_value("perf/step_ms", 1.2345) == "1.23"
+    assert format_value("peak_floor_ratio", 1.5) == "1.50x"
+    assert format_value("steps", 100) == "100"
+    assert format_value("policy", "on") == "on"
+    assert format_value("train/loss", None) == "-"
+    assert format_value("train/loss", float("nan")) == "nan"
+
+
+def test_format_summary_aligns_columns():
+    rows = [
+        {"run": "inplace-on_np1", "peak_mb": 12.345, "samples_per_sec": 1234.56,
+         "loss": 0.0123456, "accuracy": 0.97312},
+        {"run": "inplace-off_np1", "peak_mb": 120.0, "samples_per_sec": 987.0,
+         "loss": 0.5, "saving_pct": 9.5},
+    ]
+    columns = [("run", "run"), ("peak_mb", "peak MB"), ("samples_per_sec", "samples/s"),
+               ("loss", "loss"), ("accuracy", "acc"), ("saving_pct", "saved")]
+    assert format_summary(rows, columns) == "\n".join([
+        "run              peak MB  samples/s     loss     acc  saved",
+        "---------------  -------  ---------  -------  ------  -----",
+        "inplace-on_np1      12.3     1234.6  0.01235  97.31%      -",
+        "inplace-off_np1    120.0      987.0      0.5       -   9.5%",
+    ])
+    assert format_summary([], [("run", "run")]) == "run\n---"
+
+
+def test_format_summary_with_human_keys():
+    rows = [{"policy": "on", "peak MB": 10.04, "saved %": 16.5, "samples/s": 812.25,
+             "final loss": 0.31234, "eval accuracy": 0.9},
+            {"policy": "off", "peak MB": 12.0, "saved %": 0.0, "samples/s": 790.0,
+             "final loss": 0.31229, "eval accuracy": None}]
+    assert format_summary(rows, [(k, k) for k in rows[0]]).splitlines() == [
+        "policy  peak MB  saved %  samples/s  final loss  eval accuracy",
+        "------  -------  -------  ---------  ----------  -------------",
+        "on         10.0    16.5%      812.2      0.3123         90.00%",
+        "off        12.0     0.0%      790.0      0.3123              -",
+    ]
+
+
+def test_tensorboardx_is_imported_without_torch_and_torch_still_imports():
+    probe = ("import sys, tempfile, trainers.logging as L; "
+             "L.RunLogger(tempfile.mkdtemp()).close(); "
+             "print('torch' in sys.modules, 'torch' in sys.modules and sys.modules['torch'] is None)")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=root)
+    assert out.stdout.split() == ["False", "False"]

@@ -1,0 +1,157 @@
+"""The trainer end to end on tiny configs: logs, checkpoints, resume, failure paths."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from trainers.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from trainers.config import load_config
+from trainers.logging import read_scalars
+from trainers.trainer import Trainer, TrainingError, learning_rate
+
+TINY = """\
+experiment: tiny
+seed: 3
+threads: 1
+data:
+  name: digits
+  batch_size: 32
+model:
+  name: mlp
+  args:
+    hidden: [16]
+    dropout: 0.2
+optim:
+  name: sgd
+  lr: 0.1
+  momentum: 0.9
+schedule:
+  name: cosine
+  warmup_steps: 2
+train:
+  epochs: 1
+  max_steps: 8
+  eval_every: 4
+  log_every: 2
+logging:
+  progress: false
+checkpoint:
+  every: 4
+  keep: 5
+"""
+
+
+def tiny_config(tmp_path, *overrides):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    base = [f"logging.logdir={tmp_path / 'runs'}", f"checkpoint.dir={tmp_path / 'ckpt'}"]
+    return load_config(path, base + list(overrides))
+
+
+def test_run_writes_the_documented_tensorboard_layout(tmp_path):
+    result = Trainer(tiny_config(tmp_path)).fit()
+    assert result.run_dir == str(tmp_path / "runs" / "tiny" / "inplace-on_np1")
+    scalars = read_scalars(result.run_dir)
+    for tag in ("train/loss", "train/accuracy", "perf/samples_per_sec", "perf/step_ms",
+                "memory/peak_mb", "memory/allocated_mb", "memory/floor_mb", "memory/parameters_mb",
+                "memory/gradients_mb", "memory/optimizer_state_mb", "memory/activations_mb"):
+        assert [s for s, _ in scalars[tag]] == [2, 4, 6, 8], tag
+    assert [s for s, _ in scalars["eval/accuracy"]] == [4, 8]
+    # train/loss is the mean of the losses of the steps since the previous log point
+    logged = [v for _, v in scalars["train/loss"]]
+    means = [np.mean(result.losses[i : i + 2]) for i in range(0, 8, 2)]
+    np.testing.assert_allclose(logged, means, rtol=1e-6)
+    assert scalars["eval/accuracy"][-1][1] == pytest.approx(result.eval_metric, rel=1e-6)
+    for (_, peak), (_, floor) in zip(scalars["memory/peak_mb"], scalars["memory/floor_mb"]):
+        assert 0 < floor <= peak * 1.5  # the floor is a lower bound of what a step needs
+    assert all(v > 0 for _, v in scalars["perf/samples_per_sec"])
+    files = os.listdir(result.run_dir)
+    assert "config.yaml" in files and "timeline.png" in files
+    assert sorted(os.listdir(tmp_path / "runs" / "tiny")) == ["inplace-on_np1"]  # hparams made no extra run
+    assert result.peak_mb > 0 and result.floor_mb > 0 and result.samples_per_sec > 0
+
+
+def test_policies_log_the_same_losses_into_separate_runs(tmp_path):
+    on = Trainer(tiny_config(tmp_path, "inplace=on")).fit()
+    off = Trainer(tiny_config(tmp_path, "inplace=off")).fit()
+    assert os.path.basename(off.run_dir) == "inplace-off_np1"
+    np.testing.assert_allclose(on.losses, off.losses, rtol=1e-6)
+
+
+def test_resume_continues_exactly(tmp_path):
+    full = Trainer(tiny_config(tmp_path)).fit()
+    ckpts = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-on_np1"))
+    assert [s for s, _ in ckpts] == [4, 8]
+    state = load_checkpoint(ckpts[0][1])
+    assert state["step"] == 4 and state["loader"] == {"epoch": 0, "batch": 4}
+    assert state["config"]["model"]["args"]["hidden"] == [16]
+    # Resume from step 4 (model, momentum, dropout RNG, data position, schedule position).
+    resumed = Trainer(tiny_config(tmp_path), resume=ckpts[0][1])
+    assert resumed.step == 4
+    second = resumed.fit()
+    assert second.losses == full.losses[4:]  # bit for bit, dropout included
+
+
+def test_resume_auto_picks_the_latest_and_starts_fresh_without_one(tmp_path):
+    fresh = Trainer(tiny_config(tmp_path, "checkpoint.resume=auto"))
+    assert fresh.step == 0
+    fresh.fit()
+    again = Trainer(tiny_config(tmp_path, "checkpoint.resume=auto", "train.max_steps=10"))
+    assert again.step == 8
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(tmp_path):
+    Trainer(tiny_config(tmp_path)).fit()
+    path = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-on_np1"))[-1][1]
+    with pytest.raises(TrainingError, match="different 'model' config"):
+        Trainer(tiny_config(tmp_path, "model.args.hidden=[8]"), resume=path)
+
+
+def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpoint(tmp_path):
+    cfg = tiny_config(tmp_path, "optim.lr=1e6", "schedule.name=none", "checkpoint.every=1",
+                      "train.max_steps=50", "model.args.dropout=0.0")
+    trainer = Trainer(cfg)
+    with pytest.raises(TrainingError) as info:
+        trainer.fit()
+    msg = str(info.value)
+    bad_step = trainer.step
+    assert f"at step {bad_step} " in msg and "Lower optim.lr" in msg
+    ckpts = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-on_np1"))
+    assert ckpts and ckpts[-1][0] == bad_step  # nothing was saved after the bad step
+    assert f"the last good checkpoint is {ckpts[-1][1]}" in msg
+    params = load_checkpoint(ckpts[-1][1])["model"]
+    assert all(np.isfinite(np.asarray(v)).all() for v in params.values())
+
+
+def test_unknown_model_argument_is_a_training_error(tmp_path):
+    with pytest.raises(TrainingError, match="hiden"):
+        Trainer(tiny_config(tmp_path, "model.args.hiden=[4]"))
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    d = str(tmp_path / "c")
+    save_checkpoint({"step": 1, "x": 1}, d, 1)
+    import pickle
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pickle, "dump", boom)
+    with pytest.raises(OSError):
+        save_checkpoint({"step": 2}, d, 2)
+    assert os.listdir(d) == ["step_00000001.ckpt"]  # no partial file, the old one intact
+    assert load_checkpoint(os.path.join(d, "step_00000001.ckpt"))["x"] == 1
+
+
+def test_learning_rate_schedules(tmp_path):
+    cfg = tiny_config(tmp_path, "schedule.name=step", "schedule.step_size=3", "schedule.gamma=0.5",
+                      "schedule.warmup_steps=2")
+    lrs = [learning_rate(cfg, s, 10) for s in range(8)]
+    assert lrs == pytest.approx([0.05, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05])
+    cfg = tiny_config(tmp_path, "schedule.name=cosine", "schedule.warmup_steps=0", "schedule.min_lr=0.01")
+    assert learning_rate(cfg, 0, 10) == pytest.approx(0.1)
+    assert learning_rate(cfg, 5, 10) == pytest.approx(0.01 + 0.09 * 0.5)
+    assert learning_rate(cfg, 10, 10) == pytest.approx(0.01)
+    assert math.isclose(learning_rate(tiny_config(tmp_path, "schedule.name=none", "schedule.warmup_steps=0"), 7, 10), 0.1)

@@ -1,0 +1,392 @@
+"""The training loop: data, model, optimizer, schedule, evaluation, checkpoints and logs.
+
+One :class:`Trainer` runs one config. The inplace policy of the config is set for the
+whole process before the model is built, so every inplace site (activations, residual
+adds, InPlace-ABN, optimizer updates, gradient accumulation) follows it. Every
+``log_every`` steps the trainer logs loss, accuracy, throughput and memory: the peak
+since the last log, the live bytes, and the floor of a step (parameters + gradients +
+optimizer state + the bytes autograd holds at the forward/backward boundary).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import framework as fw
+from framework import memory
+from framework.distributed.comm import get_world
+
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import Config, config_from_dict
+from .data import DataLoader, load_dataset
+from .logging import Progress, RunLogger, default_run_name, format_summary, run_dir
+
+MB = 1024 * 1024
+
+
+class TrainingError(Exception):
+    """A run that cannot go on (non-finite loss, bad model arguments, bad checkpoint)."""
+
+
+@dataclass
+class RunResult:
+    """What a finished run reports (also printed as the summary table)."""
+
+    run_dir: str
+    steps: int
+    final_loss: float
+    eval_metric: float | None
+    eval_name: str
+    peak_mb: float
+    floor_mb: float
+    samples_per_sec: float
+    step_ms: float
+    policy: str
+    losses: list = field(default_factory=list)
+    timeline: object = None
+
+
+# --- building blocks from the config ------------------------------------------------------
+
+_DATA_OPTIONS = {
+    "digits": ("test_fraction",),
+    "synthetic_images": ("num_train", "num_test", "image_size", "channels", "num_classes", "noise"),
+    "synthetic_regression": ("num_train", "num_test", "in_features", "out_features", "noise"),
+}
+
+
+def build_data(cfg: Config):
+    options = {k: getattr(cfg.data, k) for k in _DATA_OPTIONS[cfg.data.name]}
+    return load_dataset(cfg.data.name, seed=cfg.seed, **options)
+
+
+def build_model_for(cfg: Config, train_set):
+    """The config's model; sizes it can take from the data set are filled in."""
+    from models import build_model, model_signature  # noqa: PLC0415
+
+    args = dict(cfg.model.args)
+    params = model_signature(cfg.model.name).parameters
+    shape = train_set.input_shape
+    derived = {
+        "num_classes": train_set.num_classes if train_set.num_classes else train_set.y.shape[-1],
+        "in_features": int(np.prod(shape)),
+        "in_channels": shape[0] if len(shape) == 3 else None,
+        "image_size": shape[-1] if len(shape) == 3 else None,
+    }
+    for key, value in derived.items():
+        if key in params and key not in args and value is not None:
+            args[key] = value
+    return build_model(cfg.model.name, **args)
+
+
+def build_optimizer(cfg: Config, params):
+    o = cfg.optim
+    if o.name == "sgd":
+        return fw.optim.SGD(params, lr=o.lr, momentum=o.momentum, dampening=o.dampening,
+                            weight_decay=o.weight_decay, nesterov=o.nesterov)
+    if o.name == "adam":
+        return fw.optim.Adam(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    return fw.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+
+
+def learning_rate(cfg: Config, step: int, total_steps: int) -> float:
+    """The schedule: linear warmup, then constant, step decay or cosine to ``min_lr``."""
+    base, s = cfg.optim.lr, cfg.schedule
+    if step < s.warmup_steps:
+        return base * (step + 1) / s.warmup_steps
+    k = step - s.warmup_steps
+    if s.name == "step":
+        return base * s.gamma ** (k // s.step_size)
+    if s.name == "cosine":
+        span = max(1, total_steps - s.warmup_steps)
+        return s.min_lr + (base - s.min_lr) * 0.5 * (1 + math.cos(math.pi * min(k, span) / span))
+    return base
+
+
+def clip_grad_norm_(params, max_norm: float) -> float:
+    """Scales gradients in place so their global L2 norm is at most ``max_norm``."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = math.sqrt(sum(float((g._data.astype(np.float64) ** 2).sum()) for g in grads))
+    if total > max_norm:
+        scale = max_norm / (total + 1e-6)
+        with fw.no_grad():
+            for g in grads:
+                g.mul_(scale)
+    return total
+
+
+def limit_threads(threads: int, comm) -> None:
+    """Caps BLAS/OpenMP threads: ``threads``, or cores/processes when several ranks share a node.
+
+    Oversubscribed BLAS threads are catastrophic for small matrices (measured here: a
+    (32, 64) x (64, 256) product took 28 us on 1 thread and 500 us on 2 busy cores).
+    """
+    if threads == 0 and comm.local_size > 1:
+        threads = max(1, (os.cpu_count() or 1) // comm.local_size)
+    if threads > 0:
+        from threadpoolctl import threadpool_limits  # noqa: PLC0415
+
+        threadpool_limits(threads)
+
+
+# --- the trainer ---------------------------------------------------------------------------------
+
+class Trainer:
+    """Trains the model a config describes. ``Trainer(cfg).fit()`` returns a :class:`RunResult`."""
+
+    def __init__(self, cfg: Config, resume: str | bool | None = None, comm=None, run_name: str | None = None):
+        self.cfg = cfg
+        self.comm = comm or get_world()
+        limit_threads(cfg.threads, self.comm)
+        fw.inplace.set_policy(cfg.inplace)
+        self.device = fw.device(cfg.device)
+        fw.manual_seed(cfg.seed)
+
+        self.train_set, self.test_set = build_data(cfg)
+        self.classification = self.train_set.num_classes is not None
+        try:
+            self.model = build_model_for(cfg, self.train_set)
+        except (TypeError, ValueError) as e:
+            raise TrainingError(f"model {cfg.model.name!r}: {e}") from None
+        self.model.to(self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        with memory.category("optimizer_state"):
+            self.optimizer = build_optimizer(cfg, self.params)
+        self.criterion = fw.nn.CrossEntropyLoss() if self.classification else fw.nn.MSELoss()
+
+        self.loader = DataLoader(self.train_set, cfg.data.batch_size, shuffle=True, seed=cfg.seed,
+                                 drop_last=cfg.data.drop_last)
+        steps_per_epoch = len(self.loader)
+        self.total_steps = cfg.train.epochs * steps_per_epoch
+        if cfg.train.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.train.max_steps)
+
+        self.run_name = run_name or cfg.logging.run_name or default_run_name(cfg.inplace, self.comm.size)
+        self.run_dir = run_dir(cfg.logging.logdir, cfg.experiment, self.run_name)
+        self.ckpt_dir = os.path.join(cfg.checkpoint.dir, cfg.experiment, self.run_name)
+        self.step = 0
+        self.resumed = False
+        self.last_checkpoint = None
+        if resume is None:
+            resume = cfg.checkpoint.resume
+        if resume:
+            self._resume(resume)
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": fw.random.get_state(),
+            "loader": self.loader.state_dict(),
+            "config": self.cfg.to_dict(),
+        }
+
+    def save(self) -> str:
+        path = None
+        if self.comm.is_main:
+            path = save_checkpoint(self.state_dict(), self.ckpt_dir, self.step, self.cfg.checkpoint.keep)
+        self.last_checkpoint = path
+        return path
+
+    def _resume(self, resume) -> None:
+        path = latest_checkpoint(self.ckpt_dir) if resume in (True, "auto") else str(resume)
+        if path is None:
+            return  # resume: auto with nothing saved yet starts fresh
+        state = load_checkpoint(path)
+        saved_cfg = config_from_dict(state["config"], source=f"checkpoint {path}")
+        for key in ("model", "data", "seed"):
+            if saved_cfg.to_dict()[key] != self.cfg.to_dict()[key]:
+                raise TrainingError(
+                    f"checkpoint {path} was written with a different '{key}' config; "
+                    "resume with the same config, or start a new run (another checkpoint.dir or run name)"
+                )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        fw.random.set_state(state["rng"])
+        self.loader.load_state_dict(state["loader"])
+        self.step = state["step"]
+        self.resumed = True
+        self.last_checkpoint = path
+
+    # --- one step ---------------------------------------------------------------------------
+    def _to_tensors(self, x, y):
+        if self.device.type == "cpu":
+            return fw.from_numpy(x), fw.from_numpy(y)
+        return fw.tensor(x, device=self.device), fw.tensor(y, device=self.device)
+
+    def _train_step(self, x, y, lr: float):
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        memory.mark("forward")
+        out = self.model(x)
+        loss = self.criterion(out, y)
+        loss_value = float(loss.item())
+        if not math.isfinite(loss_value):
+            where = f"; the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else ""
+            raise TrainingError(
+                f"loss is {loss_value} at step {self.step} (lr {lr:g}): training stopped before the update"
+                f"{where}. Lower optim.lr or set train.grad_clip"
+            )
+        saved = memory.saved_bytes()
+        self.optimizer.zero_grad(set_to_none=True)
+        memory.mark("backward")
+        loss.backward()
+        if self.cfg.train.grad_clip > 0:
+            clip_grad_norm_(self.params, self.cfg.train.grad_clip)
+        memory.mark("optimizer")
+        self.optimizer.step()
+        correct = None
+        if self.classification:
+            correct = int((fw.argmax(out.detach(), dim=1) == y).sum().item())
+        return loss_value, correct, saved
+
+    def floor_bytes(self, saved: int) -> int:
+        """Parameters + gradients + optimizer state + bytes saved for backward."""
+        params = sum(p.nbytes for p in self.params)
+        return 2 * params + memory.breakdown()["optimizer_state"] + saved
+
+    def evaluate(self) -> float:
+        """Test accuracy (classification) or mean squared error (regression)."""
+        self.model.eval()
+        total, score = 0, 0.0
+        with fw.no_grad():
+            for start in range(0, len(self.test_set), self.cfg.data.eval_batch_size):
+                xs = self.test_set.x[start : start + self.cfg.data.eval_batch_size]
+                ys = self.test_set.y[start : start + self.cfg.data.eval_batch_size]
+                x, y = self._to_tensors(xs, ys)
+                out = self.model(x)
+                if self.classification:
+                    score += float((fw.argmax(out, dim=1) == y).sum().item())
+                else:
+                    score += float(((out - y) ** 2).mean().item()) * len(xs)
+                total += len(xs)
+        self.model.train()
+        return score / max(total, 1)
+
+    # --- the loop -------------------------------------------------------------------------------
+    def fit(self) -> RunResult:
+        cfg = self.cfg
+        # purge_step makes TensorBoard drop the points an earlier run in this directory
+        # logged at or after this step: a re-run replaces its curves, a resumed run drops
+        # what the interrupted run logged after its checkpoint. No file is deleted.
+        logger = RunLogger(self.run_dir, enabled=self.comm.is_main, purge_step=self.step)
+        logger.config_text(cfg.to_yaml())
+        progress = Progress(total=self.total_steps, initial=self.step,
+                            disable=not (cfg.logging.progress and self.comm.is_main),
+                            log_every=cfg.train.log_every)
+        eval_name = "accuracy" if self.classification else "mse"
+        losses: list[float] = []
+        window = {"loss": 0.0, "correct": 0, "seen": 0, "time": 0.0, "steps": 0}
+        peak_run, floor = 0, 0
+        # Throughput over the whole run, leaving out the first step (warm-up: caches, allocator).
+        timed = {"time": 0.0, "samples": 0, "steps": 0}
+        eval_metric = None
+        timeline = None
+        timeline_step = self.step + min(2, max(self.total_steps - self.step - 1, 0))
+        memory.reset_peak()
+        try:
+            while self.step < self.total_steps:
+                for xb, yb in self.loader:
+                    if self.step >= self.total_steps:
+                        break
+                    x, y = self._to_tensors(xb, yb)
+                    lr = learning_rate(cfg, self.step, self.total_steps)
+                    t0 = time.perf_counter()
+                    if cfg.logging.timeline and self.step == timeline_step and timeline is None:
+                        with memory.record_timeline() as tl:
+                            loss, correct, saved = self._train_step(x, y, lr)
+                        timeline = tl
+                    else:
+                        loss, correct, saved = self._train_step(x, y, lr)
+                    dt = time.perf_counter() - t0
+                    del x, y
+                    self.step += 1
+                    losses.append(loss)
+                    floor = max(floor, self.floor_bytes(saved))
+                    window["loss"] += loss
+                    window["correct"] += correct or 0
+                    window["seen"] += len(xb)
+                    window["time"] += dt
+                    window["steps"] += 1
+                    if self.step > 1 or self.total_steps == 1:
+                        timed["time"] += dt
+                        timed["samples"] += len(xb) * self.comm.size
+                        timed["steps"] += 1
+                    if self.step % cfg.train.log_every == 0 or self.step == self.total_steps:
+                        peak = memory.max_allocated_bytes()
+                        peak_run = max(peak_run, peak)
+                        metrics = self._window_metrics(window, peak, floor)
+                        logger.scalars(self.step, metrics)
+                        progress.update(self.step, loss=metrics["train/loss"],
+                                        samples_per_sec=metrics["perf/samples_per_sec"],
+                                        peak_mb=metrics["memory/peak_mb"])
+                        window = {k: 0 if isinstance(v, int) else 0.0 for k, v in window.items()}
+                        memory.reset_peak()
+                    if self.step % cfg.train.eval_every == 0 or self.step == self.total_steps:
+                        eval_metric = self.evaluate()
+                        logger.scalars(self.step, {f"eval/{eval_name}": eval_metric})
+                    if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                        self.save()
+            if timeline is not None:
+                logger.timeline_figure(timeline_step, timeline, floor_bytes=floor)
+        finally:
+            progress.close()
+        if not cfg.checkpoint.every or self.step % cfg.checkpoint.every:
+            self.save()
+        peak_run = max(peak_run, memory.max_allocated_bytes())
+        result = self._result(losses, eval_metric, eval_name, peak_run, floor, timeline, timed)
+        logger.hparams(
+            {"inplace": cfg.inplace, "model": cfg.model.name, "world_size": self.comm.size,
+             "batch_size": cfg.data.batch_size, "optimizer": cfg.optim.name, "lr": cfg.optim.lr},
+            {"hparams/peak_mb": result.peak_mb, "hparams/floor_mb": result.floor_mb,
+             "hparams/samples_per_sec": result.samples_per_sec, "hparams/final_loss": result.final_loss,
+             f"hparams/eval_{eval_name}": eval_metric if eval_metric is not None else float("nan")},
+        )
+        logger.close()
+        return result
+
+    def _window_metrics(self, window, peak, floor) -> dict:
+        n = max(window["steps"], 1)
+        metrics = {
+            "train/loss": window["loss"] / n,
+            "perf/samples_per_sec": window["seen"] * self.comm.size / max(window["time"], 1e-9),
+            "perf/step_ms": 1000 * window["time"] / n,
+            "memory/peak_mb": peak / MB,
+            "memory/allocated_mb": memory.allocated_bytes() / MB,
+            "memory/floor_mb": floor / MB,
+        }
+        if self.classification:
+            metrics["train/accuracy"] = window["correct"] / max(window["seen"], 1)
+        for name, nbytes in memory.breakdown().items():
+            metrics[f"memory/{name}_mb"] = nbytes / MB
+        return metrics
+
+    def _result(self, losses, eval_metric, eval_name, peak, floor, timeline, timed) -> RunResult:
+        return RunResult(
+            run_dir=self.run_dir, steps=self.step,
+            final_loss=losses[-1] if losses else float("nan"),
+            eval_metric=eval_metric, eval_name=eval_name,
+            peak_mb=peak / MB, floor_mb=floor / MB,
+            samples_per_sec=timed["samples"] / timed["time"] if timed["time"] else float("nan"),
+            step_ms=1000 * timed["time"] / timed["steps"] if timed["steps"] else float("nan"),
+            policy=self.cfg.inplace, losses=losses, timeline=timeline,
+        )
+
+
+def summary_table(results: list[RunResult]) -> str:
+    rows = [
+        {"run": os.path.basename(r.run_dir), "steps": r.steps, "final loss": r.final_loss,
+         f"eval {r.eval_name}": r.eval_metric, "peak MB": r.peak_mb, "floor MB": r.floor_mb,
+         "samples/s": r.samples_per_sec}
+        for r in results
+    ]
+    columns = [(k, k) for k in rows[0]] if rows else []
+    return format_summary(rows, columns)
