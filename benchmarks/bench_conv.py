@@ -99,7 +99,9 @@ def _synced(fn, device):
 
     def run():
         out = fn()
-        xp.cuda.get_current_stream().synchronize()
+        from framework.backend import cupy_module  # noqa: PLC0415
+
+        cupy_module().cuda.get_current_stream().synchronize()
         if torch is not None and torch.cuda.is_available():
             torch.cuda.synchronize()
         return out

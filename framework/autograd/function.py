@@ -185,6 +185,23 @@ class Function:
     def backward(ctx, grad):  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(ctx).__name__} must define backward")
 
+    def keep(ctx, **arrays) -> None:
+        """Holds arrays forward computed itself (statistics, masks, indices) for backward.
+
+        ``saves`` names forward's arguments and result; anything else backward needs
+        goes through here, so that it is handled like a saved tensor: counted by
+        :func:`framework.memory.saved_bytes`, freed by ``release()`` after backward (a
+        second backward then raises), and read back as ``ctx.<name>``. Nothing is kept
+        when no input needs a gradient (no graph is built then).
+        """
+        if not (ctx.differentiable and any(ctx.needs_input_grad)):
+            return
+        saved = ctx.__dict__.get("_saved")
+        if saved is None:
+            saved = ctx._saved = {}
+        for name, array in arrays.items():
+            saved[name] = SavedTensor(array, None, name)  # private: nobody else writes it
+
     # --- node machinery, used by the engine ---------------------------------------
     @classmethod
     def name(cls) -> str:
@@ -415,6 +432,9 @@ def _apply(cls, inputs, params, inplace):
                     saved = {}
                 saved[name] = SavedTensor(out._data, out._vc, name)
         if saved:
+            kept = ctx.__dict__.get("_saved")  # what forward passed to ctx.keep()
+            if kept:
+                saved.update(kept)
             ctx._saved = saved
         if inplace and target._base is not None:
             base = target._base

@@ -15,14 +15,14 @@ import numpy as np
 
 from .. import memory
 from .. import random as _random
+from ..autograd.function import Function
 from ..backend import get_array_module
 from ..tensor import Tensor
-from .norm import KeepsExtras
 
 __all__ = ["dropout", "Dropout"]
 
 
-class Dropout(KeepsExtras):
+class Dropout(Function):
     """``y = x * mask / (1 - p)``; keeps the bool mask, saves no tensor."""
 
     inplace_name = "dropout_"
@@ -47,7 +47,7 @@ class Dropout(KeepsExtras):
     def backward(ctx, g):
         xp = get_array_module(g)
         gx = memory.empty(g.shape, g.dtype, xp)
-        xp.multiply(g, ctx.kept("mask"), out=gx)
+        xp.multiply(g, ctx.mask, out=gx)
         if ctx.scale != 1.0:
             gx *= ctx.scale
         return gx

@@ -31,44 +31,12 @@ from __future__ import annotations
 from numbers import Real
 
 from .. import memory
-from ..autograd.function import _FREED, Function, SavedTensor, _backward_twice_message
+from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..backend import get_array_module
 from ..tensor import Tensor, _wrap
 
 __all__ = ["batch_norm", "inplace_abn", "BatchNorm", "BatchNormEval", "InPlaceABN"]
-
-
-class KeepsExtras(Function):
-    """A Function that also keeps arrays it computed in forward (statistics, masks).
-
-    ``saves`` can only name forward's arguments or its result; per-channel statistics and
-    dropout masks are neither. ``ctx.keep(name=array)`` holds them like saved tensors:
-    counted in :func:`memory.saved_bytes`, freed with the node's other saved tensors after
-    backward, and a second backward through a freed node raises the usual error. Nothing
-    is kept when no input needs a gradient (no graph is built then).
-    """
-
-    def keep(ctx, **arrays) -> None:
-        if not (ctx.differentiable and any(ctx.needs_input_grad)):
-            return
-        kept = ctx.__dict__.setdefault("_kept", {})
-        for name, array in arrays.items():
-            kept[name] = SavedTensor(array, None, name)  # private arrays: nobody else writes them
-
-    def kept(ctx, name: str):
-        kept = ctx.__dict__.get("_kept")
-        if kept is _FREED:
-            raise RuntimeError(_backward_twice_message(ctx))
-        return kept[name].array
-
-    def release(self):
-        super().release()
-        kept = self.__dict__.get("_kept")
-        if kept is not None and kept is not _FREED:
-            for s in kept.values():
-                s.release()
-            self._kept = _FREED
 
 
 # --- per-channel helpers ------------------------------------------------------------
@@ -136,7 +104,7 @@ def _leaky_relu_inplace(z, slope, xp):
 
 # --- batch norm -----------------------------------------------------------------------
 
-class BatchNorm(KeepsExtras):
+class BatchNorm(Function):
     """Training-mode BN with batch statistics. Backward is the fused BN formula.
 
     Saves ``x`` and ``weight``; keeps the per-channel mean and inverse std.
@@ -165,7 +133,7 @@ class BatchNorm(KeepsExtras):
         xp = get_array_module(g)
         x = ctx.x
         cs = _cshape(x.shape)
-        mean, invstd = ctx.kept("mean"), ctx.kept("invstd")
+        mean, invstd = ctx.mean, ctx.invstd
         xhat = memory.empty(x.shape, x.dtype, xp)  # becomes the input's gradient
         xp.subtract(x, mean.reshape(cs), out=xhat)
         xhat *= invstd.reshape(cs)
@@ -184,7 +152,7 @@ class BatchNorm(KeepsExtras):
         return gx, gw if need_w else None, gb if need_b else None
 
 
-class BatchNormEval(KeepsExtras):
+class BatchNormEval(Function):
     """Eval-mode BN with given (running) statistics: an affine map per channel."""
 
     saves = ("x", "weight")
@@ -209,12 +177,12 @@ class BatchNormEval(KeepsExtras):
         need_x, need_w, need_b = ctx.needs_input_grad
         xp = get_array_module(g)
         cs = _cshape(g.shape)
-        invstd = ctx.kept("invstd")
+        invstd = ctx.invstd
         gx = gw = gb = None
         if need_w:
             x = ctx.x
             xhat = memory.empty(x.shape, x.dtype, xp, "workspace")
-            xp.subtract(x, ctx.kept("mean").reshape(cs), out=xhat)
+            xp.subtract(x, ctx.mean.reshape(cs), out=xhat)
             xhat *= invstd.reshape(cs)
             gw = _cdot(g, xhat, xp)
             del xhat
@@ -230,7 +198,7 @@ class BatchNormEval(KeepsExtras):
 
 # --- InPlace-ABN ----------------------------------------------------------------------
 
-class InPlaceABN(KeepsExtras):
+class InPlaceABN(Function):
     """BatchNorm + leaky ReLU written over the input; backward reconstructs x_hat from y.
 
     Forward's ``mean``/``var`` given: eval mode (those statistics are constants);
@@ -266,7 +234,7 @@ class InPlaceABN(KeepsExtras):
         xp = get_array_module(g)
         y = ctx.result
         cs = _cshape(y.shape)
-        invstd = ctx.kept("invstd")
+        invstd = ctx.invstd
         w, b = ctx.weight, ctx.bias
         a = None if w is None else xp.abs(_channel(w, y.dtype)) + ctx.eps
         slope = ctx.slope

@@ -81,7 +81,6 @@ class Amax(Function):
         return get_array_module(x).amax(x, axis=ctx.axes, keepdims=keepdim)
 
     def backward(ctx, g):
-        xp = get_array_module(g)
         keep = _keep_shape(ctx.shape, ctx.axes)
         mask = ctx.x == ctx.result.reshape(keep)
         count = mask.sum(axis=ctx.axes, keepdims=True)

@@ -1,0 +1,395 @@
+"""conv2d and pooling: forward against naive float64 loop references (and scipy), gradients
+against finite differences for every argument combination, what is saved, workspaces in
+framework.memory, and the errors a user can cause."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import framework as fw
+from framework import memory
+from framework.ops import conv as C
+from framework.ops.conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
+from framework.testing import assert_close, gradcheck
+
+from . import harness
+
+# --- naive references: loops over every output element, float64 -------------------------
+
+
+def _pair(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
+def _padded(x, padding, value=0.0):
+    ph, pw = _pair(padding)
+    return np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=value)
+
+
+def ref_conv2d(x, w, b=None, stride=1, padding=0):
+    sh, sw = _pair(stride)
+    xp_ = _padded(x, padding)
+    n, _, hp, wp = xp_.shape
+    co, _, kh, kw = w.shape
+    ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    out = np.zeros((n, co, ho, wo))
+    for i, o, r, c in itertools.product(range(n), range(co), range(ho), range(wo)):
+        out[i, o, r, c] = np.sum(xp_[i, :, r * sh : r * sh + kh, c * sw : c * sw + kw] * w[o])
+        if b is not None:
+            out[i, o, r, c] += b[o]
+    return out
+
+
+def _ref_pool(x, kernel, stride, padding, reduce, value):
+    kh, kw = _pair(kernel)
+    sh, sw = _pair(stride if stride is not None else kernel)
+    xp_ = _padded(x, padding, value)
+    n, c, hp, wp = xp_.shape
+    ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    out = np.zeros((n, c, ho, wo), dtype=x.dtype)
+    for i, ch, r, col in itertools.product(range(n), range(c), range(ho), range(wo)):
+        out[i, ch, r, col] = reduce(xp_[i, ch, r * sh : r * sh + kh, col * sw : col * sw + kw])
+    return out
+
+
+def ref_max_pool2d(x, kernel, stride=None, padding=0):
+    return _ref_pool(x, kernel, stride, padding, np.max, -np.inf)
+
+
+def ref_avg_pool2d(x, kernel, stride=None, padding=0):
+    return _ref_pool(x, kernel, stride, padding, np.mean, 0.0)
+
+
+def ref_adaptive_avg_pool2d(x, size):
+    oh, ow = _pair(size)
+    n, c, h, w = x.shape
+    out = np.zeros((n, c, oh, ow))
+    for i, j in itertools.product(range(oh), range(ow)):
+        r0, r1 = (i * h) // oh, math.ceil((i + 1) * h / oh)
+        c0, c1 = (j * w) // ow, math.ceil((j + 1) * w / ow)
+        out[:, :, i, j] = x[:, :, r0:r1, c0:c1].mean(axis=(2, 3))
+    return out
+
+
+def _t(a, requires_grad=False):
+    a = np.asarray(a)
+    return fw.tensor(a, dtype=a.dtype, requires_grad=requires_grad)
+
+
+def _rand(shape, seed=0, dtype=np.float64):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+# --- conv2d: every argument combination through the one op harness ----------------------
+# (float32 forward vs the float64 loops, float64 gradcheck, inputs in three memory layouts)
+
+X, W, B = (2, 2, 5, 4), (3, 2, 3, 2), (3,)
+CONV_ARGS = [
+    dict(stride=s, padding=p) for s, p in itertools.product([1, 2, (2, 1)], [0, 1, (1, 0)])
+]
+CONV_SPECS = [
+    harness.OpSpec(
+        f"conv2d-s{a['stride']}-p{a['padding']}".replace(" ", ""),
+        lambda x, w, b, a=a: conv2d(x, w, b, **a),
+        lambda x, w, b, a=a: ref_conv2d(x, w, b, **a),
+        [(X, W, B)],
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    for a in CONV_ARGS
+] + [
+    harness.OpSpec(
+        "conv2d-nobias-s2-p1",
+        lambda x, w: conv2d(x, w, None, stride=2, padding=1),
+        lambda x, w: ref_conv2d(x, w, None, stride=2, padding=1),
+        [(X, W), ((1, 3, 4, 7), (2, 3, 1, 3))],
+        rtol=1e-4,
+        atol=1e-5,
+    )
+]
+
+
+@pytest.mark.parametrize("case", harness.cases(CONV_SPECS))
+def test_conv2d_forward(case):
+    harness.check_forward(case)
+
+
+@pytest.mark.parametrize("case", harness.cases(CONV_SPECS))
+def test_conv2d_backward(case):
+    harness.check_backward(case)
+
+
+@pytest.mark.parametrize("name", C.CONTRACTIONS)
+@pytest.mark.parametrize("stride,padding", [(1, 0), (2, 1), ((1, 2), (0, 1))])
+def test_every_contraction_matches_reference_and_gradcheck(name, stride, padding):
+    x, w, b = _rand((2, 3, 5, 6), 1), _rand((4, 3, 3, 2), 2), _rand((4,), 3)
+    want = ref_conv2d(x, w, b, stride, padding)
+    xt, wt, bt = _t(x, True), _t(w, True), _t(b, True)
+    with C.contraction(name):
+        assert_close(conv2d(xt, wt, bt, stride, padding), want, rtol=1e-10, atol=1e-10)
+        gradcheck(lambda x, w, b: conv2d(x, w, b, stride, padding), [xt, wt, bt])
+
+
+@pytest.mark.parametrize("name", C.CONTRACTIONS)
+def test_contractions_agree_in_float32(name):
+    x, w = _t(_rand((3, 4, 7, 6), 4, np.float32), True), _t(_rand((5, 4, 3, 3), 5, np.float32), True)
+    g = _t(_rand((3, 5, 7, 6), 6, np.float32))
+    with C.contraction("batched"):
+        y0 = conv2d(x, w, padding=1)
+        want = fw.autograd.grad(y0, [x, w], g)
+    with C.contraction(name):
+        y = conv2d(x, w, padding=1)
+        got = fw.autograd.grad(y, [x, w], g)
+    assert y.dtype == np.float32 and y.shape == (3, 5, 7, 6)
+    assert_close(y, y0, rtol=1e-5, atol=1e-5)
+    for a, e in zip(got, want):
+        assert a.dtype == np.float32
+        assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
+def test_contraction_setting():
+    before = C.get_contraction()
+    with C.contraction("gemm"):
+        assert C.get_contraction() == "gemm"
+    assert C.get_contraction() == before
+    with pytest.raises(ValueError, match="unknown conv2d contraction 'fft'"):
+        C.set_contraction("fft")
+
+
+def test_conv2d_matches_scipy_correlate():
+    signal = pytest.importorskip("scipy.signal")
+    x, w = _rand((2, 3, 9, 8), 7), _rand((4, 3, 3, 5), 8)
+    want = np.stack(
+        [np.stack([signal.correlate(x[n], w[o], mode="valid")[0] for o in range(4)]) for n in range(2)]
+    )
+    assert_close(conv2d(_t(x), _t(w)), want, rtol=1e-10, atol=1e-10)
+
+
+def test_conv2d_is_pytorch_argument_order_and_pairs():
+    x, w, b = _rand((1, 2, 6, 6), 9), _rand((3, 2, 3, 3), 10), _rand((3,), 11)
+    got = conv2d(_t(x), _t(w), _t(b), 2, 1)  # positional: stride, padding
+    assert_close(got, ref_conv2d(x, w, b, 2, 1), rtol=1e-10, atol=1e-10)
+    got = conv2d(_t(x), _t(w), bias=_t(b), stride=[1, 2], padding=(0, 1))
+    assert_close(got, ref_conv2d(x, w, b, (1, 2), (0, 1)), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("wanted", ["x", "w", "b", "xw", "wb"])
+def test_conv2d_computes_only_the_gradients_asked_for(wanted):
+    x, w, b = _rand((2, 2, 5, 5), 12), _rand((3, 2, 3, 3), 13), _rand((3,), 14)
+    full = [_t(a, True) for a in (x, w, b)]
+    g = _t(_rand((2, 3, 5, 5), 15))
+    want = fw.autograd.grad(conv2d(*full, padding=1), full, g)
+    part = [_t(a, name in wanted) for a, name in zip((x, w, b), "xwb")]
+    y = conv2d(*part, padding=1)
+    got = fw.autograd.grad(y, [t for t in part if t.requires_grad], g)
+    for a, e in zip(got, [e for e, name in zip(want, "xwb") if name in wanted]):
+        assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+def test_conv2d_saves_x_only_for_the_weight_gradient_and_w_only_for_the_input_gradient():
+    x, w = _rand((2, 2, 5, 5), 16), _rand((3, 2, 3, 3), 17)
+    node = conv2d(_t(x), _t(w, True)).grad_fn  # only w needs a grad: x is needed, w is not
+    assert set(node._saved) == {"x"}
+    node = conv2d(_t(x, True), _t(w)).grad_fn  # only x needs a grad: w is needed, x is not
+    assert set(node._saved) == {"w"}
+    node = conv2d(_t(x), _t(w), _t(np.zeros(3), True)).grad_fn  # bias only: nothing
+    assert "_saved" not in node.__dict__
+    with pytest.raises(AttributeError, match="did not save 'x'"):
+        conv2d(_t(x, True), _t(w)).grad_fn.x
+
+
+def test_conv2d_backward_accepts_a_broadcast_gradient():
+    """y.sum().backward() hands conv2d a zero-stride gradient; the products need a copy."""
+    x, w = _t(_rand((2, 3, 6, 5), 18), True), _t(_rand((4, 3, 3, 3), 19), True)
+    conv2d(x, w, padding=1).sum().backward()
+    x2, w2 = _t(x.detach().numpy(), True), _t(w.detach().numpy(), True)
+    gx, gw = fw.autograd.grad(conv2d(x2, w2, padding=1), [x2, w2], fw.ones(2, 4, 6, 5, dtype=fw.float64))
+    assert_close(x.grad, gx, rtol=1e-12, atol=1e-12)
+    assert_close(w.grad, gw, rtol=1e-12, atol=1e-12)
+
+
+def test_inplace_on_conv_input_after_forward_is_caught_and_on_output_is_free():
+    x0 = _t(_rand((1, 2, 4, 4), 20), True)
+    w = _t(_rand((2, 2, 3, 3), 21), True)
+    h = x0 * 1
+    y = conv2d(h, w, padding=1)
+    h.relu_()  # conv2d saved h for w's gradient
+    with pytest.raises(RuntimeError, match="Conv2dBackward"):
+        y.sum().backward()
+    y = conv2d(x0 * 1, w, padding=1)
+    z = y.relu_()  # conv2d did not save its output: relu_ after a conv is free and correct
+    z.sum().backward()
+    assert w.grad is not None
+
+
+def test_conv2d_workspaces_are_counted_and_freed():
+    n, c, h, wd, co = 4, 3, 10, 10, 5
+    x = _t(_rand((n, c, h, wd), 22, np.float32), True)
+    w = _t(_rand((co, c, 3, 3), 23, np.float32), True)
+    pad_bytes = n * c * (h + 2) * (wd + 2) * 4
+    cols_bytes = n * c * 9 * h * wd * 4
+    base = memory.breakdown()["workspace"]
+    memory.reset_peak()
+    with memory.record_timeline() as tl:
+        y = conv2d(x, w, padding=1)
+    ws = [e for e in tl.events if e[3] == "workspace"]
+    sizes = sorted(e[2] for e in ws if e[2] > 0)
+    assert pad_bytes in sizes and cols_bytes in sizes, sizes
+    assert sum(e[2] for e in ws) == 0, "forward left workspace allocated"
+    assert memory.peak_breakdown()["workspace"] - base >= pad_bytes + cols_bytes
+    assert memory.breakdown()["workspace"] == base
+    memory.reset_peak()
+    y.sum().backward()
+    assert memory.peak_breakdown()["workspace"] - base >= cols_bytes  # cols rebuilt for gw
+    assert memory.breakdown()["workspace"] == base
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
+@pytest.mark.parametrize(
+    "xshape,wshape,kw,err,match",
+    [
+        ((1, 3, 5, 5), (2, 4, 3, 3), {}, RuntimeError, "input has 3 channels .* expects 4"),
+        ((1, 3, 2, 2), (2, 3, 3, 3), {}, RuntimeError, r"padded input size per channel: \(2 x 2\). Kernel size: \(3 x 3\)"),
+        ((1, 3, 2, 2), (2, 3, 5, 5), {"padding": 1}, RuntimeError, r"\(4 x 4\). Kernel size: \(5 x 5\)"),
+        ((3, 5, 5), (2, 3, 3, 3), {}, RuntimeError, "expected a 4-D input"),
+        ((1, 3, 5, 5), (2, 3, 3), {}, RuntimeError, "expected a 4-D weight"),
+        ((1, 3, 5, 5), (2, 3, 3, 3), {"stride": 0}, ValueError, "stride must be >= 1"),
+        ((1, 3, 5, 5), (2, 3, 3, 3), {"padding": -1}, ValueError, "padding must be >= 0"),
+        ((1, 3, 5, 5), (2, 3, 3, 3), {"stride": (1, 2, 3)}, ValueError, "int or a pair"),
+        ((1, 3, 5, 5), (2, 3, 3, 3), {"stride": 1.5}, TypeError, "int or a pair"),
+    ],
+)
+def test_conv2d_errors(xshape, wshape, kw, err, match):
+    with pytest.raises(err, match=match):
+        conv2d(_t(_rand(xshape)), _t(_rand(wshape)), **kw)
+
+
+def test_conv2d_bias_and_dtype_errors():
+    x, w = _t(_rand((1, 3, 5, 5))), _t(_rand((2, 3, 3, 3)))
+    with pytest.raises(RuntimeError, match=r"bias must be a float64 vector of shape \(2,\)"):
+        conv2d(x, w, _t(_rand((3,))))
+    with pytest.raises(TypeError, match="same floating dtype"):
+        conv2d(x, _t(_rand((2, 3, 3, 3), dtype=np.float32)))
+
+
+# --- pooling -----------------------------------------------------------------------------
+
+POOL_ARGS = [
+    dict(kernel_size=2),  # stride defaults to the kernel
+    dict(kernel_size=3, stride=2, padding=1),  # overlapping windows, padding
+    dict(kernel_size=(2, 3), stride=(1, 2), padding=(1, 0)),  # non-square everything
+    dict(kernel_size=3, stride=1),
+]
+PX = (2, 2, 5, 6)
+
+
+def _pool_specs(name, fn, ref):
+    return [
+        harness.OpSpec(f"{name}-{i}", lambda x, a=a: fn(x, **a), lambda x, a=a: ref(x, **a), [(PX,)])
+        for i, a in enumerate(POOL_ARGS)
+    ]
+
+
+POOL_SPECS = (
+    _pool_specs("max_pool2d", max_pool2d, lambda x, **a: ref_max_pool2d(x, a.pop("kernel_size"), **a))
+    + _pool_specs("avg_pool2d", avg_pool2d, lambda x, **a: ref_avg_pool2d(x, a.pop("kernel_size"), **a))
+    + [
+        harness.OpSpec(
+            f"adaptive_avg_pool2d-{s}".replace(" ", ""),
+            lambda x, s=s: adaptive_avg_pool2d(x, s),
+            lambda x, s=s: ref_adaptive_avg_pool2d(x, s),
+            [(PX,)],
+        )
+        for s in [1, (1, 3), (5, 2), (2, 4), 3]  # divisible and not: both paths
+    ]
+)
+
+
+@pytest.mark.parametrize("case", harness.cases(POOL_SPECS))
+def test_pool_forward(case):
+    harness.check_forward(case)
+
+
+@pytest.mark.parametrize("case", harness.cases(POOL_SPECS))
+def test_pool_backward(case):
+    harness.check_backward(case)
+
+
+def test_max_pool_saves_one_byte_per_output_and_not_the_input():
+    x = _t(_rand((2, 3, 8, 8), 30, np.float32), True)
+    h = x * 1
+    before = memory.saved_bytes()
+    y = max_pool2d(h, 2)
+    node = y.grad_fn
+    assert set(node._saved) == {"indices"}
+    assert node.indices.dtype == np.uint8 and node.indices.shape == y.shape
+    assert memory.saved_bytes() - before == y.numel()  # 1 byte per output, 16x less than h
+    h.relu_()  # the pool did not save h: modifying it after the pool is fine
+    y.sum().backward()
+    del h  # relu_ saved its own output (h); the pool's indices went with backward
+    assert memory.saved_bytes() == before
+    with memory.record_timeline() as tl, fw.no_grad():
+        y = max_pool2d(x, 2)  # no gradient wanted: no index array at all
+    assert [e[2] for e in tl.events if e[2] > 0] == [y.nbytes, y.numel(), y.numel()]  # out, 2 bool masks
+
+
+def test_max_pool_gradient_goes_to_the_first_maximum_and_nan_propagates():
+    x = _t(np.array([[[[1.0, 3.0, 3.0, 0.0], [3.0, 2.0, np.nan, 5.0]]]]), True)
+    y = max_pool2d(x, 2)
+    assert np.isnan(y.detach().numpy()[0, 0, 0, 1]) and y.detach().numpy()[0, 0, 0, 0] == 3.0
+    y.backward(fw.ones(1, 1, 1, 2, dtype=fw.float64))
+    np.testing.assert_array_equal(x.grad.numpy()[0, 0], [[0, 1, 0, 0], [0, 0, 1, 0]])
+
+
+def test_max_pool_integers_and_padding_never_wins():
+    x = np.arange(-20, 0, dtype=np.int64).reshape(1, 1, 4, 5)
+    got = max_pool2d(_t(x), 3, 2, 1)
+    np.testing.assert_array_equal(got.numpy(), ref_max_pool2d(x.astype(float), 3, 2, 1))
+    assert got.dtype == np.int64
+
+
+def test_avg_pool_counts_padding_zeros():
+    x = np.ones((1, 1, 2, 2))
+    np.testing.assert_allclose(avg_pool2d(_t(x), 2, 1, 1).numpy()[0, 0], [[0.25, 0.5, 0.25], [0.5, 1, 0.5], [0.25, 0.5, 0.25]])
+
+
+def test_adaptive_avg_pool_none_keeps_a_size_and_1_is_the_global_mean():
+    x = _rand((2, 3, 4, 6), 31)
+    assert_close(adaptive_avg_pool2d(_t(x), 1), x.mean(axis=(2, 3), keepdims=True), rtol=1e-12)
+    assert adaptive_avg_pool2d(_t(x), (None, 2)).shape == (2, 3, 4, 2)
+
+
+def test_pool_workspace_is_counted():
+    x = _t(_rand((2, 3, 6, 6), 32, np.float32), True)
+    with memory.record_timeline() as tl:
+        y = max_pool2d(x, 3, 2, 1)
+    ws = [e[2] for e in tl.events if e[3] == "workspace"]
+    assert 2 * 3 * 8 * 8 * 4 in ws  # the -inf padded buffer
+    assert sum(ws) == 0
+    y.sum().backward()
+
+
+@pytest.mark.parametrize(
+    "fn,args,err,match",
+    [
+        (max_pool2d, (3, 1, 2), ValueError, "pad should be at most half of kernel size"),
+        (avg_pool2d, (2, 2, 2), ValueError, "pad should be at most half of kernel size"),
+        (max_pool2d, (7,), RuntimeError, "Kernel size can't be greater than actual input size"),
+        (avg_pool2d, ((2, 7),), RuntimeError, "Kernel size can't be greater"),
+        (max_pool2d, (0,), ValueError, "kernel_size must be >= 1"),
+        (adaptive_avg_pool2d, (0,), ValueError, "output_size must be >= 1"),
+        (adaptive_avg_pool2d, ((1, 2, 3),), ValueError, "output_size must be an int or a pair"),
+    ],
+)
+def test_pool_errors(fn, args, err, match):
+    with pytest.raises(err, match=match):
+        fn(_t(_rand((1, 2, 5, 6))), *args)
+
+
+def test_pool_rejects_3d_input():
+    with pytest.raises(RuntimeError, match="expected a 4-D input"):
+        max_pool2d(_t(_rand((2, 5, 6))), 2)
+    with pytest.raises(RuntimeError, match="expected a 4-D input"):
+        adaptive_avg_pool2d(_t(_rand((2, 5, 6))), 1)
