@@ -1,0 +1,64 @@
+"""Building blocks shared by the models: policy-following activations and the ABN site.
+
+``ABN`` is the BatchNorm + leaky ReLU SITE of a model built with ``norm="inplace_abn"``.
+``nn.InPlaceABN`` is always in place; a model's site follows the inplace policy like
+every other site (DESIGN.md: ``off`` takes the out-of-place path at every site):
+
+- policy ``on``: ``nn.InPlaceABN`` (written over its input; keeps only the output);
+- policy ``off``: the same function out of place, ``leaky_relu(batch_norm(x, weight=|w| +
+  eps, bias))``: BN keeps its input and the activation its output, as an unfused pair.
+
+Both compute ``y = leaky_relu(x_hat * (|w| + eps) + b)`` with the same per-element
+arithmetic in forward; backward differs only by rounding (InPlace-ABN rebuilds ``x_hat``
+from ``y``). Parameters and buffers are those of ``nn.InPlaceABN`` (same state dict).
+"""
+
+from __future__ import annotations
+
+import framework as fw
+from framework import nn
+from framework.nn import functional as F
+
+LEAKY_SLOPE = 0.01
+
+
+class ABN(nn.InPlaceABN):
+    """BatchNorm + leaky ReLU: fused in place under policy ``on``, unfused under ``off``."""
+
+    def forward(self, input):
+        if fw.inplace.enabled():
+            return super().forward(input)
+        if input.dim() < 2 or input.shape[1] != self.num_features:
+            raise ValueError(
+                f"ABN({self.num_features}) expects an input of shape (N, {self.num_features}, ...), "
+                f"got {tuple(input.shape)}"
+            )
+        scale = self.weight.abs() + self.eps  # InPlace-ABN's |gamma| + eps keeps the affine step invertible
+        z = F.batch_norm(input, self.running_mean, self.running_var, scale, self.bias,
+                         training=self.training, momentum=self.momentum, eps=self.eps)
+        return F.leaky_relu(z, self.negative_slope, inplace=False)
+
+
+def make_activation(name: str) -> nn.Module:
+    """The activation module ``name`` built with ``inplace=None`` (it follows the policy)."""
+    if name == "relu":
+        return nn.ReLU(inplace=None)
+    if name == "leaky_relu":
+        return nn.LeakyReLU(LEAKY_SLOPE, inplace=None)
+    if name == "tanh":
+        return nn.Tanh(inplace=None)
+    if name == "sigmoid":
+        return nn.Sigmoid(inplace=None)
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def check_choice(what: str, value, choices) -> None:
+    if value not in choices:
+        shown = ", ".join("None" if c is None else repr(c) for c in choices)
+        raise ValueError(f"{what} must be one of {shown}; got {value!r}")
+
+
+def positive_int(what: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return value

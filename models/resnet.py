@@ -1,0 +1,186 @@
+"""CIFAR-style ResNets (He, Zhang, Ren, Sun, CVPR 2016, section 4.2) with inplace sites.
+
+Layout for depth ``6n + 2``: a 3x3 stem conv with ``width`` channels, three stages of
+``n`` basic blocks with ``width``, ``2 width`` and ``4 width`` channels on 32x32, 16x16 and
+8x8 maps (the first block of stages 2 and 3 has stride 2), global average pooling and a
+linear head. ``width=16`` gives the paper's networks (ResNet-20: 0.27M parameters).
+
+Shortcut: option A of the paper, the one it uses on CIFAR-10: the identity, and where the
+shape changes, the input subsampled with stride 2 (``x[:, :, ::2, ::2]``) with the new
+channels zero-padded. It has no parameters (so parameter counts match the paper) and it
+saves nothing for backward (slicing and concatenation need only shapes).
+
+Inplace sites of a block (all follow ``framework.inplace``):
+
+- the residual add: ``out.add_(identity)`` under ``on``, ``out = out + identity`` under
+  ``off``. ``out`` is BN2's output, which BatchNorm does not save for backward, and ``add``
+  saves nothing, so the inplace add is exact under autograd;
+- the activation after it, ``ReLU(inplace=None)``, and the one after BN1.
+
+Memory per basic block, counted in activation-sized buffers held for backward (``a`` =
+conv1 output, ``b`` = unit-1 output = conv2 input, ``c`` = conv2 output, ``y`` = block
+output; the block input is the previous block's ``y``):
+
+- ``norm="bn"``: 4 (``a`` saved by BN1, ``b`` by ReLU and conv2, ``c`` by BN2, ``y`` by
+  the ReLU and the next block). ``on`` and ``off`` hold the same 4; ``on`` saves only the
+  transient buffers (ReLU and add outputs, gradient sums in backward). Measured: those
+  transients are never alive at the step's peak, which is a conv backward's im2col
+  workspace early in backward, so ResNet-20's peak is the same under ``on`` and ``off``.
+- ``norm="inplace_abn"``: 3. BN1 + ReLU become ``InPlaceABN`` (leaky ReLU, slope 0.01,
+  written over ``a``; backward inverts the activation and the affine step), so ``a`` is
+  gone. The stem's BN + ReLU is fused the same way (it is not followed by an add).
+- A fully fused second unit (InPlace-ABN with the residual add inside: ``y = act(BN(c) +
+  identity)`` written over ``c``; backward inverts ``act``, subtracts the identity, which
+  is kept anyway as conv1's input, and inverts the affine step) would hold 2: ``b`` and
+  ``y``. That is the paper's claim (REFERENCES: "a residual block keeps 3 buffers
+  instead of 6", "up to 50% memory saved"): 4 -> 2 here, 50% of the block activations,
+  where this model's partial fusion reaches 4 -> 3 (25%). It is not built here because it
+  needs a fused BN+add+activation op in ``framework.nn`` that does not exist yet.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import framework as fw
+from framework import nn
+
+from . import register_model
+from .layers import ABN, LEAKY_SLOPE, check_choice, positive_int
+
+NORMS = ("bn", "inplace_abn")
+DEPTHS = (8, 14, 20, 32)  # the registered aliases; any 6n + 2 is accepted
+
+
+def conv3x3(in_planes: int, out_planes: int, stride: int = 1):
+    return nn.Conv2d(in_planes, out_planes, 3, stride=stride, padding=1, bias=False)
+
+
+class ShortcutA(nn.Module):
+    """Option-A shortcut: identity, or strided subsampling with zero-padded extra channels."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int):
+        super().__init__()
+        self.in_planes, self.planes, self.stride = in_planes, planes, stride
+
+    def forward(self, x):
+        if self.stride == 1 and self.in_planes == self.planes:
+            return x
+        s = self.stride
+        sub = x[:, :, ::s, ::s]
+        if self.planes == self.in_planes:
+            return sub
+        n, _, h, w = sub.shape
+        pad = fw.zeros(n, self.planes - self.in_planes, h, w, dtype=x.dtype, device=x.device)
+        return fw.cat([sub, pad], dim=1)
+
+    def extra_repr(self) -> str:
+        if self.stride == 1 and self.in_planes == self.planes:
+            return "identity"
+        return f"{self.in_planes} -> {self.planes}, stride={self.stride}, zero-padded channels (option A)"
+
+
+def norm_act(planes: int, norm: str):
+    """BN + ReLU(inplace=None), or the two fused as InPlaceABN (leaky ReLU, slope 0.01)."""
+    if norm == "inplace_abn":
+        return ABN(planes, negative_slope=LEAKY_SLOPE)
+    return nn.Sequential(nn.BatchNorm2d(planes), nn.ReLU(inplace=None))
+
+
+class BasicBlock(nn.Module):
+    """conv3x3-BN-ReLU-conv3x3-BN, ``out += shortcut(x)``, ReLU (inplace sites follow the policy)."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1, norm: str = "bn"):
+        super().__init__()
+        self.conv1 = conv3x3(in_planes, planes, stride)
+        self.unit1 = norm_act(planes, norm)
+        self.conv2 = conv3x3(planes, planes)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut = ShortcutA(in_planes, planes, stride)
+        self.relu = nn.ReLU(inplace=None)
+
+    def forward(self, x):
+        out = self.bn2(self.conv2(self.unit1(self.conv1(x))))
+        identity = self.shortcut(x)
+        if fw.inplace.enabled():
+            out.add_(identity)  # out is BN2's fresh output; neither BN nor add saves it
+        else:
+            out = out + identity
+        return self.relu(out)
+
+
+@register_model("resnet")
+class ResNet(nn.Module):
+    """CIFAR ResNet of ``depth = 6n + 2`` layers (8, 14, 20, 32, ...), option-A shortcuts.
+
+    Args:
+        depth: 6n + 2 with n >= 1 (``resnet8/14/20/32`` fix it).
+        num_classes: outputs of the linear head.
+        width: channels of the first stage (16 in the paper); stages use 1x, 2x, 4x.
+        in_channels: input image channels.
+        norm: ``"bn"`` (BatchNorm2d + ReLU) or ``"inplace_abn"`` (the stem's and each block's
+            first BN + ReLU fused as ``InPlaceABN``, leaky ReLU slope 0.01; the second unit
+            keeps BN, the residual add and ``ReLU(inplace=None)``).
+    """
+
+    def __init__(self, depth=20, num_classes=10, width=16, in_channels=3, norm="bn"):
+        super().__init__()
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8 or (depth - 2) % 6:
+            raise ValueError(
+                f"CIFAR ResNet depth must be 6n + 2 with n >= 1 (e.g. {', '.join(map(str, DEPTHS))}); "
+                f"got {depth!r}"
+            )
+        positive_int("num_classes", num_classes)
+        positive_int("width", width)
+        positive_int("in_channels", in_channels)
+        check_choice("norm", norm, NORMS)
+        self.depth, self.num_classes, self.width = depth, num_classes, width
+        self.in_channels, self.norm = in_channels, norm
+        n = (depth - 2) // 6
+
+        self.conv1 = conv3x3(in_channels, width)
+        self.unit1 = norm_act(width, norm)
+        blocks = []
+        in_planes = width
+        for stage, planes in enumerate((width, 2 * width, 4 * width)):
+            for i in range(n):
+                stride = 2 if stage > 0 and i == 0 else 1
+                blocks.append(BasicBlock(in_planes, planes, stride, norm))
+                in_planes = planes
+        self.layers = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Linear(in_planes, num_classes)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """He-normal convolutions (fan_out, as torchvision); BN weight 1, bias 0."""
+        init = getattr(nn, "init", None)
+        kaiming = getattr(init, "kaiming_normal_", None)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d) and kaiming is not None:
+                kaiming(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x):
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"ResNet(in_channels={self.in_channels}) expects input of shape "
+                f"(N, {self.in_channels}, H, W), got {tuple(x.shape)}"
+            )
+        out = self.unit1(self.conv1(x))
+        out = self.layers(out)
+        return self.fc(self.flatten(self.pool(out)))
+
+
+def _alias(depth: int):
+    def factory(**kwargs):
+        return ResNet(depth=depth, **kwargs)
+
+    sig = inspect.signature(ResNet)
+    factory.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "depth"])
+    factory.__name__ = factory.__qualname__ = f"resnet{depth}"
+    factory.__doc__ = f"ResNet-{depth} (CIFAR, option-A shortcuts): ``ResNet(depth={depth}, ...)``."
+    return register_model(f"resnet{depth}")(factory)
+
+
+resnet8, resnet14, resnet20, resnet32 = (_alias(d) for d in DEPTHS)
