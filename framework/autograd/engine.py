@@ -65,6 +65,21 @@ def _sum_grads(existing, new):
     return memory.track(existing + new, "gradients")
 
 
+def _reusable(grad) -> bool:  # stands where _sum_grads stands (same calibrated depth)
+    """Whether a node's backward may write its input gradient over ``grad``.
+
+    An inplace site of the policy: under ``on``, when nothing but the engine's local
+    refers to the incoming gradient (it is dead once the node has run), elementwise
+    backward functions write their result into it instead of allocating (Paddle's
+    ``use_count == 1`` rule). Shared gradients (``Add`` passes one array to both of
+    its inputs), views and gradients a hook kept are never reused.
+    """
+    if inplace.enabled() and _is_exclusive(grad):
+        memory.count("backward_grad_reuse")
+        return True
+    return False
+
+
 def _run_leaf_hooks(leaf, grad):
     """A leaf's tensor hooks, in order; a returned tensor replaces the gradient."""
     if leaf._hooks:
@@ -243,6 +258,7 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                 if node_targets is not None and node in node_targets:
                     i = node_targets[node]
                     captured[i] = g
+                node.reuse_grad = _reusable(g)
                 try:
                     outs = list(node.run_backward(g))
                     # Count the new gradients now, while the incoming one is still alive:

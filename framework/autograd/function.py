@@ -145,6 +145,7 @@ class Function:
     saves: tuple = ()
     saved_when: dict = {}
     out = None  # the target's buffer while an inplace forward runs (see _apply)
+    reuse_grad = False  # set by the engine: backward may write its result over its grad
     is_view = False
     differentiable = True
     inplace_name: str | None = None

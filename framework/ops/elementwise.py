@@ -32,6 +32,16 @@ def _grad_for(g, meta):
     return sum_to(g, meta[0], meta[1])
 
 
+def _into(ctx, g, shape=None):
+    """``g`` itself when backward may write its result over it, else None (allocate).
+
+    The engine sets ``ctx.reuse_grad`` under policy ``on`` when it has proved the
+    incoming gradient dead (see engine._reusable); the result must also have g's shape.
+    A backward that computes several gradients from g overwrites it LAST.
+    """
+    return g if ctx.reuse_grad and (shape is None or shape == g.shape) else None
+
+
 # --- binary arithmetic ----------------------------------------------------------------
 
 class Add(Function):
@@ -78,8 +88,10 @@ class Mul(Function):
         return _xp(x, y).multiply(x, y, out=ctx.out)
 
     def backward(ctx, g):
-        gx = _grad_for(g * ctx.y, ctx.mx) if ctx.needs_input_grad[0] else None
         gy = _grad_for(g * ctx.x, ctx.my) if ctx.needs_input_grad[1] else None
+        gx = None
+        if ctx.needs_input_grad[0]:
+            gx = _grad_for(_xp(g).multiply(g, ctx.y, out=_into(ctx, g, ctx.mx[0])), ctx.mx)
         return gx, gy
 
 
@@ -94,8 +106,10 @@ class Div(Function):
 
     def backward(ctx, g):
         y = ctx.y
-        gx = _grad_for(g / y, ctx.mx) if ctx.needs_input_grad[0] else None
         gy = _grad_for(-g * ctx.result / y, ctx.my) if ctx.needs_input_grad[1] else None
+        gx = None
+        if ctx.needs_input_grad[0]:
+            gx = _grad_for(_xp(g).true_divide(g, y, out=_into(ctx, g, ctx.mx[0])), ctx.mx)
         return gx, gy
 
 
@@ -163,7 +177,7 @@ class Neg(Function):
         return _xp(x).negative(x, out=ctx.out)
 
     def backward(ctx, g):
-        return -g
+        return _xp(g).negative(g, out=_into(ctx, g))
 
 
 class Abs(Function):
@@ -174,7 +188,8 @@ class Abs(Function):
         return _xp(x).abs(x, out=ctx.out)
 
     def backward(ctx, g):
-        return g * _xp(g).sign(ctx.x)
+        xp = _xp(g)
+        return xp.multiply(g, xp.sign(ctx.x), out=_into(ctx, g))
 
 
 class Exp(Function):
@@ -185,7 +200,7 @@ class Exp(Function):
         return _xp(x).exp(x, out=ctx.out)
 
     def backward(ctx, g):
-        return g * ctx.result
+        return _xp(g).multiply(g, ctx.result, out=_into(ctx, g))
 
 
 class Log(Function):
@@ -196,7 +211,7 @@ class Log(Function):
         return _xp(x).log(x, out=ctx.out)
 
     def backward(ctx, g):
-        return g / ctx.x
+        return _xp(g).true_divide(g, ctx.x, out=_into(ctx, g))
 
 
 class Sqrt(Function):
@@ -207,7 +222,7 @@ class Sqrt(Function):
         return _xp(x).sqrt(x, out=ctx.out)
 
     def backward(ctx, g):
-        return g / (2 * ctx.result)
+        return _xp(g).true_divide(g, 2 * ctx.result, out=_into(ctx, g))
 
 
 class Sin(Function):
@@ -218,7 +233,8 @@ class Sin(Function):
         return _xp(x).sin(x, out=ctx.out)
 
     def backward(ctx, g):
-        return g * _xp(g).cos(ctx.x)
+        xp = _xp(g)
+        return xp.multiply(g, xp.cos(ctx.x), out=_into(ctx, g))
 
 
 class Cos(Function):
@@ -229,7 +245,9 @@ class Cos(Function):
         return _xp(x).cos(x, out=ctx.out)
 
     def backward(ctx, g):
-        return -g * _xp(g).sin(ctx.x)
+        xp = _xp(g)
+        gx = xp.multiply(g, xp.sin(ctx.x), out=_into(ctx, g))
+        return xp.negative(gx, out=gx)
 
 
 class Tanh(Function):
@@ -242,10 +260,9 @@ class Tanh(Function):
     def backward(ctx, g):
         y = ctx.result
         xp = _xp(g)
-        gx = xp.multiply(y, y, out=xp.empty_like(y))  # y * y would be a scalar for 0-d y
-        xp.subtract(1, gx, out=gx)
-        gx *= g
-        return gx
+        d = xp.multiply(y, y, out=xp.empty_like(y))  # y * y would be a scalar for 0-d y
+        xp.subtract(1, d, out=d)
+        return xp.multiply(g, d, out=_into(ctx, g) if ctx.reuse_grad else d)
 
 
 class Sigmoid(Function):
@@ -263,10 +280,9 @@ class Sigmoid(Function):
 
     def backward(ctx, g):
         y = ctx.result
-        gx = 1 - y
-        gx *= y
-        gx *= g
-        return gx
+        d = 1 - y
+        d *= y
+        return _xp(g).multiply(g, d, out=_into(ctx, g) if ctx.reuse_grad else d)
 
 
 class Relu(Function):
@@ -277,7 +293,7 @@ class Relu(Function):
         return _xp(x).maximum(x, 0, out=ctx.out)
 
     def backward(ctx, g):
-        return g * (ctx.result > 0)
+        return _xp(g).multiply(g, ctx.result > 0, out=_into(ctx, g))
 
 
 class LeakyRelu(Function):
@@ -302,7 +318,11 @@ class LeakyRelu(Function):
         return pick(x, scaled, out=ctx.out)
 
     def backward(ctx, g):
-        return _xp(g).where(ctx.result > 0, g, g * ctx.slope)
+        xp = _xp(g)
+        if ctx.reuse_grad:
+            scale = xp.where(ctx.result > 0, 1, ctx.slope).astype(g.dtype)
+            return xp.multiply(g, scale, out=g)
+        return xp.where(ctx.result > 0, g, g * ctx.slope)
 
 
 class Clamp(Function):
@@ -322,7 +342,7 @@ class Clamp(Function):
             mask = x >= ctx.min
         if ctx.max is not None:
             mask = mask & (x <= ctx.max)
-        return g * mask
+        return _xp(g).multiply(g, mask, out=_into(ctx, g))
 
 
 class Cast(Function):
