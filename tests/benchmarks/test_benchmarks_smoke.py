@@ -93,3 +93,15 @@ def test_common_helpers():
 def test_repeats_must_be_positive():
     with pytest.raises(SystemExit):
         bench_elementwise.main(["--quick", "--repeats", "0"])
+
+
+def test_logging_quick(capsys, tmp_path):
+    from benchmarks import bench_logging
+
+    path = tmp_path / "logging.json"
+    assert bench_logging.main(["--quick", "--repeats", "1", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert {r[0] for r in _table_rows(out)} >= {"logging on", "logging off"}
+    assert "Overhead of logging every 10 steps + progress bar:" in out
+    saved = json.loads(path.read_text())
+    assert saved["steps"] == 60 and saved["calls"]["scalars_us"] > 0
