@@ -6,11 +6,13 @@ every other site (DESIGN.md: ``off`` takes the out-of-place path at every site):
 
 - policy ``on``: ``nn.InPlaceABN`` (written over its input; keeps only the output);
 - policy ``off``: the same function out of place, ``leaky_relu(batch_norm(x, weight=|w| +
-  eps, bias))``: BN keeps its input and the activation its output, as an unfused pair.
+  eps, bias) [+ residual])``: BN keeps its input and the activation its output, as an
+  unfused pair.
 
-Both compute ``y = leaky_relu(x_hat * (|w| + eps) + b)`` with the same per-element
-arithmetic in forward; backward differs only by rounding (InPlace-ABN rebuilds ``x_hat``
-from ``y``). Parameters and buffers are those of ``nn.InPlaceABN`` (same state dict).
+Both compute ``y = leaky_relu(x_hat * (|w| + eps) + b [+ residual])`` with the same
+per-element arithmetic in forward; backward differs only by rounding (InPlace-ABN
+rebuilds ``x_hat`` from ``y`` and the residual). Parameters and buffers are those of
+``nn.InPlaceABN`` (same state dict).
 """
 
 from __future__ import annotations
@@ -25,17 +27,25 @@ LEAKY_SLOPE = 0.01
 class ABN(nn.InPlaceABN):
     """BatchNorm + leaky ReLU: fused in place under policy ``on``, unfused under ``off``."""
 
-    def forward(self, input):
+    def forward(self, input, residual=None):
+        """``leaky_relu(BN(input) [+ residual])``: in place over ``input`` under ``on``."""
         if fw.inplace.enabled():
-            return super().forward(input)
+            return super().forward(input, residual=residual)
         if input.dim() < 2 or input.shape[1] != self.num_features:
             raise ValueError(
                 f"ABN({self.num_features}) expects an input of shape (N, {self.num_features}, ...), "
                 f"got {tuple(input.shape)}"
             )
+        if residual is not None and residual.shape != input.shape:
+            raise ValueError(
+                f"ABN({self.num_features}): residual has shape {tuple(residual.shape)}, expected the "
+                f"input's shape {tuple(input.shape)}"
+            )
         scale = self.weight.abs() + self.eps  # InPlace-ABN's |gamma| + eps keeps the affine step invertible
         z = F.batch_norm(input, self.running_mean, self.running_var, scale, self.bias,
                          training=self.training, momentum=self.momentum, eps=self.eps)
+        if residual is not None:
+            z = z + residual
         return F.leaky_relu(z, self.negative_slope, inplace=False)
 
 

@@ -15,7 +15,9 @@ Inplace sites of a block (all follow ``framework.inplace``):
 - the residual add: ``out.add_(identity)`` under ``on``, ``out = out + identity`` under
   ``off``. ``out`` is BN2's output, which BatchNorm does not save for backward, and ``add``
   saves nothing, so the inplace add is exact under autograd;
-- the activation after it, ``ReLU(inplace=None)``, and the one after BN1.
+- the activation after it, ``ReLU(inplace=None)``, and the one after BN1;
+- with ``norm="inplace_abn"``, instead: the two fused ``ABN`` sites (in place under
+  ``on``, the unfused out-of-place form under ``off``).
 
 Memory per basic block, counted in activation-sized buffers held for backward (``a`` =
 conv1 output, ``b`` = unit-1 output = conv2 input, ``c`` = conv2 output, ``y`` = block
@@ -26,16 +28,27 @@ output; the block input is the previous block's ``y``):
   transient buffers (ReLU and add outputs, gradient sums in backward). Measured: those
   transients are never alive at the step's peak, which is a conv backward's im2col
   workspace early in backward, so ResNet-20's peak is the same under ``on`` and ``off``.
-- ``norm="inplace_abn"``: 3. BN1 + ReLU become ``InPlaceABN`` (leaky ReLU, slope 0.01,
-  written over ``a``; backward inverts the activation and the affine step), so ``a`` is
-  gone. The stem's BN + ReLU is fused the same way (it is not followed by an add).
-- A fully fused second unit (InPlace-ABN with the residual add inside: ``y = act(BN(c) +
-  identity)`` written over ``c``; backward inverts ``act``, subtracts the identity, which
-  is kept anyway as conv1's input, and inverts the affine step) would hold 2: ``b`` and
-  ``y``. That is the paper's claim (REFERENCES: "a residual block keeps 3 buffers
-  instead of 6", "up to 50% memory saved"): 4 -> 2 here, 50% of the block activations,
-  where this model's partial fusion reaches 4 -> 3 (25%). It is not built here because it
-  needs a fused BN+add+activation op in ``framework.nn`` that does not exist yet.
+- ``norm="inplace_abn"``: 2. Both units are fused in place. Unit 1 (BN1 + ReLU) becomes
+  ``InPlaceABN`` (leaky ReLU, slope 0.01, written over ``a``; backward inverts the
+  activation and the affine step), so ``a`` is gone. Unit 2 (BN2, the residual add and
+  the activation) becomes ``InPlaceABN`` with ``residual=identity``: ``y = act(BN(c) +
+  identity)`` written over ``c``; backward inverts ``act``, subtracts the identity and
+  inverts the affine step, so ``c`` is gone too. The identity is saved by reference: in a
+  stride-1 block it is the block input, kept anyway as conv1's input (no extra bytes).
+  The stem's BN + ReLU is fused the same way (it is not followed by an add). Held: ``b``
+  and ``y``, half of ``bn``'s 4 (REFERENCES: "a residual block keeps 3 buffers instead of
+  6", "up to 50% memory saved").
+- Exception, the two downsampling blocks (option A): their identity is a NEW tensor (the
+  subsampled input with zero channels concatenated, one copy made by ``cat``; the fused
+  op keeps that tensor without copying it again), the size of the block output: 3
+  there. ResNet-20 in units of one stage-1 activation ``u`` (N x 16 x 32 x 32): ``bn``
+  holds 2 (stem) + 3 x 4 + 3 x 4 / 2 + 3 x 4 / 4 = 23u; ``inplace_abn`` 1 + 3 x 2 + 3 x 2 /
+  2 + 3 x 2 / 4 + (1/2 + 1/4) = 12.25u, 53% (the per-block count alone would give 50%),
+  plus per-channel vectors, saved weights and the head's small (N, 64) tensors in both.
+
+Under policy ``off`` every fused site takes the out-of-place path (``leaky_relu(
+batch_norm(c, weight=|w| + eps) + identity)``, models/layers.py), so ``off`` stays the
+unfused reference with the same function and the same parameters.
 """
 
 from __future__ import annotations
@@ -88,20 +101,32 @@ def norm_act(planes: int, norm: str):
 
 
 class BasicBlock(nn.Module):
-    """conv3x3-BN-ReLU-conv3x3-BN, ``out += shortcut(x)``, ReLU (inplace sites follow the policy)."""
+    """conv3x3-BN-ReLU-conv3x3-BN, ``out += shortcut(x)``, ReLU (inplace sites follow the policy).
+
+    With ``norm="inplace_abn"`` the second unit is one fused site, ``abn2(conv2_out,
+    residual=identity)`` = ``leaky_relu(BN(conv2_out) + identity)`` (no ``bn2``/``relu``).
+    """
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1, norm: str = "bn"):
         super().__init__()
         self.conv1 = conv3x3(in_planes, planes, stride)
         self.unit1 = norm_act(planes, norm)
         self.conv2 = conv3x3(planes, planes)
-        self.bn2 = nn.BatchNorm2d(planes)
+        self.fused = norm == "inplace_abn"
+        if self.fused:
+            self.abn2 = ABN(planes, negative_slope=LEAKY_SLOPE)
+        else:
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.relu = nn.ReLU(inplace=None)
         self.shortcut = ShortcutA(in_planes, planes, stride)
-        self.relu = nn.ReLU(inplace=None)
 
     def forward(self, x):
-        out = self.bn2(self.conv2(self.unit1(self.conv1(x))))
+        out = self.conv2(self.unit1(self.conv1(x)))
         identity = self.shortcut(x)
+        if self.fused:
+            # BN2 + add + activation over conv2's output; the identity is kept by reference.
+            return self.abn2(out, residual=identity)
+        out = self.bn2(out)
         if fw.inplace.enabled():
             out.add_(identity)  # out is BN2's fresh output; neither BN nor add saves it
         else:
@@ -119,8 +144,9 @@ class ResNet(nn.Module):
         width: channels of the first stage (16 in the paper); stages use 1x, 2x, 4x.
         in_channels: input image channels.
         norm: ``"bn"`` (BatchNorm2d + ReLU) or ``"inplace_abn"`` (the stem's and each block's
-            first BN + ReLU fused as ``InPlaceABN``, leaky ReLU slope 0.01; the second unit
-            keeps BN, the residual add and ``ReLU(inplace=None)``).
+            first BN + ReLU fused as ``InPlaceABN``, leaky ReLU slope 0.01; each block's
+            second BN, residual add and activation fused as ``InPlaceABN`` with
+            ``residual=identity``).
     """
 
     def __init__(self, depth=20, num_classes=10, width=16, in_channels=3, norm="bn"):

@@ -9,21 +9,13 @@ decision here. Convolution, pooling, normalisation, dropout and losses live in
 
 from __future__ import annotations
 
-import importlib
-
 from .. import inplace as _inplace
 from .. import ops as _ops
+from ..ops import conv as _conv
+from ..ops import dropout as _dropout
+from ..ops import loss as _loss
+from ..ops import norm as _norm
 from ..tensor import Tensor
-
-
-def _family(name: str):
-    """``framework.ops.<name>``, imported on first use (a clear error if it is missing)."""
-    try:
-        return importlib.import_module(f"framework.ops.{name}")
-    except ModuleNotFoundError as e:
-        if e.name == f"framework.ops.{name}":
-            raise NotImplementedError(f"framework.ops.{name} is not available in this checkout") from None
-        raise
 
 
 # --- linear and convolution ---------------------------------------------------------------
@@ -52,7 +44,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def conv2d(input, weight, bias=None, stride=1, padding=0):
     """2-D convolution (cross-correlation) of ``(N, C, H, W)`` with ``(O, C, kH, kW)``."""
-    return _family("conv").conv2d(input, weight, bias, stride=stride, padding=padding)
+    return _conv.conv2d(input, weight, bias, stride=stride, padding=padding)
 
 
 # --- activations ------------------------------------------------------------------------------
@@ -97,21 +89,21 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     """Zeroes elements with probability ``p`` and scales the rest by ``1 / (1 - p)``."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-    return _family("dropout").dropout(input, p=p, training=training, inplace=inplace)
+    return _dropout.dropout(input, p=p, training=training, inplace=inplace)
 
 
 # --- pooling and shape -------------------------------------------------------------------------
 
 def max_pool2d(input, kernel_size, stride=None, padding=0):
-    return _family("conv").max_pool2d(input, kernel_size, stride=stride, padding=padding)
+    return _conv.max_pool2d(input, kernel_size, stride=stride, padding=padding)
 
 
 def avg_pool2d(input, kernel_size, stride=None, padding=0):
-    return _family("conv").avg_pool2d(input, kernel_size, stride=stride, padding=padding)
+    return _conv.avg_pool2d(input, kernel_size, stride=stride, padding=padding)
 
 
 def adaptive_avg_pool2d(input, output_size):
-    return _family("conv").adaptive_avg_pool2d(input, output_size)
+    return _conv.adaptive_avg_pool2d(input, output_size)
 
 
 def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
@@ -123,20 +115,21 @@ def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """Batch normalisation over all dims but 1; updates running stats in place when training."""
-    return _family("norm").batch_norm(
+    return _norm.batch_norm(
         input, running_mean, running_var, weight, bias, training=training, momentum=momentum, eps=eps
     )
 
 
 def inplace_abn(input, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5,
-                negative_slope=0.01):
-    """BatchNorm + leaky ReLU written over ``input`` (returned); backward inverts both.
+                negative_slope=0.01, residual=None):
+    """``leaky_relu(BN(input) [+ residual])`` written over ``input`` (returned); backward inverts it.
 
-    ``input`` must not be a leaf that requires grad (its values are overwritten).
+    ``input`` must not be a leaf that requires grad (its values are overwritten);
+    ``residual`` (e.g. a basic block's identity) is kept by reference, not copied.
     """
-    return _family("norm").inplace_abn(
+    return _norm.inplace_abn(
         input, running_mean, running_var, weight, bias, training=training, momentum=momentum, eps=eps,
-        negative_slope=negative_slope,
+        negative_slope=negative_slope, residual=residual,
     )
 
 
@@ -150,18 +143,18 @@ def _no_weight(weight, fn: str) -> None:
 def cross_entropy(input, target, weight=None, *, reduction: str = "mean", label_smoothing: float = 0.0):
     """Softmax cross entropy of logits ``(N, C)`` with class indices ``(N,)``."""
     _no_weight(weight, "cross_entropy")
-    return _family("loss").cross_entropy(input, target, reduction=reduction, label_smoothing=label_smoothing)
+    return _loss.cross_entropy(input, target, reduction=reduction, label_smoothing=label_smoothing)
 
 
 def nll_loss(input, target, weight=None, *, reduction: str = "mean"):
     """Negative log likelihood of log-probabilities ``(N, C)`` with class indices ``(N,)``."""
     _no_weight(weight, "nll_loss")
-    return _family("loss").nll_loss(input, target, reduction=reduction)
+    return _loss.nll_loss(input, target, reduction=reduction)
 
 
 def mse_loss(input, target, *, reduction: str = "mean"):
     """Mean (or sum, or elementwise) squared error."""
-    return _family("loss").mse_loss(input, target, reduction=reduction)
+    return _loss.mse_loss(input, target, reduction=reduction)
 
 
 __all__ = [

@@ -253,23 +253,20 @@ class InPlaceABN(Module):
         init.ones_(self.weight)
         init.zeros_(self.bias)
 
-    def forward(self, input):
+    def forward(self, input, residual=None):
+        """``leaky_relu(BN(input) [+ residual])`` written over ``input`` (returned).
+
+        ``residual`` (same shape as ``input``, e.g. a basic block's identity) is added
+        before the activation; it is kept for backward by reference, not copied.
+        """
         if input.dim() < 2 or input.shape[1] != self.num_features:
             raise ValueError(
                 f"InPlaceABN({self.num_features}) expects an input of shape (N, {self.num_features}, ...), "
                 f"got {tuple(input.shape)}"
             )
-        return F.inplace_abn(
-            input,
-            self.running_mean,
-            self.running_var,
-            self.weight,
-            self.bias,
-            training=self.training,
-            momentum=self.momentum,
-            eps=self.eps,
-            negative_slope=self.negative_slope,
-        )
+        return F.inplace_abn(input, self.running_mean, self.running_var, self.weight, self.bias,
+                             training=self.training, momentum=self.momentum, eps=self.eps,
+                             negative_slope=self.negative_slope, residual=residual)
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, negative_slope={self.negative_slope}"

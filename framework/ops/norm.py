@@ -15,6 +15,13 @@ What each path keeps for backward (``memory.saved_bytes()`` sees all of it):
   inverts the leaky ReLU (``y / slope`` where ``y <= 0``) and the affine step
   (``x_hat = (z - bias) / (|weight| + eps)``; ``|weight| + eps > 0`` makes it invertible),
   then runs the usual BN backward in terms of ``x_hat``.
+- ``inplace_abn(..., residual=r)``: ``y = leaky_relu(x_hat * (|weight| + eps) + bias + r)``
+  over x's buffer, for a basic block's second unit (BN + residual add + activation
+  fused). Keeps ``y`` and ``r`` BY REFERENCE (no copy; in a ResNet ``r`` is the block
+  input, which the block's first conv keeps anyway, so it costs nothing more); backward
+  subtracts ``r`` from the inverted activation before inverting the affine step, and
+  ``r``'s gradient is the gradient w.r.t. the pre-activation sum. ``r`` is
+  version-checked: modifying it in place before backward raises.
 
 Running statistics follow PyTorch: in training they move toward the batch mean and the
 UNBIASED batch variance with ``momentum``, in place under ``no_grad`` (one ``copy_`` per
@@ -199,17 +206,24 @@ class BatchNormEval(Function):
 # --- InPlace-ABN ----------------------------------------------------------------------
 
 class InPlaceABN(Function):
-    """BatchNorm + leaky ReLU written over the input; backward reconstructs x_hat from y.
+    """BatchNorm + leaky ReLU (optionally + a residual) written over the input; backward
+    reconstructs x_hat from y.
 
+    ``y = leaky_relu(x_hat * a + bias [+ residual])`` with ``a = |weight| + eps``.
     Forward's ``mean``/``var`` given: eval mode (those statistics are constants);
-    ``None``: batch statistics (training). Saves the result, ``weight``, ``bias``; keeps
-    the per-channel inverse std (and nothing else: x_hat comes back from y).
+    ``None``: batch statistics (training). Saves the result, ``weight``, ``bias`` and the
+    ``residual`` (by reference, version-checked: it is the block input, which the block's
+    first conv keeps anyway); keeps the per-channel inverse std (and nothing else: x_hat
+    comes back from y).
     """
 
     inplace_name = "inplace_abn"
-    saves = ("result", "weight", "bias")
+    saves = ("result", "weight", "bias", "residual")
+    # The residual only enters the rebuilt x_hat, which only x's and weight's gradients read.
+    saved_when = {"residual": (0, 1)}
 
-    def forward(ctx, x, weight, bias, mean=None, var=None, eps=1e-5, negative_slope=0.01, stats=None):
+    def forward(ctx, x, weight, bias, residual=None, mean=None, var=None, eps=1e-5, negative_slope=0.01,
+                stats=None):
         xp = get_array_module(x)
         cs = _cshape(x.shape)
         out = ctx.out if ctx.out is not None else memory.empty(x.shape, x.dtype, xp, "activations")
@@ -224,13 +238,15 @@ class InPlaceABN(Function):
         out *= (invstd * a).reshape(cs)
         if bias is not None:
             out += _channel(bias, x.dtype).reshape(cs)
+        if residual is not None:
+            out += residual
         _leaky_relu_inplace(out, negative_slope, xp)
         ctx.eps, ctx.slope, ctx.m = eps, negative_slope, _count(x.shape)
         ctx.keep(invstd=invstd)
         return out
 
     def backward(ctx, g):
-        need_x, need_w, need_b = ctx.needs_input_grad
+        need_x, need_w, need_b, need_r = ctx.needs_input_grad
         xp = get_array_module(g)
         y = ctx.result
         cs = _cshape(y.shape)
@@ -247,15 +263,19 @@ class InPlaceABN(Function):
         need_xhat = need_w or (need_x and ctx.batch)
         xhat = None
         if need_xhat:
-            # Invert the activation (z = y / factor), then the affine step.
+            # Invert the activation (z = y / factor), take the residual away, then invert
+            # the affine step: x_hat = (z - residual - bias) / a.
             xhat = memory.empty(y.shape, y.dtype, xp)
             xp.divide(y, factor, out=xhat)
+            r = ctx.residual  # version-checked: raises if the residual was modified in place
+            if r is not None:
+                xhat -= r
             if b is not None:
                 xhat -= _channel(b, y.dtype).reshape(cs)
             if a is not None:
                 xhat /= a.reshape(cs)
         dz = factor
-        dz *= g  # gradient w.r.t. the pre-activation z
+        dz *= g  # gradient w.r.t. the pre-activation z; also the residual's gradient
         gb = _csum(dz, xp) if (need_b or (need_x and ctx.batch)) else None
         ga = _cdot(dz, xhat, xp) if need_xhat else None
 
@@ -269,13 +289,16 @@ class InPlaceABN(Function):
                 xp.subtract(dz, xhat, out=xhat)
                 xhat *= scale.reshape(cs)
                 gx = xhat
+            elif need_r:
+                gx = memory.empty(y.shape, y.dtype, xp)  # dz is the residual's gradient
+                xp.multiply(dz, scale.reshape(cs), out=gx)
             else:
                 dz *= scale.reshape(cs)
                 gx = dz
         gw = None
         if need_w:
             gw = ga * xp.sign(_channel(w, ga.dtype))  # d|w|/dw = sign(w)
-        return gx, gw, gb if need_b else None
+        return gx, gw, gb if need_b else None, dz if need_r else None
 
 
 # --- public functions -----------------------------------------------------------------
@@ -355,14 +378,43 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return out
 
 
-def inplace_abn(input, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5,
-                negative_slope=0.01):
-    """BatchNorm + leaky ReLU computed over the input's buffer (InPlace-ABN).
+def _check_residual(input, residual):
+    if residual is None:
+        return
+    if not isinstance(residual, Tensor):
+        raise TypeError(f"inplace_abn: residual must be a Tensor or None, got {type(residual).__name__}")
+    if residual.shape != input.shape:
+        raise ValueError(
+            f"inplace_abn: residual has shape {tuple(residual.shape)}, expected the input's shape "
+            f"{tuple(input.shape)} (it is added elementwise; no broadcasting)"
+        )
+    if residual.dtype != input.dtype:
+        raise TypeError(f"inplace_abn: residual has dtype {residual.dtype}, expected the input's {input.dtype}")
+    if residual.device != input.device:
+        raise ValueError(f"inplace_abn: residual is on {residual.device}, the input on {input.device}")
+    xp = get_array_module(input._data)
+    if xp.may_share_memory(residual._data, input._data):
+        raise ValueError(
+            "inplace_abn: residual shares memory with input, which is overwritten (and backward needs "
+            "the residual): pass residual.clone()"
+        )
 
-    ``y = leaky_relu((x - mean) / sqrt(var + eps) * (|weight| + eps) + bias, negative_slope)``
-    is written into ``input``, which is returned (its version bumps). Backward keeps only
-    ``y`` and rebuilds the normalized input from it, so the BN input is not kept alive.
-    Statistics and running-stat updates are those of :func:`batch_norm`.
+
+def inplace_abn(input, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5,
+                negative_slope=0.01, residual=None):
+    """BatchNorm + leaky ReLU (after an optional residual add) computed over the input's buffer.
+
+    ``y = leaky_relu((x - mean) / sqrt(var + eps) * (|weight| + eps) + bias [+ residual],
+    negative_slope)`` is written into ``input``, which is returned (its version bumps).
+    Backward keeps only ``y`` and rebuilds the normalized input from it, so the BN input
+    is not kept alive. Statistics and running-stat updates are those of :func:`batch_norm`.
+
+    With ``residual`` (a basic block's second unit, ``act(BN(conv2_out) + identity)``),
+    backward inverts the activation, subtracts the residual, which it keeps BY REFERENCE
+    (no copy: in a ResNet it is the block input, kept anyway by the block's first conv),
+    then inverts the affine step. The residual is version-checked like every saved
+    tensor: modifying it in place before backward makes backward raise. Its gradient is
+    the gradient w.r.t. the pre-activation sum.
 
     Args:
         input: (N, C, ...) floating point tensor; not a leaf that requires grad (it is
@@ -370,13 +422,17 @@ def inplace_abn(input, running_mean, running_var, weight, bias, training=False, 
         running_mean, running_var: (C,) tensors or None (then batch statistics always).
         weight, bias: (C,) tensors or None (weight None means scale 1, bias None means 0).
         negative_slope: leaky ReLU slope, > 0 (ReLU cannot be inverted).
+        residual: None, or a tensor of exactly the input's shape, dtype and device (no
+            broadcasting) that does not share memory with ``input``.
 
     Returns:
         ``input`` itself, now holding the activation.
 
     Raises:
         RuntimeError: ``input`` is a leaf that requires grad (or a view of one).
-        ValueError: bad shapes, ``negative_slope <= 0``, one value per channel in training.
+        ValueError: bad shapes (of the residual too), ``negative_slope <= 0``, one value
+            per channel in training, a residual overlapping the input.
+        TypeError: a residual that is not a tensor, or of another dtype.
     """
     _check_args("inplace_abn", input, {"running_mean": running_mean, "running_var": running_var,
                                        "weight": weight, "bias": bias}, momentum, eps)
@@ -387,13 +443,14 @@ def inplace_abn(input, running_mean, running_var, weight, bias, training=False, 
             f"inplace_abn: negative_slope must be > 0 so that backward can invert the activation, "
             f"got {negative_slope!r} (use batch_norm + relu for a plain ReLU)"
         )
+    _check_residual(input, residual)
     use_batch = training or running_mean is None or running_var is None
     if not use_batch:
-        return InPlaceABN.apply_(input, weight, bias, mean=running_mean._data, var=running_var._data,
+        return InPlaceABN.apply_(input, weight, bias, residual, mean=running_mean._data, var=running_var._data,
                                  eps=eps, negative_slope=negative_slope)
     _check_batch("inplace_abn", input)
     stats = {}
-    out = InPlaceABN.apply_(input, weight, bias, eps=eps, negative_slope=negative_slope, stats=stats)
+    out = InPlaceABN.apply_(input, weight, bias, residual, eps=eps, negative_slope=negative_slope, stats=stats)
     if training:
         _update_running(running_mean, running_var, stats, momentum)
     return out

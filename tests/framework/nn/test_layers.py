@@ -1,7 +1,6 @@
 """nn layers: forward against NumPy references, float64 gradchecks of inputs and parameters,
 the inplace policy at activation sites, and BatchNorm's running statistics."""
 
-import importlib.util
 import math
 
 import numpy as np
@@ -11,12 +10,6 @@ import framework as fw
 from framework import memory, nn
 from framework.nn import functional as F
 from framework.testing import assert_close, gradcheck
-
-
-def needs(family: str) -> None:
-    """Skips while ``framework.ops.<family>`` is not written yet (and only then)."""
-    if importlib.util.find_spec(f"framework.ops.{family}") is None:
-        pytest.skip(f"framework.ops.{family} is not available yet")
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +97,6 @@ def conv_ref(x, w, b, stride, pad):
 
 @pytest.mark.parametrize("stride,padding,bias", [(1, 0, True), (2, 1, True), (1, 1, False)])
 def test_conv2d_forward_and_gradcheck(stride, padding, bias):
-    needs("conv")
     conv = nn.Conv2d(2, 3, 3, stride=stride, padding=padding, bias=bias)
     assert conv.weight.shape == (3, 2, 3, 3)
     bound = 1 / math.sqrt(2 * 9)
@@ -123,7 +115,6 @@ def pool_windows(x, k, s, pad, fill):
 
 
 def test_pools_forward_and_gradcheck():
-    needs("conv")
     x = rand(2, 3, 6, 6, dtype=fw.float32)
     xn = np_of(x)
     # windows: (oh, ow, N, C, k, k)
@@ -154,7 +145,6 @@ def bn_ref(x, w, b, eps, axes):
     (nn.BatchNorm2d, (4, 3, 2, 3), (0, 2, 3)),
 ])
 def test_batchnorm_training_updates_running_stats_in_place(cls, shape, axes):
-    needs("norm")
     bn = cls(3)
     with fw.no_grad():
         bn.weight.copy_(fw.tensor([0.5, 1.0, 2.0]))
@@ -176,7 +166,6 @@ def test_batchnorm_training_updates_running_stats_in_place(cls, shape, axes):
 
 
 def test_batchnorm_eval_uses_running_stats():
-    needs("norm")
     bn = nn.BatchNorm2d(2)
     with fw.no_grad():
         bn.running_mean.copy_(fw.tensor([1.0, -1.0]))
@@ -196,7 +185,6 @@ def test_batchnorm_eval_uses_running_stats():
 
 
 def test_batchnorm_momentum_none_is_cumulative_average():
-    needs("norm")
     bn = nn.BatchNorm1d(2, momentum=None)
     means = []
     for k in range(3):
@@ -208,7 +196,6 @@ def test_batchnorm_momentum_none_is_cumulative_average():
 
 
 def test_batchnorm_options():
-    needs("norm")
     bn = nn.BatchNorm1d(3, affine=False)
     assert bn.weight is None and list(bn.parameters()) == []
     x = rand(6, 3, dtype=fw.float32)
@@ -227,7 +214,6 @@ def test_batchnorm_options():
 
 @pytest.mark.parametrize("training", [True, False])
 def test_batchnorm_gradcheck(training):
-    needs("norm")
     bn = nn.BatchNorm2d(2)
     with fw.no_grad():
         bn.weight.copy_(fw.tensor([0.7, 1.3]))
@@ -240,7 +226,6 @@ def test_batchnorm_gradcheck(training):
 # --- InPlaceABN ------------------------------------------------------------------------------------
 
 def test_inplace_abn_overwrites_input_and_matches_reference():
-    needs("norm")
     abn = nn.InPlaceABN(3, negative_slope=0.1)
     with fw.no_grad():
         abn.weight.copy_(fw.tensor([0.5, 1.0, 2.0]))
@@ -265,7 +250,6 @@ def test_inplace_abn_overwrites_input_and_matches_reference():
 
 @pytest.mark.parametrize("training", [True, False])
 def test_inplace_abn_gradcheck(training):
-    needs("norm")
     abn = nn.InPlaceABN(2)
     with fw.no_grad():
         abn.weight.copy_(fw.tensor([0.7, 1.3]))
@@ -330,7 +314,6 @@ def test_relu_policy_site_falls_back_on_a_leaf_explicit_raises():
 
 
 def test_policy_site_falls_back_when_its_input_is_saved_for_backward():
-    needs("dropout")
     fw.inplace.set_policy("on")
     x = rand(4, 6, dtype=fw.float32, requires_grad=True)
     h = nn.ReLU()(x * 1)  # relu_ keeps its output for backward
@@ -368,7 +351,6 @@ def test_functional_activations():
 # --- Dropout -----------------------------------------------------------------------------------------
 
 def test_dropout_training_eval_and_policy():
-    needs("dropout")
     x = fw.ones(4000, requires_grad=True)
     d = nn.Dropout(0.25)
     out = d(x * 1)
@@ -389,7 +371,6 @@ def test_dropout_training_eval_and_policy():
 
 
 def test_dropout_gradcheck_with_a_fixed_mask():
-    needs("dropout")
     d = nn.Dropout(0.4)
 
     def fn(t):
@@ -425,7 +406,6 @@ def ce_ref(x, t, smoothing=0.0, reduction="mean"):
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_cross_entropy_loss(reduction, smoothing):
-    needs("loss")
     x = rand(5, 4, requires_grad=True)
     t = fw.tensor([0, 3, 1, 1, 2])
     loss = nn.CrossEntropyLoss(reduction=reduction, label_smoothing=smoothing)
@@ -435,7 +415,6 @@ def test_cross_entropy_loss(reduction, smoothing):
 
 
 def test_nll_and_mse_loss():
-    needs("loss")
     x = rand(5, 4, requires_grad=True)
     t = fw.tensor([0, 3, 1, 1, 2])
     logp = F.log_softmax(x, dim=1)
@@ -457,9 +436,6 @@ def test_nll_and_mse_loss():
 
 @pytest.mark.parametrize("norm", ["bn", "abn"])
 def test_convnet_same_result_under_both_policies(norm):
-    for family in ("conv", "norm", "loss", "dropout"):
-        needs(family)
-
     def run(policy):
         fw.inplace.set_policy(policy)
         fw.manual_seed(7)

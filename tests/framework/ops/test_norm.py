@@ -355,3 +355,184 @@ def test_memory_inplace_abn_keeps_one_activation_instead_of_two(inplace_act):
     assert abs((bn_leaky - abn) - act) <= small
     out.sum().backward()
     assert memory.saved_bytes() == base
+
+
+# --------------------------------------------------------------------------- inplace_abn + residual
+
+
+def _abn_residual_and_reference(shape, training, slope=0.01, needs=(True, True, True, True), seed=0):
+    """Output, gradients (x, weight, bias, residual) and running stats of the fused op and
+    of ``leaky_relu(batch_norm(x, weight=|w| + eps) + residual)`` on the same data."""
+    x, w, b = _data(shape, seed=seed)
+    w[0] = -abs(w[0]) - 0.5  # a negative weight: |w| and sign(w) matter
+    r = np.random.default_rng(seed + 5).standard_normal(shape) * 1.5
+    g = np.random.default_rng(seed + 11).standard_normal(shape)
+    c, eps = shape[1], 1e-5
+    results = []
+    for fused in (True, False):
+        rm, rv = _t(np.linspace(-0.5, 0.5, c)), _t(np.linspace(0.5, 1.5, c))
+        xt, wt, bt, rt = (_t(a, n) for a, n in zip((x, w, b, r), needs))
+        h = xt * 1 if needs[0] else xt  # a non-leaf, as a conv output
+        if fused:
+            out = inplace_abn(h, rm, rv, wt, bt, training=training, eps=eps, negative_slope=slope, residual=rt)
+            assert out is h
+        else:
+            z = batch_norm(h, rm, rv, wt.abs() + eps, bt, training=training, eps=eps)
+            out = fw.leaky_relu(z + rt, slope)
+        out.backward(_t(g))
+        results.append([out.detach(), xt.grad, wt.grad, bt.grad, rt.grad, rm, rv])
+    return results
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("slope", [0.01, 0.3])
+def test_inplace_abn_residual_matches_bn_plus_add_plus_leaky_relu(shape, training, slope):
+    fused, ref = _abn_residual_and_reference(shape, training, slope)
+    names = ["output", "grad x", "grad weight", "grad bias", "grad residual", "running_mean", "running_var"]
+    for name, a, e in zip(names, fused, ref):
+        assert a is not None, name
+        # The contract is 1e-6 in float64; they agree to rounding.
+        assert_close(a, e, rtol=1e-9, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("k", range(4))
+def test_inplace_abn_residual_partial_gradients(training, k):
+    # Only one of x, weight, bias, residual needs a gradient: that one is still right.
+    needs = tuple(i == k for i in range(4))
+    fused, ref = _abn_residual_and_reference((4, 3, 2, 2), training, needs=needs)
+    for i in range(4):
+        if i == k:
+            assert_close(fused[1 + i], ref[1 + i], rtol=1e-9, atol=1e-9, msg=f"grad {i}")
+        else:
+            assert fused[1 + i] is None
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("training", [True, False])
+def test_inplace_abn_residual_gradcheck(shape, training):
+    x, w, b = _data(shape)
+    w[1] = -0.7
+    r = np.random.default_rng(4).standard_normal(shape)
+    c = shape[1]
+    rm, rv = _t(np.linspace(-1, 1, c)), _t(np.linspace(0.5, 2, c))
+    args = [_t(x, True), _t(w, True), _t(b, True), _t(r, True)]
+    assert gradcheck(lambda x, w, b, r: inplace_abn(x * 1, rm, rv, w, b, training=training, residual=r), args)
+
+
+def test_inplace_abn_residual_gradcheck_no_affine_and_a_strided_residual():
+    # The residual is a strided view (an option-A shortcut's subsampling).
+    x, _, _ = _data((4, 3, 2, 2))
+    r = np.random.default_rng(4).standard_normal((4, 3, 4, 4))
+
+    def fn(x, r):
+        return inplace_abn(x * 1, None, None, None, None, training=True, residual=r[:, :, ::2, ::2])
+
+    assert gradcheck(fn, [_t(x, True), _t(r, True)])
+
+
+def test_inplace_abn_residual_on_a_view_of_a_non_leaf():
+    x, w, b = _data((5, 3, 2))
+    r = np.random.default_rng(4).standard_normal((4, 3, 2))
+
+    def fn(x, w, b, r):
+        h = x * 1
+        inplace_abn(h[1:], None, None, w, b, training=True, residual=r)
+        return h
+
+    assert gradcheck(fn, [_t(x, True), _t(w, True), _t(b, True), _t(r, True)])
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_inplace_abn_residual_gradients_are_separate_buffers(training):
+    # dz is the residual's gradient; x's gradient must not be written into it.
+    rm, rv = fw.zeros(3), fw.ones(3)
+    x = fw.randn(4, 3, 2, 2, requires_grad=True)
+    r = fw.randn(4, 3, 2, 2, requires_grad=True)
+    inplace_abn(x * 1, rm, rv, fw.ones(3), None, training=training, residual=r).sum().backward()
+    assert not np.shares_memory(x.grad.numpy(), r.grad.numpy())
+
+
+def test_inplace_abn_residual_is_in_place_and_keeps_y_and_the_residual_without_copies():
+    shape, c = (8, 4, 8, 8), 4
+    act = int(np.prod(shape)) * 4
+    w, b = fw.ones(c, requires_grad=True), fw.zeros(c, requires_grad=True)
+    rm, rv = fw.zeros(c), fw.ones(c)
+    r = fw.randn(*shape, requires_grad=True) * 1  # a non-leaf, e.g. the block input
+    h = fw.randn(*shape, requires_grad=True) * 1  # stands for a conv output
+    buf, v, rv0 = h._data, h._version, r._version
+    memory.reset_stats()
+    base = memory.saved_bytes()
+    out = inplace_abn(h, rm, rv, w, b, training=True, residual=r)
+    saved = memory.saved_bytes() - base
+    assert out is h and out._data is buf and h._version == v + 1
+    assert r._version == rv0  # the residual is read, never written
+    assert h.grad_fn.name() == "InPlaceABNBackward"
+    assert memory.stats().get("inplace_copy_bytes", 0) == 0
+    assert memory.stats().get("inplace_ops", 0) == 3  # the op, and one copy_ per running stat
+    small = 3 * c * 4  # weight, bias, inverse std
+    assert saved == 2 * act + small  # y (x's buffer) and the residual, by reference
+    out.sum().backward()
+    assert memory.saved_bytes() == base
+
+    # A residual that another node already keeps (conv1 keeps the block input) costs nothing more.
+    h = fw.randn(*shape, requires_grad=True) * 1
+    kept = r * fw.ones(1, requires_grad=True)  # mul saves r for the scalar's gradient
+    base = memory.saved_bytes()
+    out = inplace_abn(h, rm, rv, w, b, training=True, residual=r)
+    assert memory.saved_bytes() - base == act + small
+    (out.sum() + kept.sum()).backward()
+
+
+def test_inplace_abn_residual_modified_in_place_makes_backward_raise():
+    h = fw.randn(4, 3, 2, 2, requires_grad=True) * 1
+    r = fw.randn(4, 3, 2, 2, requires_grad=True) * 1
+    out = inplace_abn(h, None, None, fw.ones(3, requires_grad=True), fw.zeros(3), training=True, residual=r)
+    r.mul_(2)
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation.*input 'residual' of InPlaceABNBackward"):
+        out.sum().backward()
+
+
+def test_inplace_abn_residual_not_needed_for_bias_only_is_not_kept():
+    # Only the bias needs a gradient: x_hat is never rebuilt, the residual is not saved.
+    shape = (4, 3, 2, 2)
+    h, r = fw.randn(*shape), fw.randn(*shape)
+    b = fw.zeros(3, requires_grad=True)
+    base = memory.saved_bytes()
+    out = inplace_abn(h, None, None, fw.ones(3), b, training=True, residual=r)
+    assert memory.saved_bytes() - base == h.nbytes + 3 * 3 * 4  # y, weight, bias, inverse std
+    out.sum().backward()
+    assert b.grad is not None
+
+
+@pytest.mark.parametrize(
+    "residual, exc, match",
+    [
+        (lambda h: fw.randn(1, 3, 2, 2), ValueError, r"residual has shape \(1, 3, 2, 2\).*no broadcasting"),
+        (lambda h: fw.randn(4, 3, 2), ValueError, "residual has shape"),
+        (lambda h: fw.randn(4, 3, 2, 2, dtype=fw.float64), TypeError, "residual has dtype"),
+        (lambda h: h.detach(), ValueError, "shares memory with input"),
+        (lambda h: h[:, :1].expand(4, 3, 2, 2), ValueError, "shares memory with input"),
+        (lambda h: np.ones((4, 3, 2, 2), np.float32), TypeError, "residual must be a Tensor"),
+    ],
+)
+def test_inplace_abn_bad_residual_raises_and_changes_nothing(residual, exc, match):
+    h = fw.randn(4, 3, 2, 2, requires_grad=True) * 1
+    before, v = h.detach().numpy().copy(), h._version
+    rm = fw.zeros(3)
+    with pytest.raises(exc, match=match):
+        inplace_abn(h, rm, fw.ones(3), None, None, training=True, residual=residual(h))
+    assert np.array_equal(h.detach().numpy(), before) and h._version == v and rm._version == 0
+
+
+def test_nn_inplace_abn_passes_the_residual():
+    abn = fw.nn.InPlaceABN(3, negative_slope=0.1)
+    x, w, b = _data((4, 3, 2, 2))
+    r = np.random.default_rng(2).standard_normal(x.shape)
+    h = _t(x)
+    out = abn(h, residual=_t(r))
+    assert out is h
+    mean, var, _ = ref_batch_stats(x)
+    z = ref_bn(x, mean, var, np.ones(3) + abn.eps, np.zeros(3)) + r
+    assert_close(out, np.where(z > 0, z, 0.1 * z), rtol=1e-12, atol=1e-12)
