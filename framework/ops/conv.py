@@ -3,42 +3,69 @@
 
 How conv2d computes (the same code runs on NumPy and CuPy):
 
-* forward: the input is padded into a workspace buffer, ``as_strided`` gives a
-  ``(N, C, kh, kw, Ho, Wo)`` window view of it without copying, the view is copied once
-  into an im2col workspace ``cols`` and ONE matrix product with the weight gives the
-  output. Which product is the ``contraction`` (see :data:`CONTRACTIONS`);
-  ``benchmarks/bench_conv.py`` measures them and the fastest is the default.
-* backward: ``grad_weight`` rebuilds ``cols`` from the saved input (a workspace freed at
-  once, rather than keeping a 9x larger buffer alive between forward and backward) and
-  contracts it with the output gradient; ``grad_input`` is a col2im fused with the
-  product: for each of the kh*kw kernel offsets one matrix product ``w[:, :, i, j].T @ g``
-  into one reused ``(N, C, Ho*Wo)`` workspace, slice-added into the padded gradient.
-  The only Python loops run over kernel offsets, never over pixels, channels or batch.
+* the batch is cut into chunks of whole images, as many per chunk as fit in the
+  **workspace limit** (:func:`set_workspace_limit`, default 4 MiB, like cuDNN's workspace
+  limit; at least one image per chunk even when one image alone needs more). Every step
+  below runs chunk by chunk, so its workspaces are chunk-sized, never batch-sized.
+* forward: a chunk is padded into a workspace buffer, ``as_strided`` gives a
+  ``(n, C, kh, kw, Ho, Wo)`` window view of it without copying, the view is copied once
+  into an im2col workspace ``cols`` and ONE matrix product with the weight writes the
+  chunk's slice of the output. Which product is the ``contraction`` (see
+  :data:`CONTRACTIONS`); ``benchmarks/bench_conv.py`` measures them.
+* backward: ``grad_weight`` rebuilds ``cols`` chunk by chunk from the saved input (rather
+  than keeping a 9x larger buffer alive between forward and backward) and accumulates
+  ``gw += g_chunk @ cols_chunk.T``; ``grad_input`` is a col2im fused with the product:
+  for each chunk and each of the kh*kw kernel offsets one matrix product
+  ``w[:, :, i, j].T @ g_chunk`` into one reused ``(n, C, Ho, Wo)`` workspace, added into
+  the part of the input gradient that offset reaches (clipped at the borders, so the
+  gradient is allocated at the input's exact shape: no padded buffer stays alive behind
+  it). Python loops run over chunks and kernel offsets, never over pixels or channels.
 * saved for backward: ``x`` only when the weight needs a gradient, ``w`` only when the
   input does; nothing else (the bias gradient needs only the output gradient).
+
+What the workspace limit bounds: the sum of conv2d's live ``workspace`` buffers that grow
+with the batch (the padded chunk, ``cols``, the GEMM output before its transpose to NCHW,
+the transposed or contiguous output-gradient chunk, the per-offset col2im buffer). On top
+of it come at most one weight-sized buffer (a transposed copy of the weight for the input
+gradient, the partial weight gradient of a chunk, or a contiguous copy of a strided
+weight): ``workspace peak <= max(limit, one image's workspace) + weight bytes``. Outputs
+and gradients are not workspace: the output (``activations``) and the input and weight
+gradients (``gradients``) are allocated once, at their exact shapes. The limit in effect
+when conv2d is called applies to its backward as well (it is recorded with the node, like
+the contraction). ``set_workspace_limit(None)`` removes the bound (the whole batch in one
+chunk).
 
 Every padding buffer, im2col buffer and temporary goes through :mod:`framework.memory`
 (category ``workspace``), so the counter sees them. The ``tensordot`` and ``einsum``
 contractions are kept for comparison: they work on the window view directly and let the
-array module make its own (uncounted) copies, which is one reason they are not the default.
+array module make its own (uncounted) copies, which is one reason they are not the default;
+the chunking bounds those copies as well (their chunk size is reckoned as if they built
+``cols``), though the counter cannot see them.
 
-Max pooling saves the argmax of each window as a window offset in the smallest unsigned
-dtype that holds ``kh*kw`` offsets (``uint8`` for every usual kernel): one byte per
-output element, instead of the whole input (4 bytes per input element for float32, 16x
-more for a 2x2 pool). It is a private array, so an inplace op on the pooled input after
-the pool (a later ``relu_``) costs nothing and cannot break its backward.
+Pooling is chunked by the same limit where it needs workspace that grows with the batch:
+max pooling's comparison masks and ``-inf`` padded input in forward, its mask and masked
+gradient in backward, average pooling's zero-padded input. Their gradients are likewise
+allocated at the input's exact shape. Max pooling saves the argmax of each window as a
+window offset in the smallest unsigned dtype that holds ``kh*kw`` offsets (``uint8`` for
+every usual kernel): one byte per output element, instead of the whole input (4 bytes per
+input element for float32, 16x more for a 2x2 pool). It is a private array, so an inplace
+op on the pooled input after the pool (a later ``relu_``) costs nothing and cannot break
+its backward.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 
 from .. import memory
 from ..autograd.function import Function
 from ..backend import get_array_module
 
 CONTRACTIONS = ("batched", "gemm", "tensordot", "einsum")
-_default = ["gemm"]  # fastest of CONTRACTIONS forward+backward in benchmarks/bench_conv.py (CPU)
+# Fastest of CONTRACTIONS forward+backward in benchmarks/bench_conv.py (CPU, one thread,
+# batch 128, under the default workspace limit), tied with "batched" within the noise.
+_default = ["gemm"]
 
 
 def get_contraction() -> str:
@@ -65,6 +92,63 @@ def _check_contraction(name):
     if name not in CONTRACTIONS:
         raise ValueError(f"unknown conv2d contraction {name!r}; use one of {', '.join(CONTRACTIONS)}")
     return name
+
+
+# --- workspace limit ----------------------------------------------------------------------
+
+DEFAULT_WORKSPACE_LIMIT = 4 * 2**20
+_limit: list = [DEFAULT_WORKSPACE_LIMIT]
+
+
+def get_workspace_limit() -> int | None:
+    """Bytes of batch-sized workspace conv2d and pooling may hold at once (None: no bound)."""
+    return _limit[-1]
+
+
+def set_workspace_limit(nbytes: int | None) -> None:
+    """Bounds the workspace of conv2d and pooling to ``nbytes`` (None: no bound).
+
+    The batch is processed in chunks of as many whole images as fit in ``nbytes`` (at
+    least one, even when one image needs more). 0 means one image per chunk. See the
+    module docstring for exactly what the bound covers.
+
+    Raises:
+        TypeError: ``nbytes`` is not an int or None.
+        ValueError: ``nbytes`` is negative.
+    """
+    _limit[0] = _check_limit(nbytes)
+
+
+@contextlib.contextmanager
+def workspace_limit(nbytes: int | None):
+    """``with workspace_limit(2**20): ...``: conv2d and pooling calls inside use that limit."""
+    _limit.append(_check_limit(nbytes))
+    try:
+        yield
+    finally:
+        _limit.pop()
+
+
+def _check_limit(nbytes):
+    if nbytes is None:
+        return None
+    if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
+        raise TypeError(f"workspace limit must be an int number of bytes or None, got {nbytes!r}")
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise ValueError(f"workspace limit must be >= 0 bytes, got {nbytes}")
+    return nbytes
+
+
+def _chunks(n: int, per_image: int, limit) -> list[slice]:
+    """Slices of a batch of ``n``: as few chunks as keep ``per_image`` bytes per image within
+    ``limit`` (at least one image each), their sizes as equal as possible."""
+    if n <= 0:
+        return []
+    step = n if limit is None or per_image <= 0 else max(1, min(n, limit // per_image))
+    count = -(-n // step)
+    step = -(-n // count)
+    return [slice(s, min(s + step, n)) for s in range(0, n, step)]
 
 
 # --- argument and geometry helpers ------------------------------------------------------
@@ -100,6 +184,13 @@ def _out_size(fn, hw, kernel, stride, padding):
 def _check_4d(fn, x, what="input"):
     if x.ndim != 4:
         raise RuntimeError(f"{fn}: expected a 4-D {what} (N, C, H, W), got shape {tuple(x.shape)}")
+
+
+def _padded_image_bytes(x_shape, padding, itemsize):
+    """Bytes :func:`_pad` allocates per image (0 without padding: it returns the input)."""
+    if padding == (0, 0):
+        return 0
+    return x_shape[1] * (x_shape[2] + 2 * padding[0]) * (x_shape[3] + 2 * padding[1]) * itemsize
 
 
 def _pad(x, padding, value, xp, category="workspace"):
@@ -142,11 +233,31 @@ def _offset(i, j, stride, out_hw):
     )
 
 
-def _unpad(gpad, padding, hw):
-    ph, pw = padding
-    if ph == 0 and pw == 0:
-        return gpad
-    return gpad[:, :, ph : ph + hw[0], pw : pw + hw[1]]
+def _reach_1d(i, pad, stride, out_len, in_len):
+    """(output slice, input slice): the outputs whose kernel offset ``i`` falls inside the
+    unpadded input, and the input positions they touch; None when there are none."""
+    lo = max(0, -((i - pad) // stride))  # first r with i - pad + stride*r >= 0
+    hi = min(out_len - 1, (in_len - 1 - i + pad) // stride)  # last r with it <= in_len - 1
+    if hi < lo:
+        return None
+    start = i - pad + stride * lo
+    return slice(lo, hi + 1), slice(start, start + stride * (hi - lo) + 1, stride)
+
+
+def _reaches(kernel, stride, padding, out_hw, in_hw):
+    """For each kernel offset ``k = i*kw + j`` reaching the unpadded input:
+    ``(k, output index, input index)``, for :func:`_scatter_add` without a padded buffer."""
+    out = []
+    for i in range(kernel[0]):
+        rows = _reach_1d(i, padding[0], stride[0], out_hw[0], in_hw[0])
+        if rows is None:
+            continue
+        for j in range(kernel[1]):
+            cols = _reach_1d(j, padding[1], stride[1], out_hw[1], in_hw[1])
+            if cols is None:
+                continue
+            out.append((i * kernel[1] + j, (Ellipsis, rows[0], cols[0]), (Ellipsis, rows[1], cols[1])))
+    return out
 
 
 def _contiguous(a, xp):
@@ -159,13 +270,30 @@ def _contiguous(a, xp):
 
 
 # --- conv2d contractions ------------------------------------------------------------------
-# Each one: forward(view, w) -> out (N, Co, Ho, Wo); prep_weight(g) / prep_input(g) ->
-# the output gradient in the layout each gradient product wants; grad_weight(gw_g, view,
-# w_shape) -> (Co, C, kh, kw); grad_input_offset(gx_g, wt_ij (C, Co), tmp) -> (N, C, Ho, Wo)
-# for one kernel offset.
+# Each works on one chunk of the batch:
+#   forward(view, w2, out, xp): view (n, C, kh, kw, Ho, Wo) windows, w2 (Co, C*kh*kw)
+#       contiguous; writes the chunk's output into ``out`` (n, Co, Ho, Wo), contiguous.
+#   grad_weight(g, view, out, xp): writes sum over the chunk of g (x) windows into ``out``
+#       (Co, C*kh*kw), contiguous.
+#   prep_input(g, xp) -> the chunk's output gradient as grad_input_offset wants it;
+#   grad_input_offset(gp, wt_ij (C, Co), tmp (n, C, Ho, Wo), xp) -> (n, C, Ho, Wo).
+#   *_bytes(k, c, co, p, itemsize, g_strided): counted (or, for tensordot / einsum, hidden)
+#       workspace per image of each step, padding excluded; k = C*kh*kw, p = Ho*Wo.
 
 class _Batched:
-    """cols ``(N, C*kh*kw, Ho*Wo)``; ``matmul(w2, cols)`` batched over N gives NCHW directly."""
+    """cols ``(n, C*kh*kw, Ho*Wo)``; ``matmul(w2, cols)`` batched over n gives NCHW directly."""
+
+    @staticmethod
+    def forward_bytes(k, c, co, p, isz, g_strided):
+        return k * p * isz
+
+    @staticmethod
+    def grad_weight_bytes(k, c, co, p, isz, g_strided):
+        return (k * p + co * k + (co * p if g_strided else 0)) * isz
+
+    @staticmethod
+    def grad_input_bytes(k, c, co, p, isz, g_strided):
+        return (c * p + (co * p if g_strided else 0)) * isz
 
     @staticmethod
     def cols(view, xp):
@@ -175,40 +303,45 @@ class _Batched:
         return cols.reshape(n, c * kh * kw, ho * wo)
 
     @classmethod
-    def forward(cls, view, w, xp):
-        n, _, _, _, ho, wo = view.shape
-        co = w.shape[0]
-        cols = cls.cols(view, xp)
-        out = memory.empty((n, co, ho, wo), w.dtype, xp, "activations")
-        xp.matmul(_contiguous(w, xp).reshape(co, -1), cols, out=out.reshape(n, co, ho * wo))
-        return out
+    def forward(cls, view, w2, out, xp):
+        n, co = out.shape[:2]
+        xp.matmul(w2, cls.cols(view, xp), out=out.reshape(n, co, -1))
 
     @staticmethod
     def prep_input(g, xp):
         n, co, ho, wo = g.shape
         return _contiguous(g, xp).reshape(n, co, ho * wo)
 
-    prep_weight = prep_input
-
     @classmethod
-    def grad_weight(cls, g3, view, w_shape, xp):
+    def grad_weight(cls, g, view, out, xp):
+        g3 = cls.prep_input(g, xp)
         cols = cls.cols(view, xp)
         n, co, k = g3.shape[0], g3.shape[1], cols.shape[1]
         per_image = memory.empty((n, co, k), g3.dtype, xp, "workspace")
         xp.matmul(g3, cols.transpose(0, 2, 1), out=per_image)
         del cols
-        return per_image.sum(axis=0).reshape(w_shape)
+        per_image.sum(axis=0, out=out)
 
     @staticmethod
-    def grad_input_offset(g3, wt_ij, tmp, out_hw, xp):
+    def grad_input_offset(g3, wt_ij, tmp, xp):
         n, c = g3.shape[0], wt_ij.shape[0]
-        tmp = tmp.reshape(n, c, -1)
-        xp.matmul(wt_ij, g3, out=tmp)
-        return tmp.reshape(n, c, out_hw[0], out_hw[1])
+        xp.matmul(wt_ij, g3, out=tmp.reshape(n, c, -1))
+        return tmp
 
 
 class _Gemm:
-    """cols ``(C*kh*kw, N*Ho*Wo)``: one large GEMM, then a transpose to NCHW."""
+    """cols ``(C*kh*kw, n*Ho*Wo)``: one large GEMM per chunk, then a transpose to NCHW
+    (none for a chunk of one image: the product is then that image's NCHW output)."""
+
+    @staticmethod
+    def forward_bytes(k, c, co, p, isz, g_strided):
+        return (k + co) * p * isz
+
+    @staticmethod
+    def grad_weight_bytes(k, c, co, p, isz, g_strided):
+        return (k + co) * p * isz
+
+    grad_input_bytes = _Batched.grad_input_bytes
 
     @staticmethod
     def cols(view, xp):
@@ -218,31 +351,30 @@ class _Gemm:
         return cols.reshape(c * kh * kw, n * ho * wo)
 
     @classmethod
-    def forward(cls, view, w, xp):
-        n, _, _, _, ho, wo = view.shape
-        co = w.shape[0]
+    def forward(cls, view, w2, out, xp):
+        n, co, ho, wo = out.shape
         cols = cls.cols(view, xp)
-        flat = memory.empty((co, n * ho * wo), w.dtype, xp, "workspace")
-        xp.matmul(_contiguous(w, xp).reshape(co, -1), cols, out=flat)
+        if n == 1:
+            xp.matmul(w2, cols, out=out.reshape(co, ho * wo))
+            return
+        flat = memory.empty((co, n * ho * wo), w2.dtype, xp, "workspace")
+        xp.matmul(w2, cols, out=flat)
         del cols
-        out = memory.empty((n, co, ho, wo), w.dtype, xp, "activations")
         xp.copyto(out, flat.reshape(co, n, ho, wo).transpose(1, 0, 2, 3))
-        return out
-
-    @staticmethod
-    def prep_weight(g, xp):
-        n, co, ho, wo = g.shape
-        gt = memory.empty((co, n, ho, wo), g.dtype, xp, "workspace")
-        xp.copyto(gt, g.transpose(1, 0, 2, 3))
-        return gt.reshape(co, n * ho * wo)
 
     @classmethod
-    def grad_weight(cls, gt, view, w_shape, xp):
-        cols = cls.cols(view, xp)
-        return xp.matmul(gt, cols.T).reshape(w_shape)
+    def grad_weight(cls, g, view, out, xp):
+        n, co, ho, wo = g.shape
+        if n == 1 and g.flags.c_contiguous:
+            gt = g.reshape(co, ho * wo)
+        else:
+            gt = memory.empty((co, n, ho, wo), g.dtype, xp, "workspace")
+            xp.copyto(gt, g.transpose(1, 0, 2, 3))
+            gt = gt.reshape(co, n * ho * wo)
+        xp.matmul(gt, cls.cols(view, xp).T, out=out)
 
-    # grad input: the per-offset products batched over N, as in _Batched. Measured: a
-    # (C, N*Ho*Wo) product per offset needs a transposed slice-add that costs more than
+    # grad input: the per-offset products batched over n, as in _Batched. Measured: a
+    # (C, n*Ho*Wo) product per offset needs a transposed slice-add that costs more than
     # the one large GEMM saves.
     prep_input = _Batched.prep_input
     grad_input_offset = _Batched.grad_input_offset
@@ -251,47 +383,51 @@ class _Gemm:
 class _Tensordot:
     """``tensordot`` on the window view (the array module copies it internally)."""
 
+    forward_bytes = grad_weight_bytes = _Gemm.forward_bytes  # the copies it makes, unseen
+    grad_input_bytes = _Batched.grad_input_bytes
+
     @staticmethod
-    def forward(view, w, xp):
-        t = xp.tensordot(w, view, axes=([1, 2, 3], [1, 2, 3]))  # (Co, N, Ho, Wo)
-        out = memory.empty((t.shape[1], t.shape[0]) + t.shape[2:], w.dtype, xp, "activations")
-        xp.copyto(out, t.transpose(1, 0, 2, 3))
-        return out
+    def forward(view, w2, out, xp):
+        co = w2.shape[0]
+        t = xp.tensordot(w2.reshape((co,) + view.shape[1:4]), view, axes=([1, 2, 3], [1, 2, 3]))
+        xp.copyto(out, t.transpose(1, 0, 2, 3))  # t: (Co, n, Ho, Wo)
 
     @staticmethod
     def prep_input(g, xp):
         return g
 
-    prep_weight = prep_input
+    @staticmethod
+    def grad_weight(g, view, out, xp):
+        t = xp.tensordot(g, view, axes=([0, 2, 3], [0, 4, 5]))  # (Co, C, kh, kw)
+        xp.copyto(out, t.reshape(out.shape))
 
     @staticmethod
-    def grad_weight(g, view, w_shape, xp):
-        return xp.tensordot(g, view, axes=([0, 2, 3], [0, 4, 5]))
-
-    @staticmethod
-    def grad_input_offset(g, wt_ij, tmp, out_hw, xp):
+    def grad_input_offset(g, wt_ij, tmp, xp):
         return xp.tensordot(wt_ij, g, axes=([1], [1])).transpose(1, 0, 2, 3)
 
 
 class _Einsum:
     """``einsum(..., optimize=True)`` on the window view."""
 
+    forward_bytes = grad_weight_bytes = _Gemm.forward_bytes
+    grad_input_bytes = _Batched.grad_input_bytes
+
     @staticmethod
-    def forward(view, w, xp):
-        return memory.track(xp.einsum("ocij,ncijhw->nohw", w, view, optimize=True), "activations")
+    def forward(view, w2, out, xp):
+        w = w2.reshape((w2.shape[0],) + view.shape[1:4])
+        xp.copyto(out, xp.einsum("ocij,ncijhw->nohw", w, view, optimize=True))
 
     @staticmethod
     def prep_input(g, xp):
         return g
 
-    prep_weight = prep_input
+    @staticmethod
+    def grad_weight(g, view, out, xp):
+        t = xp.einsum("nohw,ncijhw->ocij", g, view, optimize=True)
+        xp.copyto(out, t.reshape(out.shape))
 
     @staticmethod
-    def grad_weight(g, view, w_shape, xp):
-        return xp.einsum("nohw,ncijhw->ocij", g, view, optimize=True)
-
-    @staticmethod
-    def grad_input_offset(g, wt_ij, tmp, out_hw, xp):
+    def grad_input_offset(g, wt_ij, tmp, xp):
         return xp.einsum("co,nohw->nchw", wt_ij, g, optimize=True)
 
 
@@ -304,7 +440,7 @@ class Conv2d(Function):
     saves = ("x", "w")
     saved_when = {"x": (1,), "w": (0,)}  # x only for w's gradient, w only for x's
 
-    def forward(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), contraction="batched"):
+    def forward(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), contraction="batched", limit=None):
         fn = "conv2d"
         _check_4d(fn, x)
         if w.ndim != 4:
@@ -325,17 +461,25 @@ class Conv2d(Function):
             )
         xp = get_array_module(x)
         out_hw = _out_size(fn, x.shape[2:], w.shape[2:], stride, padding)
-        ctx.geom = (x.shape, w.shape, stride, padding, out_hw)
-        ctx.impl = _IMPLS[contraction]
-        xpad = _pad(x, padding, 0, xp)
-        out = ctx.impl.forward(_windows(xpad, w.shape[2:], stride, out_hw), w, xp)
+        ctx.geom = (x.shape, w.shape, stride, padding, out_hw, limit)
+        ctx.impl = impl = _IMPLS[contraction]
+        n, co, kernel = x.shape[0], w.shape[0], w.shape[2:]
+        out = memory.empty((n, co) + out_hw, w.dtype, xp, "activations")
+        w2 = _contiguous(w, xp).reshape(co, -1)
+        per_image = _padded_image_bytes(x.shape, padding, x.itemsize) + impl.forward_bytes(
+            *_dims(x.shape, w.shape, out_hw, x.itemsize), False
+        )
+        for sl in _chunks(n, per_image, limit):
+            xpad = _pad(x[sl], padding, 0, xp)
+            impl.forward(_windows(xpad, kernel, stride, out_hw), w2, out[sl], xp)
+            del xpad
         if b is not None:
             out += b.reshape(1, -1, 1, 1)
         return out
 
     def backward(ctx, g):
         xp = get_array_module(g)
-        x_shape, w_shape, stride, padding, out_hw = ctx.geom
+        x_shape, w_shape, stride, padding, out_hw, limit = ctx.geom
         impl = ctx.impl
         need_x, need_w, need_b = ctx.needs_input_grad
         gx = gw = gb = None
@@ -343,28 +487,53 @@ class Conv2d(Function):
             gb = g.sum(axis=(0, 2, 3))
         if not (need_x or need_w):
             return gx, gw, gb
+        n, c, h, wd = x_shape
+        co, kernel = w_shape[0], w_shape[2:]
+        dims = _dims(x_shape, w_shape, out_hw, g.itemsize)
+        g_strided = not g.flags.c_contiguous
         if need_w:
             x = ctx.x
-            xpad = _pad(x, padding, 0, xp)
-            view = _windows(xpad, w_shape[2:], stride, out_hw)
-            gw = impl.grad_weight(impl.prep_weight(g, xp), view, w_shape, xp)
-            del view
-            del xpad
+            per_image = _padded_image_bytes(x_shape, padding, g.itemsize) + impl.grad_weight_bytes(*dims, g_strided)
+            make = memory.empty if n else memory.zeros  # the first chunk writes all of gw
+            gw = make((co, c * kernel[0] * kernel[1]), g.dtype, xp, "gradients")
+            part = None
+            for sl in _chunks(n, per_image, limit):
+                xpad = _pad(x[sl], padding, 0, xp)
+                view = _windows(xpad, kernel, stride, out_hw)
+                if sl.start == 0:
+                    impl.grad_weight(g[sl], view, gw, xp)
+                else:
+                    if part is None:
+                        part = memory.empty(gw.shape, gw.dtype, xp, "workspace")
+                    impl.grad_weight(g[sl], view, part, xp)
+                    gw += part
+                del view, xpad
+            del part
+            gw = gw.reshape(w_shape)
         if need_x:
             w = ctx.w
-            n, c, h, wd = x_shape
-            kh, kw = w_shape[2:]
             # (kh, kw, C, Co): wt[i, j] = w[:, :, i, j].T, contiguous for the products
-            wt = memory.empty((kh, kw, c, w_shape[0]), w.dtype, xp, "workspace")
+            wt = memory.empty((kernel[0], kernel[1], c, co), w.dtype, xp, "workspace")
             xp.copyto(wt, w.transpose(2, 3, 1, 0))
-            gpad = memory.zeros((n, c, h + 2 * padding[0], wd + 2 * padding[1]), g.dtype, xp, "gradients")
-            tmp = memory.empty((n, c, out_hw[0], out_hw[1]), g.dtype, xp, "workspace")
-            gp = impl.prep_input(g, xp)
-            for i in range(kh):
-                for j in range(kw):
-                    gpad[_offset(i, j, stride, out_hw)] += impl.grad_input_offset(gp, wt[i, j], tmp, out_hw, xp)
-            gx = _unpad(gpad, padding, (h, wd))
+            gx = memory.zeros(x_shape, g.dtype, xp, "gradients")
+            reaches = _reaches(kernel, stride, padding, out_hw, (h, wd))
+            per_image = impl.grad_input_bytes(*dims, g_strided)
+            chunks = _chunks(n, per_image, limit)
+            tmp = memory.empty((chunks[0].stop,) + (c,) + out_hw, g.dtype, xp, "workspace") if chunks else None
+            for sl in chunks:
+                gp = impl.prep_input(g[sl], xp)
+                t = tmp[: sl.stop - sl.start]
+                gxs = gx[sl]
+                for k, src, dst in reaches:
+                    gxs[dst] += impl.grad_input_offset(gp, wt[k // kernel[1], k % kernel[1]], t, xp)[src]
+                del gp
         return gx, gw, gb
+
+
+def _dims(x_shape, w_shape, out_hw, itemsize):
+    """(k, c, co, p, itemsize) of the per-image workspace formulas of the contractions."""
+    c, co = x_shape[1], w_shape[0]
+    return c * w_shape[2] * w_shape[3], c, co, out_hw[0] * out_hw[1], itemsize
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0):  # noqa: A002  (PyTorch's names)
@@ -379,10 +548,16 @@ def conv2d(input, weight, bias=None, stride=1, padding=0):  # noqa: A002  (PyTor
 
     Returns:
         ``(N, C_out, Ho, Wo)`` with ``Ho = (H + 2 ph - kh) // sh + 1`` (same for W).
+
+    The batch is processed in chunks that keep the workspace within
+    :func:`get_workspace_limit` (forward and this call's backward).
     """
     stride = _pair(stride, "stride", "conv2d", 1)
     padding = _pair(padding, "padding", "conv2d", 0)
-    return Conv2d.apply(input, weight, bias, stride=stride, padding=padding, contraction=get_contraction())
+    return Conv2d.apply(
+        input, weight, bias, stride=stride, padding=padding, contraction=get_contraction(),
+        limit=get_workspace_limit(),
+    )
 
 
 # --- pooling ----------------------------------------------------------------------------------
@@ -406,55 +581,71 @@ def _index_dtype(xp, n_offsets):
 class MaxPool2d(Function):
     """Max over each window; saves the window offset of each max (one byte per output)."""
 
-    def forward(ctx, x, kernel=(2, 2), stride=(2, 2), padding=(0, 0)):
+    def forward(ctx, x, kernel=(2, 2), stride=(2, 2), padding=(0, 0), limit=None):
         fn = "max_pool2d"
         _check_4d(fn, x)
         xp = get_array_module(x)
         out_hw = _out_size(fn, x.shape[2:], kernel, stride, padding)
-        ctx.geom = (x.shape, kernel, stride, padding, out_hw)
+        ctx.geom = (x.shape, kernel, stride, padding, out_hw, limit)
         low = -xp.inf if x.dtype.kind == "f" else (xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else False)
-        xpad = _pad(x, padding, low, xp)
         shape = x.shape[:2] + out_hw
         out = memory.empty(shape, x.dtype, xp, "activations")
         track_index = any(ctx.needs_input_grad)
         idx = memory.zeros(shape, _index_dtype(xp, kernel[0] * kernel[1]), xp, "activations") if track_index else None
-        better = memory.empty(shape, bool, xp, "workspace")
-        nan = memory.empty(shape, bool, xp, "workspace") if x.dtype.kind == "f" else None
-        for k in range(kernel[0] * kernel[1]):
-            v = xpad[_offset(k // kernel[1], k % kernel[1], stride, out_hw)]
-            if k == 0:
-                xp.copyto(out, v)
-                continue
-            xp.greater(v, out, out=better)
-            if nan is not None:  # NaN wins, so it propagates as in PyTorch
-                xp.isnan(v, out=nan)
-                xp.logical_or(better, nan, out=better)
-            xp.copyto(out, v, where=better)
-            if track_index:
-                xp.copyto(idx, idx.dtype.type(k), where=better)  # a typed scalar: CuPy checks casts
+        is_float = x.dtype.kind == "f"
+        per_out = math.prod(shape[1:])
+        per_image = _padded_image_bytes(x.shape, padding, x.itemsize) + per_out * (2 if is_float else 1)
+        chunks = _chunks(x.shape[0], per_image, limit)
+        rows = chunks[0].stop if chunks else 0
+        better = memory.empty((rows,) + shape[1:], bool, xp, "workspace")
+        nan = memory.empty((rows,) + shape[1:], bool, xp, "workspace") if is_float else None
+        for sl in chunks:
+            m = sl.stop - sl.start
+            xpad = _pad(x[sl], padding, low, xp)
+            o, bt = out[sl], better[:m]
+            ix = idx[sl] if track_index else None
+            nn = nan[:m] if nan is not None else None
+            for k in range(kernel[0] * kernel[1]):
+                v = xpad[_offset(k // kernel[1], k % kernel[1], stride, out_hw)]
+                if k == 0:
+                    xp.copyto(o, v)
+                    continue
+                xp.greater(v, o, out=bt)
+                if nn is not None:  # NaN wins, so it propagates as in PyTorch
+                    xp.isnan(v, out=nn)
+                    xp.logical_or(bt, nn, out=bt)
+                xp.copyto(o, v, where=bt)
+                if track_index:
+                    xp.copyto(ix, idx.dtype.type(k), where=bt)  # a typed scalar: CuPy checks casts
+            del xpad, v  # v views xpad: the next chunk's padded buffer must not meet this one
         if track_index:
             ctx.keep(indices=idx)
         return out
 
     def backward(ctx, g):
         xp = get_array_module(g)
-        x_shape, kernel, stride, padding, out_hw = ctx.geom
+        x_shape, kernel, stride, padding, out_hw, limit = ctx.geom
         idx = ctx.indices
-        n, c, h, w = x_shape
-        gpad = memory.zeros((n, c, h + 2 * padding[0], w + 2 * padding[1]), g.dtype, xp, "gradients")
-        hit = memory.empty(idx.shape, bool, xp, "workspace")
-        tmp = memory.empty(idx.shape, g.dtype, xp, "workspace")
-        for k in range(kernel[0] * kernel[1]):
-            xp.equal(idx, k, out=hit)
-            xp.multiply(g, hit, out=tmp)
-            gpad[_offset(k // kernel[1], k % kernel[1], stride, out_hw)] += tmp
-        return _unpad(gpad, padding, (h, w))
+        gx = memory.zeros(x_shape, g.dtype, xp, "gradients")
+        reaches = _reaches(kernel, stride, padding, out_hw, x_shape[2:])
+        chunks = _chunks(x_shape[0], math.prod(idx.shape[1:]) * (1 + g.itemsize), limit)
+        rows = chunks[0].stop if chunks else 0
+        hit = memory.empty((rows,) + idx.shape[1:], bool, xp, "workspace")
+        tmp = memory.empty((rows,) + idx.shape[1:], g.dtype, xp, "workspace")
+        for sl in chunks:
+            m = sl.stop - sl.start
+            ix, gs, gxs, h, t = idx[sl], g[sl], gx[sl], hit[:m], tmp[:m]
+            for k, src, dst in reaches:
+                xp.equal(ix, k, out=h)
+                xp.multiply(gs, h, out=t)
+                gxs[dst] += t[src]
+        return gx
 
 
 class AvgPool2d(Function):
     """Mean over each window, padding zeros included in the count (PyTorch's default)."""
 
-    def forward(ctx, x, kernel=(2, 2), stride=(2, 2), padding=(0, 0)):
+    def forward(ctx, x, kernel=(2, 2), stride=(2, 2), padding=(0, 0), limit=None):
         fn = "avg_pool2d"
         _check_4d(fn, x)
         if x.dtype.kind != "f":
@@ -462,27 +653,30 @@ class AvgPool2d(Function):
         xp = get_array_module(x)
         out_hw = _out_size(fn, x.shape[2:], kernel, stride, padding)
         ctx.geom = (x.shape, kernel, stride, padding, out_hw)
-        xpad = _pad(x, padding, 0, xp)
         out = memory.empty(x.shape[:2] + out_hw, x.dtype, xp, "activations")
-        for k in range(kernel[0] * kernel[1]):
-            v = xpad[_offset(k // kernel[1], k % kernel[1], stride, out_hw)]
-            if k == 0:
-                xp.copyto(out, v)
-            else:
-                out += v
+        for sl in _chunks(x.shape[0], _padded_image_bytes(x.shape, padding, x.itemsize), limit):
+            xpad = _pad(x[sl], padding, 0, xp)
+            o = out[sl]
+            for k in range(kernel[0] * kernel[1]):
+                v = xpad[_offset(k // kernel[1], k % kernel[1], stride, out_hw)]
+                if k == 0:
+                    xp.copyto(o, v)
+                else:
+                    o += v
+            del xpad, v  # v views xpad: the next chunk's padded buffer must not meet this one
         out *= 1.0 / (kernel[0] * kernel[1])
         return out
 
     def backward(ctx, g):
+        # Each output's gradient is shared equally by its window: add g where each kernel
+        # offset reaches the input (not the padding), then divide once. No workspace.
         xp = get_array_module(g)
         x_shape, kernel, stride, padding, out_hw = ctx.geom
-        n, c, h, w = x_shape
-        share = memory.empty(g.shape, g.dtype, xp, "workspace")
-        xp.multiply(g, 1.0 / (kernel[0] * kernel[1]), out=share)
-        gpad = memory.zeros((n, c, h + 2 * padding[0], w + 2 * padding[1]), g.dtype, xp, "gradients")
-        for k in range(kernel[0] * kernel[1]):
-            gpad[_offset(k // kernel[1], k % kernel[1], stride, out_hw)] += share
-        return _unpad(gpad, padding, (h, w))
+        gx = memory.zeros(x_shape, g.dtype, xp, "gradients")
+        for _, src, dst in _reaches(kernel, stride, padding, out_hw, x_shape[2:]):
+            gx[dst] += g[src]
+        gx *= 1.0 / (kernel[0] * kernel[1])
+        return gx
 
 
 def _adaptive_matrix(xp, n_in, n_out, dtype):
@@ -524,7 +718,7 @@ def max_pool2d(input, kernel_size, stride=None, padding=0):  # noqa: A002
     as the maximum). Saves one small index per output, not the input.
     """
     kernel, stride, padding = _pool_args("max_pool2d", kernel_size, stride, padding)
-    return MaxPool2d.apply(input, kernel=kernel, stride=stride, padding=padding)
+    return MaxPool2d.apply(input, kernel=kernel, stride=stride, padding=padding, limit=get_workspace_limit())
 
 
 def avg_pool2d(input, kernel_size, stride=None, padding=0):  # noqa: A002
@@ -538,7 +732,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0):  # noqa: A002
             count in each window's mean.
     """
     kernel, stride, padding = _pool_args("avg_pool2d", kernel_size, stride, padding)
-    return AvgPool2d.apply(input, kernel=kernel, stride=stride, padding=padding)
+    return AvgPool2d.apply(input, kernel=kernel, stride=stride, padding=padding, limit=get_workspace_limit())
 
 
 def adaptive_avg_pool2d(input, output_size):  # noqa: A002
@@ -562,7 +756,7 @@ def adaptive_avg_pool2d(input, output_size):  # noqa: A002
         raise RuntimeError(f"{fn}: input of shape {tuple(input.shape)} has an empty spatial dimension")
     if h % size[0] == 0 and w % size[1] == 0:
         kernel = (h // size[0], w // size[1])
-        return AvgPool2d.apply(input, kernel=kernel, stride=kernel, padding=(0, 0))
+        return AvgPool2d.apply(input, kernel=kernel, stride=kernel, padding=(0, 0), limit=get_workspace_limit())
     if input.dtype.kind != "f":
         raise TypeError(f"{fn}: expected a floating input, got {input.dtype}")
     return AdaptiveAvgPool2dSeparable.apply(input, output_size=size)

@@ -1,6 +1,7 @@
 """conv2d and pooling: forward against naive float64 loop references (and scipy), gradients
 against finite differences for every argument combination, what is saved, workspaces in
-framework.memory, and the errors a user can cause."""
+framework.memory (and the workspace limit that bounds them), and the errors a user can
+cause."""
 
 import itertools
 import math
@@ -121,13 +122,16 @@ def test_conv2d_backward(case):
     harness.check_backward(case)
 
 
+@pytest.mark.parametrize("limit", [None, 0], ids=["whole-batch", "one-image-chunks"])
 @pytest.mark.parametrize("name", C.CONTRACTIONS)
-@pytest.mark.parametrize("stride,padding", [(1, 0), (2, 1), ((1, 2), (0, 1))])
-def test_every_contraction_matches_reference_and_gradcheck(name, stride, padding):
-    x, w, b = _rand((2, 3, 5, 6), 1), _rand((4, 3, 3, 2), 2), _rand((4,), 3)
+@pytest.mark.parametrize("stride,padding", [(1, 0), (2, 1), ((1, 2), (0, 1)), (3, 2)])
+def test_every_contraction_matches_reference_and_gradcheck(name, stride, padding, limit):
+    # Stride 3 with padding 2: some input columns are in no window (their gradient is 0)
+    # and some kernel offsets reach the padding for some outputs (col2im clips them).
+    x, w, b = _rand((3, 3, 5, 6), 1), _rand((4, 3, 3, 2), 2), _rand((4,), 3)
     want = ref_conv2d(x, w, b, stride, padding)
     xt, wt, bt = _t(x, True), _t(w, True), _t(b, True)
-    with C.contraction(name):
+    with C.contraction(name), C.workspace_limit(limit):
         assert_close(conv2d(xt, wt, bt, stride, padding), want, rtol=1e-10, atol=1e-10)
         gradcheck(lambda x, w, b: conv2d(x, w, b, stride, padding), [xt, wt, bt])
 
@@ -245,6 +249,236 @@ def test_conv2d_workspaces_are_counted_and_freed():
     assert memory.peak_breakdown()["workspace"] - base >= cols_bytes  # cols rebuilt for gw
     assert memory.breakdown()["workspace"] == base
     assert x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
+# --- the workspace limit: the batch in chunks ------------------------------------------------
+#
+# What a conv2d may hold as workspace (category ``workspace``) at any moment, as the module
+# docstring states: at most ``max(limit, one image's workspace)`` of batch-sized buffers
+# (padded chunk, im2col columns, GEMM output before its transpose, transposed output
+# gradient, per-offset col2im buffer), plus at most ONE weight-sized buffer (in backward:
+# the transposed weight for the input gradient, or the partial weight gradient of a
+# chunk; in forward, only for a strided weight, its contiguous copy). There is no
+# batch-sized padded buffer outside the limit: the input is padded chunk by chunk, and
+# the input gradient is allocated once at the input's exact shape (``gradients``).
+
+LIMIT = 256 * 2**10
+
+
+def _workspace_during(fn):
+    """``(result, peak workspace bytes above the start, workspace allocation sizes,
+    allocation sizes per category)`` of ``fn()``; checks every workspace is freed."""
+    base = memory.breakdown()["workspace"]
+    memory.reset_peak()
+    with memory.record_timeline() as tl:
+        result = fn()
+    assert memory.breakdown()["workspace"] == base, "workspace left allocated"
+    peak = memory.peak_breakdown()["workspace"] - base
+    by_cat = {}
+    for e in tl.events:
+        if e[2] > 0:
+            by_cat.setdefault(e[3], []).append(e[2])
+    return result, peak, by_cat.get("workspace", []), by_cat
+
+
+def _conv_case(n, c, hw, co, seed=40):
+    x = _t(_rand((n, c, hw, hw), seed, np.float32), True)
+    w = _t(_rand((co, c, 3, 3), seed + 1, np.float32), True)
+    return x, w
+
+
+def _one_image_bytes(name, c, co, hw, stride, padding, g_strided=False):
+    """Workspace one image needs in the costliest step of ``name`` (float32, 3x3);
+    ``g_strided``: the output gradient is not contiguous (``y.sum().backward()``)."""
+    ho = (hw + 2 * padding - 3) // stride + 1
+    pad = c * (hw + 2 * padding) ** 2 * 4 if padding else 0
+    k, p = c * 9, ho * ho
+    if name == "gemm":
+        return pad + (k + co) * p * 4
+    # batched: cols + per-image weight products (+ a contiguous copy of a strided gradient)
+    return pad + (k * p + co * k + (co * p if g_strided else 0)) * 4
+
+
+@pytest.mark.parametrize("name", ["gemm", "batched"])
+@pytest.mark.parametrize("stride,padding", [(1, 1), (2, 1), (1, 0)])
+def test_conv2d_workspace_stays_within_the_limit_forward_and_backward(name, stride, padding):
+    n, c, hw = 64, 8, 16
+    x, w = _conv_case(n, c, hw, c)
+    ho = (hw + 2 * padding - 3) // stride + 1
+    full_cols = n * c * 9 * ho * ho * 4
+    assert full_cols >= 4 * LIMIT  # the unchunked im2col would need 4.5x to 18x the limit
+    g = _t(_rand((n, c, ho, ho), 42, np.float32))
+    with C.contraction(name), C.workspace_limit(LIMIT):
+        y, peak, allocs, _ = _workspace_during(lambda: conv2d(x, w, stride=stride, padding=padding))
+        assert peak <= LIMIT, (peak, LIMIT)  # contiguous weight: nothing on top of the limit
+        assert max(allocs) <= LIMIT
+        assert sum(allocs) >= full_cols  # every column was built, a chunk at a time
+        assert peak > LIMIT // 2  # chunks fill the budget rather than take one image each
+        (gx, gw), peak, allocs, by_cat = _workspace_during(lambda: fw.autograd.grad(y, [x, w], g))
+    assert peak <= LIMIT + w.nbytes, (peak, LIMIT)
+    assert max(allocs) <= LIMIT
+    # the gradients: exactly the input's and the weight's bytes, no padded buffer behind them
+    assert max(by_cat["gradients"]) == x.nbytes and x.nbytes in by_cat["gradients"]
+    assert gx.shape == x.shape and gw.shape == w.shape
+    with C.contraction(name), C.workspace_limit(None):
+        y0 = conv2d(x, w, stride=stride, padding=padding)
+        gx0, gw0 = fw.autograd.grad(y0, [x, w], g)
+    assert_close(y, y0, rtol=1e-5, atol=1e-5)
+    assert_close(gx, gx0, rtol=1e-5, atol=1e-5)
+    assert_close(gw, gw0, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gemm", "batched"])
+def test_conv2d_takes_one_image_per_chunk_when_one_image_exceeds_the_limit(name):
+    n, c, hw = 5, 4, 12
+    x, w = _conv_case(n, c, hw, 6, seed=43)
+    one = _one_image_bytes(name, c, 6, hw, 1, 1)
+    cols_one = c * 9 * hw * hw * 4
+    with C.contraction(name), C.workspace_limit(1000):  # one image needs ~30x more
+        y, peak, allocs, _ = _workspace_during(lambda: conv2d(x, w, padding=1))
+        assert allocs.count(cols_one) == n  # one im2col buffer per image
+        assert peak <= one
+        _, peak, allocs, _ = _workspace_during(lambda: y.sum().backward())
+    assert allocs.count(cols_one) == n
+    assert peak <= _one_image_bytes(name, c, 6, hw, 1, 1, g_strided=True) + w.nbytes
+    assert_close(y, ref_conv2d(x.detach().numpy(), w.detach().numpy(), padding=1), rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_without_limit_builds_the_whole_batch_im2col():
+    n, c, hw = 6, 4, 8
+    x, w = _conv_case(n, c, hw, 4, seed=44)
+    with C.contraction("gemm"), C.workspace_limit(None):
+        _, peak, allocs, _ = _workspace_during(lambda: conv2d(x, w, padding=1))
+    assert n * c * 9 * hw * hw * 4 in allocs
+
+
+@pytest.mark.parametrize("name", C.CONTRACTIONS)
+def test_conv2d_results_do_not_depend_on_the_limit(name):
+    """float32 forward, input gradient and weight gradient under several limits, down to
+    one image per chunk, against the whole batch at once: equal within float32 rounding
+    (only the weight gradient's sum over the batch changes order)."""
+    n, c, hw, co = 13, 6, 10, 5  # 13 images: chunks of unequal sizes
+    x, w = _conv_case(n, c, hw, co, seed=45)
+    b = _t(_rand((co,), 46, np.float32), True)
+    g = _t(_rand((n, co, hw, hw), 47, np.float32))
+    results = {}
+    for limit in (None, 4 * 2**20, 96 * 2**10, 40 * 2**10, 0):
+        with C.contraction(name), C.workspace_limit(limit):
+            y = conv2d(x, w, b, padding=1)
+            results[limit] = [y] + list(fw.autograd.grad(y, [x, w, b], g))
+    want = results.pop(None)
+    for limit, got in results.items():
+        for a, e, what in zip(got, want, ("output", "grad x", "grad w", "grad b")):
+            scale = float(np.abs(e.detach().numpy()).max())
+            assert_close(a, e, rtol=1e-5, atol=1e-6 * scale, msg=f"{what}, limit {limit}")
+
+
+def test_conv2d_backward_uses_the_limit_in_effect_at_forward():
+    n, c, hw = 8, 4, 12
+    x, w = _conv_case(n, c, hw, 4, seed=48)
+    with C.contraction("gemm"), C.workspace_limit(0):
+        y = conv2d(x, w, padding=1)
+    with C.workspace_limit(None):
+        _, peak, allocs, _ = _workspace_during(lambda: y.sum().backward())
+    assert peak <= _one_image_bytes("gemm", c, 4, hw, 1, 1, g_strided=True) + w.nbytes
+    assert allocs.count(c * 9 * hw * hw * 4) == n
+
+
+def test_conv2d_strided_weight_copy_is_the_only_extra_in_forward():
+    n, c, hw = 16, 4, 12
+    x, _ = _conv_case(n, c, hw, 4, seed=49)
+    w = _t(_rand((4, c, 3, 3), 50, np.float32).transpose(1, 0, 2, 3).copy().transpose(1, 0, 2, 3))
+    assert not w.numpy().flags.c_contiguous
+    limit = 32 * 2**10
+    with C.contraction("gemm"), C.workspace_limit(limit):
+        y, peak, _, _ = _workspace_during(lambda: conv2d(x, w, padding=1))
+    assert limit // 2 < peak <= limit + w.nbytes
+    assert_close(y, ref_conv2d(x.detach().numpy(), w.numpy(), padding=1), rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_kernel_offsets_that_reach_only_padding():
+    """A 1x1 input under a 3x3 kernel with padding 1: 8 of the 9 offsets see only zeros."""
+    x, w = _rand((3, 2, 1, 1), 51), _rand((2, 2, 3, 3), 52)
+    with C.workspace_limit(0):
+        assert_close(conv2d(_t(x), _t(w), padding=1), ref_conv2d(x, w, padding=1), rtol=1e-10, atol=1e-10)
+        gradcheck(lambda x, w: conv2d(x, w, padding=1), [_t(x, True), _t(w, True)])
+
+
+def test_conv2d_and_pools_on_an_empty_batch():
+    x, w = _t(np.zeros((0, 2, 5, 5), np.float32), True), _t(_rand((3, 2, 3, 3), 53, np.float32), True)
+    y = conv2d(x, w, padding=1)
+    assert y.shape == (0, 3, 5, 5)
+    gx, gw = fw.autograd.grad(y, [x, w], fw.zeros(0, 3, 5, 5))
+    assert gx.shape == x.shape and gw.shape == w.shape and not gw.numpy().any()
+    for pool in (lambda t: max_pool2d(t, 3, 2, 1), lambda t: avg_pool2d(t, 3, 2, 1)):
+        p = pool(x)
+        assert p.shape == (0, 2, 3, 3)
+        (gp,) = fw.autograd.grad(p, [x], fw.zeros(0, 2, 3, 3))
+        assert gp.shape == x.shape
+
+
+def test_workspace_limit_setting():
+    assert C.DEFAULT_WORKSPACE_LIMIT == 4 * 2**20
+    before = C.get_workspace_limit()
+    with C.workspace_limit(1024):
+        assert C.get_workspace_limit() == 1024
+        with C.workspace_limit(None):
+            assert C.get_workspace_limit() is None
+        assert C.get_workspace_limit() == 1024
+    assert C.get_workspace_limit() == before
+    try:
+        C.set_workspace_limit(2**20)
+        assert C.get_workspace_limit() == 2**20
+        C.set_workspace_limit(np.int64(0))
+        assert C.get_workspace_limit() == 0 and type(C.get_workspace_limit()) is int
+    finally:
+        C.set_workspace_limit(before)
+    with pytest.raises(ValueError, match="workspace limit must be >= 0"):
+        C.set_workspace_limit(-1)
+    for bad in (1.5, True, "4M"):
+        with pytest.raises(TypeError, match="workspace limit must be an int"):
+            C.workspace_limit(bad).__enter__()
+    assert C.get_workspace_limit() == before
+
+
+@pytest.mark.parametrize("n,per_image,limit,sizes", [
+    (10, 100, None, [10]),
+    (10, 100, 10**6, [10]),
+    (10, 100, 300, [3, 3, 3, 1]),  # as few chunks as fit, then as even as possible
+    (13, 100, 500, [5, 5, 3]),
+    (4, 100, 50, [1, 1, 1, 1]),  # one image over the limit: one per chunk
+    (4, 100, 0, [1, 1, 1, 1]),
+    (0, 100, 300, []),
+])
+def test_chunks(n, per_image, limit, sizes):
+    got = C._chunks(n, per_image, limit)
+    assert [s.stop - s.start for s in got] == sizes
+    assert [s.start for s in got] == [sum(sizes[:i]) for i in range(len(sizes))]
+
+
+@pytest.mark.parametrize("pool,args,limit", [
+    (max_pool2d, (3, 2, 1), 32 * 2**10),  # -inf padded input + 2 masks per chunk
+    (max_pool2d, (2,), 4 * 2**10),  # masks only
+    (avg_pool2d, (3, 2, 1), 32 * 2**10),  # zero padded input per chunk; backward: none
+])
+def test_pool_workspace_stays_within_the_limit(pool, args, limit):
+    """Pooling is chunked by the same limit, with nothing on top of it, and its results
+    do not depend on it (bit for bit: every value is computed in the same order)."""
+    n, c, hw = 32, 8, 16
+    x = _t(_rand((n, c, hw, hw), 54, np.float32), True)
+    with C.workspace_limit(None):  # the whole batch at once
+        y0, whole, _, _ = _workspace_during(lambda: pool(x, *args))
+    assert whole > 3 * limit
+    g = _t(_rand(y0.shape, 55, np.float32))
+    (gx0,) = fw.autograd.grad(y0, [x], g)
+    with C.workspace_limit(limit):
+        y, peak, _, _ = _workspace_during(lambda: pool(x, *args))
+        assert peak <= limit
+        (gx,), peak, allocs, by_cat = _workspace_during(lambda: fw.autograd.grad(y, [x], g))
+    assert peak <= limit
+    assert max(by_cat["gradients"]) == x.nbytes  # exact shape, nothing padded
+    np.testing.assert_array_equal(y.detach().numpy(), y0.detach().numpy())
+    np.testing.assert_array_equal(gx.numpy(), gx0.numpy())
 
 
 @pytest.mark.parametrize(
