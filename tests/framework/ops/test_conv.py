@@ -236,7 +236,7 @@ def test_conv2d_workspaces_are_counted_and_freed():
     cols_bytes = n * c * 9 * h * wd * 4
     base = memory.breakdown()["workspace"]
     memory.reset_peak()
-    with memory.record_timeline() as tl:
+    with memory.record_timeline() as tl, C.workspace_limit(None):  # the whole batch in one chunk
         y = conv2d(x, w, padding=1)
     ws = [e for e in tl.events if e[3] == "workspace"]
     sizes = sorted(e[2] for e in ws if e[2] > 0)
@@ -245,7 +245,7 @@ def test_conv2d_workspaces_are_counted_and_freed():
     assert memory.peak_breakdown()["workspace"] - base >= pad_bytes + cols_bytes
     assert memory.breakdown()["workspace"] == base
     memory.reset_peak()
-    y.sum().backward()
+    y.sum().backward()  # backward uses the limit in effect at the forward call
     assert memory.peak_breakdown()["workspace"] - base >= cols_bytes  # cols rebuilt for gw
     assert memory.breakdown()["workspace"] == base
     assert x.grad.shape == x.shape and w.grad.shape == w.shape
@@ -418,8 +418,10 @@ def test_conv2d_and_pools_on_an_empty_batch():
 
 
 def test_workspace_limit_setting():
-    assert C.DEFAULT_WORKSPACE_LIMIT == 4 * 2**20
+    assert C.DEFAULT_WORKSPACE_LIMIT == "auto"
     before = C.get_workspace_limit()
+    with C.workspace_limit("auto"):
+        assert C.get_workspace_limit() == "auto"
     with C.workspace_limit(1024):
         assert C.get_workspace_limit() == 1024
         with C.workspace_limit(None):
@@ -597,7 +599,7 @@ def test_adaptive_avg_pool_none_keeps_a_size_and_1_is_the_global_mean():
 
 def test_pool_workspace_is_counted():
     x = _t(_rand((2, 3, 6, 6), 32, np.float32), True)
-    with memory.record_timeline() as tl:
+    with memory.record_timeline() as tl, C.workspace_limit(None):
         y = max_pool2d(x, 3, 2, 1)
     ws = [e[2] for e in tl.events if e[3] == "workspace"]
     assert 2 * 3 * 8 * 8 * 4 in ws  # the -inf padded buffer
@@ -627,3 +629,35 @@ def test_pool_rejects_3d_input():
         max_pool2d(_t(_rand((2, 5, 6))), 2)
     with pytest.raises(RuntimeError, match="expected a 4-D input"):
         adaptive_avg_pool2d(_t(_rand((2, 5, 6))), 1)
+
+
+def test_auto_limit_is_half_the_input_capped_at_4_mib():
+    small = _t(_rand((2, 3, 8, 8), 40, np.float32))
+    big = fw.zeros(64, 16, 64, 64)
+    assert C._resolve_limit("auto", small) == small.nbytes // 2
+    assert C._resolve_limit("auto", big) == C.AUTO_WORKSPACE_CAP
+    assert C._resolve_limit(1234, big) == 1234 and C._resolve_limit(None, big) is None
+
+
+@pytest.mark.parametrize("stride,cout", [(1, 3), (2, 3), (1, 5)])
+def test_input_gradient_overwrites_a_dead_output_gradient_under_policy_on(stride, cout):
+    """Stride-1 convs that keep the channel count write the input gradient back over the
+    (dead) output gradient under policy on; other shapes allocate. Values never change."""
+    grads = {}
+    for policy in ("off", "on"):
+        fw.manual_seed(1)
+        x = fw.randn(6, 3, 8, 8, dtype=fw.float64, requires_grad=True)
+        w = fw.randn(cout, 3, 3, 3, dtype=fw.float64, requires_grad=True)
+        with fw.inplace.policy(policy), C.workspace_limit(0):  # one image per chunk
+            y = conv2d(x, w, stride=stride, padding=1).tanh()
+            # SumBackward hands tanh a broadcast view (never reused): tanh allocates under
+            # both policies, and its fresh gradient is exclusive when it reaches conv2d.
+            with memory.record_timeline() as tl:
+                y.sum().backward()
+        allocated = sum(e[2] for e in tl.events if e[2] > 0 and e[3] == "gradients")
+        grads[policy] = (x.grad.numpy().copy(), w.grad.numpy().copy(), allocated)
+    np.testing.assert_allclose(grads["on"][0], grads["off"][0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads["on"][1], grads["off"][1], rtol=1e-12, atol=1e-12)
+    x_bytes = 6 * 3 * 8 * 8 * 8
+    saved = x_bytes if (stride == 1 and cout == 3) else 0
+    assert grads["off"][2] - grads["on"][2] == saved, grads
