@@ -133,10 +133,12 @@ class _EventWriter:
         from tensorboardX.proto.event_pb2 import Event  # noqa: PLC0415
 
         self._event_cls = Event
-        # The file name is "<dir>/events.out.tfevents.<unix seconds>.<host><suffix>";
-        # the suffix keeps two writers opened within one second apart (tensorboardX
-        # opens with "wb", so a clash would truncate the other writer's file).
-        suffix = f".{os.getpid()}.{next(_writer_ids)}"
+        # The file name is "<dir>/events.out.tfevents.<unix seconds>.<host><suffix>".
+        # TensorBoard reads a run's files in name order, so the suffix orders writers
+        # opened within one second by creation (nanoseconds: also across processes; a
+        # resumed run's purge must come after the run it purges), and keeps them apart
+        # (tensorboardX opens with "wb", so a clash would truncate the other file).
+        suffix = f".{time.time_ns():020d}.{os.getpid()}.{next(_writer_ids)}"
         self._writer = EventsWriter(os.path.join(directory, "events"), suffix)
         self._flush_secs = flush_secs
         self._next_flush = time.monotonic() + flush_secs
