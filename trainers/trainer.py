@@ -284,14 +284,13 @@ class Trainer:
                             log_every=cfg.train.log_every)
         eval_name = "accuracy" if self.classification else "mse"
         losses: list[float] = []
-        window = {"loss": 0.0, "correct": 0, "seen": 0, "time": 0.0, "steps": 0}
+        window = {"loss": 0.0, "correct": 0, "seen": 0, "time": 0.0, "steps": 0, "peak": 0}
         peak_run, floor = 0, 0
         # Throughput over the whole run, leaving out the first step (warm-up: caches, allocator).
         timed = {"time": 0.0, "samples": 0, "steps": 0}
         eval_metric = None
         timeline = None
         timeline_step = self.step + min(2, max(self.total_steps - self.step - 1, 0))
-        memory.reset_peak()
         try:
             while self.step < self.total_steps:
                 for xb, yb in self.loader:
@@ -299,6 +298,9 @@ class Trainer:
                         break
                     x, y = self._to_tensors(xb, yb)
                     lr = learning_rate(cfg, self.step, self.total_steps)
+                    # The peak of the training step alone: evaluation and checkpoints
+                    # between steps (eval batches are larger) must not show up in it.
+                    memory.reset_peak()
                     t0 = time.perf_counter()
                     if cfg.logging.timeline and self.step == timeline_step and timeline is None:
                         with memory.record_timeline() as tl:
@@ -307,6 +309,7 @@ class Trainer:
                     else:
                         loss, correct, saved = self._train_step(x, y, lr)
                     dt = time.perf_counter() - t0
+                    window["peak"] = max(window["peak"], memory.max_allocated_bytes())
                     del x, y
                     self.step += 1
                     losses.append(loss)
@@ -321,7 +324,7 @@ class Trainer:
                         timed["samples"] += len(xb) * self.comm.size
                         timed["steps"] += 1
                     if self.step % cfg.train.log_every == 0 or self.step == self.total_steps:
-                        peak = memory.max_allocated_bytes()
+                        peak = window["peak"]
                         peak_run = max(peak_run, peak)
                         metrics = self._window_metrics(window, peak, floor)
                         logger.scalars(self.step, metrics)
@@ -329,7 +332,6 @@ class Trainer:
                                         samples_per_sec=metrics["perf/samples_per_sec"],
                                         peak_mb=metrics["memory/peak_mb"])
                         window = {k: 0 if isinstance(v, int) else 0.0 for k, v in window.items()}
-                        memory.reset_peak()
                     if self.step % cfg.train.eval_every == 0 or self.step == self.total_steps:
                         eval_metric = self.evaluate()
                         logger.scalars(self.step, {f"eval/{eval_name}": eval_metric})
@@ -341,7 +343,7 @@ class Trainer:
             progress.close()
         if not cfg.checkpoint.every or self.step % cfg.checkpoint.every:
             self.save()
-        peak_run = max(peak_run, memory.max_allocated_bytes())
+        peak_run = max(peak_run, window["peak"])
         result = self._result(losses, eval_metric, eval_name, peak_run, floor, timeline, timed)
         logger.hparams(
             {"inplace": cfg.inplace, "model": cfg.model.name, "world_size": self.comm.size,

@@ -155,3 +155,21 @@ def test_learning_rate_schedules(tmp_path):
     assert learning_rate(cfg, 5, 10) == pytest.approx(0.01 + 0.09 * 0.5)
     assert learning_rate(cfg, 10, 10) == pytest.approx(0.01)
     assert math.isclose(learning_rate(tiny_config(tmp_path, "schedule.name=none", "schedule.warmup_steps=0"), 7, 10), 0.1)
+
+
+def test_logged_peak_is_the_training_steps_not_the_evaluation(tmp_path, monkeypatch):
+    # An evaluation that allocates a lot between steps must not show up in memory/peak_mb.
+    trainer = Trainer(tiny_config(tmp_path, "train.eval_every=2"))
+    original = trainer.evaluate
+
+    def hungry_evaluate():
+        import framework as fw
+
+        big = fw.zeros(64, 1024, 1024)  # 256 MiB
+        del big
+        return original()
+
+    monkeypatch.setattr(trainer, "evaluate", hungry_evaluate)
+    result = trainer.fit()
+    assert result.peak_mb < 64
+    assert max(v for _, v in read_scalars(result.run_dir)["memory/peak_mb"]) < 64
