@@ -84,15 +84,10 @@ class Runner:
             loss = self.loss_fn(self.model(self.x), self.y)
             self.saved_at_boundary = memory.saved_bytes()
             # Nodes also hold weights (linear, conv, BN): those are already parameters.
-            self.saved_state_at_boundary = sum(
-                t.nbytes for t in self._state_tensors() if memory.saved_refcount(t._data)
-            )
+            self.saved_activations_at_boundary = memory.saved_bytes(parameters=False)
             loss.backward()
             self.opt.step()
             return loss.item()
-
-    def _state_tensors(self):
-        return list(self.model.parameters()) + list(self.model.buffers())
 
     def state_bytes(self) -> dict:
         """Parameters (and BN buffers), gradients and optimizer state, by category."""
@@ -108,7 +103,7 @@ class Runner:
         peak = memory.max_allocated_bytes()
         state = self.state_bytes()
         fixed = sum(state.values())
-        saved_activations = self.saved_at_boundary - self.saved_state_at_boundary
+        saved_activations = self.saved_activations_at_boundary
         floor = fixed + saved_activations
         return {
             "peak_mb": peak / MB,

@@ -230,9 +230,21 @@ def saved_refcount(array) -> int:
     return _saved_refcount.get(id(root_buffer(array)), 0) if hasattr(array, "shape") else 0
 
 
-def saved_bytes() -> int:
-    """Bytes of the distinct buffers that autograd currently holds for backward."""
-    return max(_saved_bytes, 0)
+def saved_bytes(parameters: bool = True) -> int:
+    """Bytes of the distinct buffers that autograd currently holds for backward.
+
+    With ``parameters=False``, buffers of category ``parameters`` (the weights that
+    linear, conv and BN nodes hold) are left out: that is the activation part of a
+    step's floor, whose parameters are counted once, as parameters.
+    """
+    if parameters:
+        return max(_saved_bytes, 0)
+    total = 0
+    for key, nbytes in _saved_size.items():
+        ref = _live.get(key)
+        if ref is None or ref.category != "parameters":
+            total += nbytes
+    return total
 
 
 # --- queries ------------------------------------------------------------------------

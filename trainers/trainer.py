@@ -235,7 +235,7 @@ class Trainer:
                 f"loss is {loss_value} at step {self.step} (lr {lr:g}): training stopped before the update"
                 f"{where}. Lower optim.lr or set train.grad_clip"
             )
-        saved = memory.saved_bytes()
+        saved = memory.saved_bytes(parameters=False)
         self.optimizer.zero_grad(set_to_none=True)
         memory.mark("backward")
         loss.backward()
@@ -249,7 +249,10 @@ class Trainer:
         return loss_value, correct, saved
 
     def floor_bytes(self, saved: int) -> int:
-        """Parameters + gradients + optimizer state + bytes saved for backward."""
+        """Parameters + gradients + optimizer state + activations saved for backward.
+
+        ``saved`` excludes the weights nodes hold (they are counted as parameters).
+        """
         params = sum(p.nbytes for p in self.params)
         return 2 * params + memory.breakdown()["optimizer_state"] + saved
 

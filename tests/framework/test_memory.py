@@ -419,3 +419,15 @@ def test_note_released_of_an_unsaved_array_changes_nothing():
     s0 = memory.saved_bytes()
     memory.note_released(np.ones(8, np.float32))
     assert memory.saved_bytes() == s0
+
+
+def test_saved_bytes_without_parameters_leaves_out_the_weights_nodes_hold():
+    import framework as fw
+
+    w = fw.nn.Parameter(fw.randn(256, 256))  # retagged as parameters
+    x = fw.randn(64, 256, requires_grad=True) * 1.0
+    base_all, base_act = memory.saved_bytes(), memory.saved_bytes(parameters=False)
+    y = (x @ w).tanh()  # matmul keeps x and w, tanh keeps its result
+    assert memory.saved_bytes() - base_all == x.nbytes + w.nbytes + y.nbytes
+    assert memory.saved_bytes(parameters=False) - base_act == x.nbytes + y.nbytes
+    del y
