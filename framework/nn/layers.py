@@ -314,31 +314,34 @@ class LeakyReLU(_Activation):
         return s if self.inplace is None else s + f", inplace={self.inplace}"
 
 
-class Sigmoid(_Activation):
-    """1 / (1 + exp(-x)). Out of place by default, as in PyTorch; ``inplace=None`` follows
-    the policy (free: backward reads the output)."""
+class _OutOfPlaceByDefault(_Activation):
+    """An activation that PyTorch has no ``inplace`` flag for: out of place by default,
+    ``inplace=None`` follows the policy (free: these backwards read the output)."""
+
+    op = ""  # the Tensor method name; the inplace form is op + "_"
 
     def __init__(self, inplace: bool | None = False):
         super().__init__(inplace)
 
     def forward(self, input):
-        return input.sigmoid_() if _inplace.can_write(input, self.inplace) else F.sigmoid(input)
+        if _inplace.can_write(input, self.inplace):
+            return getattr(input, self.op + "_")()
+        return getattr(input, self.op)()
 
     def extra_repr(self) -> str:
         return "" if self.inplace is False else f"inplace={self.inplace}"
 
 
-class Tanh(_Activation):
-    """tanh(x). Out of place by default; ``inplace`` as :class:`Sigmoid`."""
+class Sigmoid(_OutOfPlaceByDefault):
+    """1 / (1 + exp(-x)); see :class:`_OutOfPlaceByDefault` for ``inplace``."""
 
-    def __init__(self, inplace: bool | None = False):
-        super().__init__(inplace)
+    op = "sigmoid"
 
-    def forward(self, input):
-        return input.tanh_() if _inplace.can_write(input, self.inplace) else F.tanh(input)
 
-    def extra_repr(self) -> str:
-        return "" if self.inplace is False else f"inplace={self.inplace}"
+class Tanh(_OutOfPlaceByDefault):
+    """tanh(x); see :class:`_OutOfPlaceByDefault` for ``inplace``."""
+
+    op = "tanh"
 
 
 class Softmax(Module):
