@@ -1,0 +1,342 @@
+"""Data-parallel training: one model replica per rank, gradients averaged by bucketed allreduce.
+
+Usage (every rank runs the same program)::
+
+    dp = DataParallel(model)                 # broadcasts rank 0's parameters and buffers
+    opt = SGD(dp.parameters(), lr=0.1)
+    for x, y in shard:                        # each rank its own part of the global batch
+        opt.zero_grad()
+        loss = loss_fn(dp(x), y)
+        loss.backward()                       # buckets are allreduced while backward runs
+        dp.finish()                           # wait for them and average; then step
+        opt.step()
+
+How it works (as PyTorch DDP):
+
+- Parameters that require grad are grouped, in REVERSE registration order (the order
+  backward produces their gradients), per dtype, into buckets of at most ``bucket_mb``
+  MiB (a larger parameter gets a bucket of its own).
+- A post-accumulate-grad hook on every parameter marks it ready; when every parameter of a
+  bucket is ready the bucket's non-blocking allreduce starts, so communication overlaps
+  the rest of backward. Buckets are launched strictly in bucket index order (a ready bucket
+  waits for every lower-index one), so all ranks issue the collectives in the same order.
+- :meth:`DataParallel.finish` launches the buckets not launched yet (a parameter that got
+  no gradient this step contributes its current ``.grad``, or zeros when it has none, so
+  ranks never deadlock and it still receives the other ranks' average), waits for every
+  handle and divides by the world size. It is idempotent.
+
+The inplace policy (``framework.inplace.enabled()``, read once at construction):
+
+- ``on``: each bucket is one flat buffer (``framework.memory``, category ``gradients``) and
+  before every forward each ``p.grad`` is set to a view of its slice of it (a slice is
+  zero-filled when ``p.grad`` was ``None``). Backward then accumulates straight into the
+  bucket (the engine adds into an existing ``.grad`` in place) and the allreduce runs
+  ``MPI.IN_PLACE`` on it: no gradient copy at all, and ``p.grad`` stays the same view
+  from step to step.
+- ``off``: gradients stay separate arrays; a complete bucket is packed into a send buffer,
+  reduced with ``iallreduce_copy`` into a receive buffer, and after the wait unpacked into
+  NEW gradient arrays (``p.grad = new tensor``); the two buffers are then freed.
+
+Both policies give the same numbers. Gradients are never zeroed behind the user's back:
+as in PyTorch, ``optimizer.zero_grad()`` resets them and, without it, gradients keep
+accumulating.
+
+:meth:`DataParallel.no_sync` skips the allreduce for the backward of forwards run inside
+it (gradient accumulation); the first synced backward after it reduces the accumulated sum.
+
+Buffers (BatchNorm running statistics) are broadcast from rank 0 at every forward, as
+PyTorch DDP does by default (``broadcast_buffers=True``), so every rank evaluates and
+checkpoints the same statistics.
+
+With one process (``comm.size == 1``) the wrapper is a passthrough: no buckets, no hooks,
+the same API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import numpy as np
+
+from .. import inplace, memory
+from ..autograd.grad_mode import state as _grad_state
+from ..nn.module import Module
+from ..tensor import Tensor, _wrap
+from .comm import Communicator, get_world
+
+__all__ = ["DataParallel"]
+
+_MIB = 1024 * 1024
+
+
+class _Bucket:
+    """Parameters whose gradients are reduced by one collective."""
+
+    __slots__ = ("index", "dtype", "params", "offsets", "numel", "buffer", "views",
+                 "ready", "launched", "handle", "recv")
+
+    def __init__(self, index: int, dtype) -> None:
+        self.index = index
+        self.dtype = np.dtype(dtype)
+        self.params: list[Tensor] = []
+        self.offsets: list[int] = []
+        self.numel = 0
+        self.buffer: np.ndarray | None = None  # policy on: the flat gradient buffer
+        self.views: list[Tensor] = []          # policy on: p.grad of each parameter
+        self.ready: set[int] = set()           # ids of the parameters ready this step
+        self.launched = False
+        self.handle = None
+        self.recv: np.ndarray | None = None    # policy off: the receive buffer in flight
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def add(self, p: Tensor) -> None:
+        self.params.append(p)
+        self.offsets.append(self.numel)
+        self.numel += p.numel()
+
+    def slice(self, i: int, flat: np.ndarray) -> np.ndarray:
+        p = self.params[i]
+        off = self.offsets[i]
+        return flat[off:off + p.numel()].reshape(p.shape)
+
+
+def _grad_enabled() -> bool:
+    return bool(_grad_state.enabled)
+
+
+class DataParallel(Module):
+    """Wraps ``module`` so that every rank trains the same model on its own data.
+
+    Args:
+        module: the model (every rank builds it the same way; rank 0's values win).
+        comm: the communicator; defaults to :func:`framework.distributed.comm.get_world`.
+        bucket_mb: the largest bucket in MiB (a larger parameter gets its own bucket).
+        broadcast_buffers: broadcast buffers from rank 0 at every forward (the default,
+            as PyTorch DDP).
+
+    Attributes:
+        module: the wrapped model.
+        comm: the communicator.
+        inplace: the policy read at construction (True: gradients are bucket views).
+        buckets: the gradient buckets, in launch order (empty with one process).
+    """
+
+    def __init__(self, module: Module, comm: Communicator | None = None, bucket_mb: float = 25.0,
+                 broadcast_buffers: bool = True) -> None:
+        super().__init__()
+        if not isinstance(module, Module):
+            raise TypeError(f"DataParallel wraps an nn.Module, got {type(module).__name__}")
+        if not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
+        self.module = module
+        object.__setattr__(self, "comm", get_world() if comm is None else comm)
+        object.__setattr__(self, "inplace", inplace.enabled())
+        object.__setattr__(self, "bucket_mb", float(bucket_mb))
+        object.__setattr__(self, "broadcast_buffers", bool(broadcast_buffers))
+        object.__setattr__(self, "buckets", [])
+        object.__setattr__(self, "_require_sync", True)   # False inside no_sync()
+        object.__setattr__(self, "_sync_backward", True)  # captured at each forward
+        object.__setattr__(self, "_expect_sync", False)   # a synced forward ran since finish()
+        object.__setattr__(self, "_hooks_fired", False)   # a synced backward ran since finish()
+        object.__setattr__(self, "_next_launch", 0)
+        object.__setattr__(self, "_where", {})            # id(param) -> (bucket, index)
+        object.__setattr__(self, "_hook_handles", [])
+        if self.comm.size == 1:
+            return
+        for p in module.parameters():
+            self._broadcast_array(p)
+        self._broadcast_module_buffers()
+        self._build_buckets()
+
+    # -- construction ---------------------------------------------------------------------
+
+    def _broadcast_array(self, t: Tensor) -> None:
+        data = t._data
+        if isinstance(data, np.ndarray) and data.flags.c_contiguous and data.flags.writeable:
+            self.comm.broadcast_(data, root=0)
+        else:  # a strided or non-host array: stage it through a contiguous host copy
+            tmp = np.ascontiguousarray(np.asarray(data))
+            self.comm.broadcast_(tmp, root=0)
+            data[...] = tmp
+
+    def _broadcast_module_buffers(self) -> None:
+        for b in self.module.buffers():
+            self._broadcast_array(b)
+
+    def _build_buckets(self) -> None:
+        cap = self.bucket_mb * _MIB
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        open_by_dtype: dict = {}
+        for p in reversed(params):
+            dt = np.dtype(p.dtype)
+            b = open_by_dtype.get(dt)
+            if b is not None and b.params and b.nbytes + p.numel() * dt.itemsize > cap:
+                b = None
+            if b is None:
+                b = _Bucket(len(self.buckets), dt)
+                self.buckets.append(b)
+                open_by_dtype[dt] = b
+            self._where[id(p)] = (b, len(b.params))
+            b.add(p)
+        for b in self.buckets:
+            if self.inplace:
+                b.buffer = memory.zeros((b.numel,), b.dtype, np, "gradients")
+                b.views = [_wrap(b.slice(i, b.buffer)) for i in range(len(b.params))]
+            ref = weakref.ref(self)
+            for p in b.params:
+                self._hook_handles.append(p.register_post_accumulate_grad_hook(_make_hook(ref)))
+
+    # -- forward ---------------------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        if self.comm.size == 1:
+            return self.module(*args, **kwargs)
+        if self._hooks_fired and _grad_enabled():
+            raise RuntimeError(
+                "DataParallel: the previous synced backward was not finished; call "
+                "dp.finish() after loss.backward() and before optimizer.step()"
+            )
+        if self.broadcast_buffers:
+            self._broadcast_module_buffers()
+        if _grad_enabled() and self.buckets:
+            object.__setattr__(self, "_sync_backward", self._require_sync)
+            if self._require_sync:
+                object.__setattr__(self, "_expect_sync", True)
+            if self.inplace:
+                self._bind_grad_views()
+        return self.module(*args, **kwargs)
+
+    def _bind_grad_views(self) -> None:
+        """Points every ``p.grad`` at its bucket slice, keeping what it already holds."""
+        for b in self.buckets:
+            for i, p in enumerate(b.params):
+                self._adopt(b, i, p)
+
+    @staticmethod
+    def _adopt(b: _Bucket, i: int, p: Tensor) -> None:
+        view = b.views[i]
+        g = p.grad
+        if g is view:
+            return
+        if g is None:
+            view._data[...] = 0
+        else:  # a gradient made elsewhere (set by the user, or made after zero_grad)
+            view._data[...] = g._data
+        p.grad = view
+
+    # -- backward hooks ---------------------------------------------------------------------
+
+    def _on_grad_ready(self, p: Tensor) -> None:
+        if not self._sync_backward:
+            return  # inside no_sync(): accumulate locally
+        b, i = self._where[id(p)]
+        if b.launched:
+            raise RuntimeError(
+                "DataParallel: a parameter received a gradient after its bucket's allreduce "
+                "started (two synced backwards in one step?); run the earlier ones inside "
+                "dp.no_sync(), and call dp.finish() after the last"
+            )
+        object.__setattr__(self, "_hooks_fired", True)
+        if self.inplace:
+            self._adopt(b, i, p)
+        b.ready.add(id(p))
+        if len(b.ready) == len(b.params):
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        buckets = self.buckets
+        while self._next_launch < len(buckets):
+            b = buckets[self._next_launch]
+            if len(b.ready) < len(b.params):
+                return
+            self._launch(b)
+
+    def _launch(self, b: _Bucket) -> None:
+        if self.inplace:
+            for i, p in enumerate(b.params):
+                self._adopt(b, i, p)  # zeros for a parameter with no gradient
+            b.handle = self.comm.iallreduce_(b.buffer)
+        else:
+            send = memory.empty((b.numel,), b.dtype, np, "gradients")
+            for i, p in enumerate(b.params):
+                dst = b.slice(i, send)
+                if p.grad is None:
+                    dst[...] = 0
+                else:
+                    dst[...] = p.grad._data
+            b.recv = memory.empty((b.numel,), b.dtype, np, "gradients")
+            b.handle = self.comm.iallreduce_copy(send, b.recv)
+        b.launched = True
+        object.__setattr__(self, "_next_launch", b.index + 1)
+
+    # -- public API --------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Completes the gradient sync of this step: call it before ``optimizer.step()``.
+
+        Launches the buckets not launched yet (parameters without a gradient this step
+        contribute their current ``.grad`` or zeros), waits for every allreduce and divides
+        by the world size. Calling it again, or after a ``no_sync`` backward, does nothing.
+        Every rank must call it the same number of times.
+        """
+        if self.comm.size == 1 or not (self._expect_sync or self._hooks_fired):
+            return
+        for b in self.buckets[self._next_launch:]:
+            self._launch(b)
+        n = self.comm.size
+        for b in self.buckets:
+            out = b.handle.wait()
+            if self.inplace:
+                np.divide(out, n, out=out)
+            else:
+                for i, p in enumerate(b.params):
+                    g = memory.empty(p.shape, b.dtype, np, "gradients")
+                    np.divide(b.slice(i, out), n, out=g)
+                    p.grad = _wrap(g)
+                b.recv = None
+            b.handle = None
+            b.launched = False
+            b.ready.clear()
+        object.__setattr__(self, "_next_launch", 0)
+        object.__setattr__(self, "_expect_sync", False)
+        object.__setattr__(self, "_hooks_fired", False)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward of the forwards run inside accumulates locally, without allreduce.
+
+        The first synced backward after it reduces the accumulated gradients::
+
+            with dp.no_sync():
+                loss_fn(dp(x1), y1).backward()
+            loss_fn(dp(x2), y2).backward()
+            dp.finish()
+        """
+        prev = self._require_sync
+        object.__setattr__(self, "_require_sync", False)
+        try:
+            yield
+        finally:
+            object.__setattr__(self, "_require_sync", prev)
+
+    def bucket_of(self, p: Tensor) -> _Bucket | None:
+        """The bucket holding ``p``'s gradient (None with one process or when frozen)."""
+        where = self._where.get(id(p))
+        return None if where is None else where[0]
+
+    def extra_repr(self) -> str:
+        return (f"size={self.comm.size}, buckets={len(self.buckets)}, bucket_mb={self.bucket_mb}, "
+                f"grads_as_bucket_views={self.inplace and bool(self.buckets)}")
+
+
+def _make_hook(ref):
+    def hook(p):
+        dp = ref()
+        if dp is not None:
+            dp._on_grad_ready(p)
+
+    return hook

@@ -1,0 +1,317 @@
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import framework as fw
+from framework import inplace, memory, nn
+from framework.distributed.comm import Communicator, Handle, SingleProcessCommunicator
+from framework.distributed.data_parallel import DataParallel
+from framework.nn.parameter import Parameter
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+WORKER = HERE / "mpi_worker_dp.py"
+HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
+POLICIES = ("on", "off")
+
+
+def find_mpiexec():
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("mpiexec")
+
+
+def worker_env():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_job(args, nprocs, timeout=30.0):
+    """Run the worker under ``mpiexec -n nprocs``; kill the whole group on timeout."""
+    cmd = [find_mpiexec(), "-n", str(nprocs), sys.executable, str(WORKER), *args]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and the ranks it started
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    return proc.returncode, out, err, time.monotonic() - start
+
+
+@pytest.fixture(params=POLICIES)
+def policy(request):
+    with inplace.policy(request.param):
+        yield request.param
+
+
+def mlp(seed=0):
+    fw.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def batch(seed=0, n=5):
+    rng = np.random.default_rng(seed)
+    return (fw.tensor(rng.standard_normal((n, 6)).astype(np.float32)),
+            fw.tensor(rng.standard_normal((n, 3)).astype(np.float32)))
+
+
+def grads(model):
+    return [p.grad.numpy().copy() for p in model.parameters()]
+
+
+def values(model):
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+class TwinComm(SingleProcessCommunicator):
+    """A 2-rank world in one process whose other rank has exactly this rank's gradients.
+
+    Sums double, so averaged gradients equal the local ones; every collective is logged.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.size = 2
+        self.log = []
+
+    def broadcast_(self, buf, root=0):
+        self.log.append(("bcast", buf.size))
+        return buf
+
+    def iallreduce_(self, buf, op="sum"):
+        self.log.append(("inplace", buf.size))
+        np.multiply(buf, 2, out=buf)
+        return Handle(None, buf)
+
+    def iallreduce_copy(self, sendbuf, recvbuf, op="sum"):
+        assert not np.shares_memory(sendbuf, recvbuf)
+        self.log.append(("copy", sendbuf.size))
+        np.multiply(sendbuf, 2, out=recvbuf)
+        return Handle(None, recvbuf)
+
+
+def single_worlds():
+    worlds = [pytest.param(SingleProcessCommunicator, id="no-mpi")]
+    if HAVE_MPI4PY:
+        worlds.append(pytest.param(Communicator, id="mpi-singleton"))
+    return worlds
+
+
+# -- one process: a passthrough --------------------------------------------------------------
+
+@pytest.mark.parametrize("make", single_worlds())
+def test_single_process_passthrough(make, policy):
+    model, ref = mlp(), mlp()
+    dp = DataParallel(model, comm=make())
+    assert dp.module is model and dp.buckets == [] and dp.comm.size == 1
+    assert list(dp.parameters()) == list(model.parameters())
+    assert all(k.startswith("module.") for k in dp.state_dict())
+    x, y = batch()
+    out = dp(x)
+    np.testing.assert_array_equal(out.detach().numpy(), ref(x).detach().numpy())
+    nn.MSELoss()(out, y).backward()
+    dp.finish()
+    dp.finish()
+    nn.MSELoss()(ref(x), y).backward()
+    for g, w in zip(grads(model), grads(ref)):
+        np.testing.assert_array_equal(g, w)
+    with dp.no_sync():  # accumulates, as without the wrapper
+        nn.MSELoss()(dp(x), y).backward()
+    dp.finish()
+    for g, w in zip(grads(model), grads(ref)):
+        np.testing.assert_allclose(g, 2 * w, rtol=1e-6)
+
+
+def train(policy_name, comm_factory, steps=3, accumulate=False):
+    with inplace.policy(policy_name):
+        model = mlp(seed=3)
+        dp = DataParallel(model, comm=comm_factory(), bucket_mb=0.0001)
+        opt = fw.optim.SGD(dp.parameters(), lr=0.1, momentum=0.9)
+        for step in range(steps):
+            x, y = batch(seed=step, n=6)
+            opt.zero_grad()
+            if accumulate:
+                with dp.no_sync():
+                    (nn.MSELoss()(dp(x[:3]), y[:3]) / 2).backward()
+                (nn.MSELoss()(dp(x[3:]), y[3:]) / 2).backward()
+            else:
+                nn.MSELoss()(dp(x), y).backward()
+            dp.finish()
+            opt.step()
+        return values(model), grads(model), dp
+
+
+@pytest.mark.parametrize("comm_factory", [SingleProcessCommunicator, TwinComm], ids=["single", "twin"])
+@pytest.mark.parametrize("accumulate", [False, True], ids=["step", "no_sync"])
+def test_policies_give_identical_results(comm_factory, accumulate):
+    on_vals, on_grads, _ = train("on", comm_factory, accumulate=accumulate)
+    off_vals, off_grads, _ = train("off", comm_factory, accumulate=accumulate)
+    plain_vals, plain_grads, _ = train("off", SingleProcessCommunicator, accumulate=False)
+    for a, b, c in zip(on_vals + on_grads, off_vals + off_grads, plain_vals + plain_grads):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
+
+
+# -- the bucketed path in one process (TwinComm) ----------------------------------------------
+
+class Mixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Parameter(fw.zeros(10, dtype=fw.float32))       # 40 B
+        self.b = Parameter(fw.zeros(10, dtype=fw.float64))       # 80 B
+        self.c = Parameter(fw.zeros(10, dtype=fw.float32))       # 40 B
+        self.big = Parameter(fw.zeros(100, dtype=fw.float32))    # 400 B > bucket
+        self.frozen = Parameter(fw.zeros(3), requires_grad=False)
+        self.d = Parameter(fw.zeros(5, dtype=fw.float32))        # 20 B
+        self.register_buffer("count", fw.zeros(1, dtype=fw.int64))
+
+    def forward(self, x):
+        return (x * self.a).sum() + (self.b.sum() + self.c.sum() + self.big.sum() + self.d.sum()) * 1.0
+
+
+def test_bucket_layout(policy):
+    model = Mixed()
+    comm = TwinComm()
+    dp = DataParallel(model, comm=comm, bucket_mb=100 / 2**20)  # 100-byte buckets
+    names = {id(p): n for n, p in model.named_parameters()}
+    layout = [(str(b.dtype), [names[id(q)] for q in b.params]) for b in dp.buckets]
+    # Reverse registration order, per dtype, at most 100 B, the big one alone, frozen skipped;
+    # "a" joins "c"'s still-open float32 bucket.
+    assert layout == [("float32", ["d"]), ("float32", ["big"]), ("float32", ["c", "a"]),
+                      ("float64", ["b"])], layout
+    assert [b.offsets for b in dp.buckets] == [[0], [0], [0, 10], [0]]
+    assert [b.index for b in dp.buckets] == [0, 1, 2, 3]
+    assert dp.bucket_of(model.frozen) is None
+    # Parameters (5) and the buffer are broadcast from rank 0 at construction.
+    assert comm.log.count(("bcast", 1)) == 1 and len(comm.log) == 7
+    if policy == "on":
+        for b in dp.buckets:
+            assert b.buffer.dtype == b.dtype and b.buffer.size == b.numel
+            assert memory.is_tracked(b.buffer)
+    else:
+        assert all(b.buffer is None for b in dp.buckets)
+    with pytest.raises(ValueError, match="bucket_mb"):
+        DataParallel(Mixed(), comm=TwinComm(), bucket_mb=0)
+    with pytest.raises(TypeError, match="nn.Module"):
+        DataParallel(lambda x: x, comm=TwinComm())
+
+
+def test_grads_are_bucket_views_under_on_only(policy):
+    model = mlp()
+    comm = TwinComm()
+    dp = DataParallel(model, comm=comm, bucket_mb=0.0001)
+    assert len(dp.buckets) == 4
+    comm.log.clear()
+    x, y = batch()
+    dp.zero_grad()
+    nn.MSELoss()(dp(x), y).backward()
+    # Every bucket was launched from the backward hooks, in bucket order, before finish().
+    assert all(b.launched for b in dp.buckets)
+    kind = "inplace" if policy == "on" else "copy"
+    bcasts = [e for e in comm.log if e[0] == "bcast"]
+    assert bcasts == []  # the model has no buffers
+    assert comm.log == [(kind, b.numel) for b in dp.buckets]
+    dp.finish()
+    for p in model.parameters():
+        b = dp.bucket_of(p)
+        if policy == "on":
+            assert np.shares_memory(p.grad._data, b.buffer)
+        else:
+            assert b.buffer is None and p.grad._data.base is None
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        fw.manual_seed(5)
+        self.fc = nn.Linear(6, 3)
+        self.extra = nn.Linear(6, 3)
+
+    def forward(self, x, use_extra=True):
+        out = self.fc(x)
+        return out + self.extra(x) if use_extra else out
+
+
+def test_forward_before_finish_raises_and_unused_params_get_zeros(policy):
+    model = Branchy()
+    dp = DataParallel(model, comm=TwinComm(), bucket_mb=0.00005)
+    x, y = batch()
+    dp.zero_grad()
+    nn.MSELoss()(dp(x), y).backward()
+    with pytest.raises(RuntimeError, match=r"dp.finish\(\)"):
+        dp(x)
+    with fw.no_grad():
+        dp(x)  # evaluation is fine
+    dp.finish()
+    assert np.any(model.extra.weight.grad.numpy())
+    # extra is unused: its bucket (launched first) waits, then finish() sends zeros.
+    dp.zero_grad()
+    nn.MSELoss()(dp(x, use_extra=False), y).backward()
+    assert dp.bucket_of(model.extra.bias).index == 0
+    assert not any(b.launched for b in dp.buckets)
+    dp.finish()
+    assert not np.any(model.extra.weight.grad.numpy()) and not np.any(model.extra.bias.grad.numpy())
+    ref = Branchy()
+    nn.MSELoss()(ref(x, use_extra=False), y).backward()
+    np.testing.assert_allclose(model.fc.weight.grad.numpy(), ref.fc.weight.grad.numpy(), rtol=1e-6)
+
+
+def test_no_sync_launches_nothing(policy):
+    model = mlp()
+    comm = TwinComm()
+    dp = DataParallel(model, comm=comm, bucket_mb=0.0001)
+    comm.log.clear()
+    x, y = batch()
+    dp.zero_grad()
+    with dp.no_sync():
+        nn.MSELoss()(dp(x), y).backward()
+        nn.MSELoss()(dp(x), y).backward()
+    dp.finish()
+    assert comm.log == [] and not any(b.launched for b in dp.buckets)
+    ref = mlp()
+    nn.MSELoss()(ref(x), y).backward()
+    for g, w in zip(grads(model), grads(ref)):
+        np.testing.assert_allclose(g, 2 * w, rtol=1e-6)
+
+
+# -- two ranks under mpiexec ------------------------------------------------------------------
+
+needs_mpiexec = pytest.mark.skipif(
+    not HAVE_MPI4PY or find_mpiexec() is None,
+    reason="multi-rank tests need mpi4py and an mpiexec (pip install mpi4py mpich)",
+)
+
+_jobs: dict = {}
+
+
+def two_rank_job(policy_name):
+    """One mpiexec run per policy runs every check (launching costs more than the checks)."""
+    if policy_name not in _jobs:
+        _jobs[policy_name] = run_job([policy_name], nprocs=2, timeout=30)
+    return _jobs[policy_name]
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.parametrize("policy_name", POLICIES)
+@pytest.mark.parametrize("check", ["equivalence", "views", "unused", "no_sync"])
+def test_two_ranks(check, policy_name):
+    code, out, err, _ = two_rank_job(policy_name)
+    for rank in (0, 1):
+        assert f"rank {rank}: {check} ok" in out, f"rc={code}\nstdout:\n{out}\nstderr:\n{err}"
+    assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
