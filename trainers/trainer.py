@@ -156,12 +156,29 @@ class Trainer:
             raise TrainingError(f"model {cfg.model.name!r}: {e}") from None
         self.model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # Several processes: gradients are averaged through in-place allreduced buckets
+        # (framework/distributed/data_parallel.py); parameters start from rank 0's.
+        self.dp = None
+        if self.comm.size > 1:
+            from framework.distributed.data_parallel import DataParallel  # noqa: PLC0415
+
+            self.dp = DataParallel(self.model, self.comm, bucket_mb=cfg.distributed.bucket_mb)
+        self.net = self.dp if self.dp is not None else self.model
         with memory.category("optimizer_state"):
             self.optimizer = build_optimizer(cfg, self.params)
         self.criterion = fw.nn.CrossEntropyLoss() if self.classification else fw.nn.MSELoss()
 
+        sampler = None
+        if self.comm.size > 1:
+            from framework.distributed.sampler import DistributedSampler  # noqa: PLC0415
+
+            # Every rank draws the epoch's permutation and takes every size-th index, so
+            # N ranks x batch B see exactly the samples of one process x batch N*B.
+            sampler = DistributedSampler(len(self.train_set), self.comm.size, self.comm.rank, shuffle=True,
+                                         seed=cfg.seed, drop_last=cfg.data.drop_last)
         self.loader = DataLoader(self.train_set, cfg.data.batch_size, shuffle=True, seed=cfg.seed,
-                                 drop_last=cfg.data.drop_last)
+                                 drop_last=cfg.data.drop_last, sampler=sampler)
+        self._seed_rank_streams(0)
         steps_per_epoch = len(self.loader)
         self.total_steps = cfg.train.epochs * steps_per_epoch
         if cfg.train.max_steps is not None:
@@ -213,8 +230,18 @@ class Trainer:
         fw.random.set_state(state["rng"])
         self.loader.load_state_dict(state["loader"])
         self.step = state["step"]
+        self._seed_rank_streams(self.step)
         self.resumed = True
         self.last_checkpoint = path
+
+    def _seed_rank_streams(self, step: int) -> None:
+        """Gives each rank its own random stream (dropout masks) after the shared init.
+
+        Rank 0 keeps the stream the config's seed gives (and a checkpoint restores), so a
+        one-process run is unchanged; rank r > 0 draws from (seed, rank, step).
+        """
+        if self.comm.rank > 0:
+            fw.manual_seed(hash((self.cfg.seed, self.comm.rank, step)) % 2**63)
 
     # --- one step ---------------------------------------------------------------------------
     def _to_tensors(self, x, y):
@@ -226,19 +253,25 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         memory.mark("forward")
-        out = self.model(x)
+        out = self.net(x)
         loss = self.criterion(out, y)
         loss_value = float(loss.item())
-        if not math.isfinite(loss_value):
+        finite = math.isfinite(loss_value)
+        if self.comm.size > 1:  # every rank stops at the same step, or none does
+            finite = self.comm.allreduce_scalar(0.0 if finite else 1.0, "max") == 0.0
+        if not finite:
             where = f"; the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else ""
+            what = f"loss is {loss_value}" if not math.isfinite(loss_value) else "another rank's loss is not finite"
             raise TrainingError(
-                f"loss is {loss_value} at step {self.step} (lr {lr:g}): training stopped before the update"
+                f"{what} at step {self.step} (lr {lr:g}): training stopped before the update"
                 f"{where}. Lower optim.lr or set train.grad_clip"
             )
         saved = memory.saved_bytes(parameters=False)
         self.optimizer.zero_grad(set_to_none=True)
         memory.mark("backward")
         loss.backward()
+        if self.dp is not None:
+            self.dp.finish()  # averaged gradients, before clipping and the update
         if self.cfg.train.grad_clip > 0:
             clip_grad_norm_(self.params, self.cfg.train.grad_clip)
         memory.mark("optimizer")
@@ -372,6 +405,12 @@ class Trainer:
             metrics["train/accuracy"] = window["correct"] / max(window["seen"], 1)
         for name, nbytes in memory.breakdown().items():
             metrics[f"memory/{name}_mb"] = nbytes / MB
+        if self.comm.size > 1:  # a collective: every rank computes its metrics
+            peaks = self.comm.allgather_object(peak)
+            for r, p in enumerate(peaks):
+                metrics[f"memory/peak_mb_rank{r}"] = p / MB
+            metrics["memory/peak_mb_max"] = max(peaks) / MB
+            metrics["train/loss"] = self.comm.allreduce_scalar(metrics["train/loss"], "mean")
         return metrics
 
     def _result(self, losses, eval_metric, eval_name, peak, floor, timeline, timed) -> RunResult:

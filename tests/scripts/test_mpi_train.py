@@ -1,0 +1,81 @@
+"""``mpiexec -n 2 python scripts/train.py``: data parallel training as a user runs it."""
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.framework.distributed.test_comm import find_mpiexec
+from trainers.checkpoint import load_checkpoint
+from trainers.logging import read_scalars
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or find_mpiexec() is None,
+                       reason="needs mpi4py and mpiexec (pip install -e '.[mpi]')"),
+]
+
+CONFIG = """\
+experiment: dp
+threads: 1
+seed: 7
+data: {{name: digits, batch_size: {batch}}}
+model: {{name: mlp, args: {{hidden: [16]}}}}
+optim: {{name: sgd, lr: 0.1, momentum: 0.9}}
+train: {{max_steps: 10, eval_every: 5, log_every: 5}}
+logging: {{progress: false, timeline: false}}
+"""
+
+
+def train(tmp_path, nprocs, batch, *overrides, timeout=120):
+    path = tmp_path / f"c{nprocs}.yaml"
+    path.write_text(CONFIG.format(batch=batch))
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--config", str(path), *overrides]
+    if nprocs > 1:
+        cmd = [find_mpiexec(), "-n", str(nprocs), *cmd]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{cmd} did not finish in {timeout} s\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("policy", ["on", "off"])
+def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(tmp_path, policy):
+    code, out2, err2 = train(tmp_path, 2, 32, "--set", f"inplace={policy}")
+    assert code == 0, err2
+    code, out1, err1 = train(tmp_path, 1, 64, "--set", f"inplace={policy}")
+    assert code == 0, err1
+    assert out2.count("TensorBoard logs:") == 1  # only rank 0 prints, logs and saves
+    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np2" / "step_00000010.ckpt"))
+    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np1" / "step_00000010.ckpt"))
+    assert two["model"].keys() == one["model"].keys()
+    for name in one["model"]:
+        np.testing.assert_allclose(np.asarray(two["model"][name]), np.asarray(one["model"][name]),
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    scalars = read_scalars(str(tmp_path / "runs" / "dp" / f"inplace-{policy}_np2"))
+    for tag in ("memory/peak_mb_rank0", "memory/peak_mb_rank1", "memory/peak_mb_max", "perf/samples_per_sec"):
+        assert [s for s, _ in scalars[tag]] == [5, 10], tag
+    # the loss logged under 2 ranks is the mean over ranks: the 1-process loss
+    one_loss = read_scalars(str(tmp_path / "runs" / "dp" / f"inplace-{policy}_np1"))["train/loss"]
+    np.testing.assert_allclose([v for _, v in scalars["train/loss"]], [v for _, v in one_loss], rtol=1e-5)
+    assert sorted(os.listdir(tmp_path / "runs" / "dp")) == sorted([f"inplace-{policy}_np1", f"inplace-{policy}_np2"])
+
+
+def test_a_diverging_run_stops_every_rank_with_one_message(tmp_path):
+    code, out, err = train(tmp_path, 2, 32, "--set", "optim.lr=1e12", "--set", "train.max_steps=60",
+                           "--set", "train.epochs=3")
+    assert code != 0
+    assert "Traceback" not in err
+    assert "error: loss is" in err or "error: another rank's loss is not finite" in err
