@@ -142,6 +142,8 @@ SCHEMA: dict[str, Any] = {
     "distributed": {
         "bucket_mb": Field("float", 25.0, "Gradient allreduce bucket size in MiB", gt=0),
         "backend":   Field("str", "auto", "Gradient communication backend", choices=("auto", "mpi", "nccl")),
+        "sync_bn":   Field("bool", False, "With several processes, replace BatchNorm layers by SyncBatchNorm "
+                           "(statistics over all ranks' samples)"),
     },
 }
 # fmt: on

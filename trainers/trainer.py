@@ -162,6 +162,10 @@ class Trainer:
         if self.comm.size > 1:
             from framework.distributed.data_parallel import DataParallel  # noqa: PLC0415
 
+            if cfg.distributed.sync_bn:
+                from framework.distributed.sync_batchnorm import SyncBatchNorm  # noqa: PLC0415
+
+                self.model = SyncBatchNorm.convert_sync_batchnorm(self.model, self.comm)
             self.dp = DataParallel(self.model, self.comm, bucket_mb=cfg.distributed.bucket_mb)
         self.net = self.dp if self.dp is not None else self.model
         with memory.category("optimizer_state"):

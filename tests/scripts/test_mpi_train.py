@@ -33,9 +33,9 @@ logging: {{progress: false, timeline: false}}
 """
 
 
-def train(tmp_path, nprocs, batch, *overrides, timeout=120):
+def train(tmp_path, nprocs, batch, *overrides, timeout=120, config=CONFIG):
     path = tmp_path / f"c{nprocs}.yaml"
-    path.write_text(CONFIG.format(batch=batch))
+    path.write_text(config.format(batch=batch))
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--config", str(path), *overrides]
     if nprocs > 1:
         cmd = [find_mpiexec(), "-n", str(nprocs), *cmd]
@@ -79,3 +79,18 @@ def test_a_diverging_run_stops_every_rank_with_one_message(tmp_path):
     assert code != 0
     assert "Traceback" not in err
     assert "error: loss is" in err or "error: another rank's loss is not finite" in err
+
+
+def test_sync_bn_makes_a_batchnorm_model_match_one_process(tmp_path):
+    # With SyncBatchNorm the statistics of each step cover both ranks' samples, so even a
+    # BatchNorm model trains on 2 ranks x 32 exactly as on 1 process x 64.
+    config = CONFIG.replace("{{name: mlp, args: {{hidden: [16]}}}}", "{{name: convnet, args: {{channels: [4, 8], norm: bn}}}}")
+    assert "convnet" in config
+    code, _, err = train(tmp_path, 2, 32, "--set", "distributed.sync_bn=true", config=config)
+    assert code == 0, err
+    code, _, err = train(tmp_path, 1, 64, config=config)
+    assert code == 0, err
+    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-on_np2" / "step_00000010.ckpt"))["model"]
+    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-on_np1" / "step_00000010.ckpt"))["model"]
+    for name in one:
+        np.testing.assert_allclose(np.asarray(two[name]), np.asarray(one[name]), rtol=1e-4, atol=1e-5, err_msg=name)

@@ -34,7 +34,7 @@ schedule.name schedule.warmup_steps schedule.step_size schedule.gamma schedule.m
 train.epochs train.max_steps train.eval_every train.log_every train.grad_clip
 logging.logdir logging.run_name logging.progress logging.timeline
 checkpoint.dir checkpoint.every checkpoint.keep checkpoint.resume
-distributed.bucket_mb distributed.backend
+distributed.bucket_mb distributed.backend distributed.sync_bn
 """.split()
 
 
@@ -72,7 +72,7 @@ def test_empty_file_gives_all_defaults(tmp_path):
         "train.eval_every": 100, "logging.logdir": "runs", "logging.run_name": None,
         "logging.timeline": True, "checkpoint.dir": "checkpoints", "checkpoint.every": 0,
         "checkpoint.keep": 2, "checkpoint.resume": False, "distributed.bucket_mb": 25.0,
-        "distributed.backend": "auto",
+        "distributed.backend": "auto", "distributed.sync_bn": False,
     }
     for key, value in expected.items():
         assert cfg[key] == value, key
