@@ -10,7 +10,6 @@ optimizer state + the bytes autograd holds at the forward/backward boundary).
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import time

@@ -29,7 +29,6 @@ from .. import memory
 from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..backend import get_array_module
-from ..nn import functional as F
 from ..nn.layers import BatchNorm1d, BatchNorm2d, _BatchNorm
 from ..ops.norm import _channel, _check_args, _count, _cshape, _rows, _update_running
 from .comm import get_world

@@ -14,10 +14,9 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-from .. import creation, memory
+from .. import creation
 from .. import inplace as _inplace
-from ..autograd.grad_mode import no_grad, state
-from ..tensor import Tensor
+from ..autograd.grad_mode import no_grad
 from . import functional as F
 from . import init
 from .module import Module
@@ -159,7 +158,7 @@ class _BatchNorm(Module):
             init.zeros_(self.bias)
 
     def _check_input_dim(self, input) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _check_input_dim")
 
     def forward(self, input):
         self._check_input_dim(input)

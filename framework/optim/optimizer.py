@@ -180,7 +180,7 @@ class Optimizer:
         Store new state tensors with :meth:`_set_state`; allocate fresh ones inside
         ``memory.category("optimizer_state")``.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _update (the rule for one parameter)")
 
     @staticmethod
     def _set_state(state: dict, key: str, value: Tensor) -> None:

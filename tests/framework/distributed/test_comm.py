@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from framework.distributed import comm as comm_mod
 from framework.distributed.comm import (
     Communicator,
     SingleProcessCommunicator,

@@ -1,7 +1,6 @@
 """Optimizers against NumPy references of PyTorch's formulas, under both inplace policies."""
 
 import copy
-import importlib.util
 import pickle
 
 import numpy as np
@@ -151,8 +150,6 @@ OPTIMIZERS = [
 
 @pytest.mark.parametrize("cls,kwargs", OPTIMIZERS)
 def test_policies_give_identical_training(cls, kwargs):
-    if importlib.util.find_spec("framework.ops.norm") is None:
-        pytest.skip("framework.ops.norm is not available yet")
     runs = {}
     for policy in POLICIES:
         fw.inplace.set_policy(policy)
@@ -225,8 +222,6 @@ def test_step_bumps_versions_and_stale_graph_raises(policy, cls):
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("cls,kwargs", [OPTIMIZERS[0], OPTIMIZERS[2]])
 def test_state_dict_round_trip_continues_identically(cls, kwargs, policy):
-    if importlib.util.find_spec("framework.ops.norm") is None:
-        pytest.skip("framework.ops.norm is not available yet")
     fw.inplace.set_policy(policy)
     data = regression_data()
     fw.manual_seed(2)
