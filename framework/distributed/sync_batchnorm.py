@@ -15,7 +15,9 @@ the fused BN formula with the GLOBAL count. Weight and bias get the LOCAL reduct
 :class:`~framework.distributed.data_parallel.DataParallel` reduces them as any gradient.
 Saved for backward: ``x``, ``weight`` and the per-channel mean and inverse std.
 
-Eval mode uses the running statistics and communicates nothing. One process (or a
+The arithmetic is :class:`framework.ops.norm.BatchNorm`'s, called with ``comm``: only
+where the sums come from differs. Eval mode uses the running statistics and
+communicates nothing. One process (or a
 :class:`~framework.distributed.comm.SingleProcessCommunicator`) gives plain BatchNorm.
 Every rank must call forward (and backward) the same number of times, in the same order:
 the reductions are blocking collectives.
@@ -23,86 +25,12 @@ the reductions are blocking collectives.
 
 from __future__ import annotations
 
-import numpy as np
-
-from .. import memory
-from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
-from ..backend import get_array_module
 from ..nn.layers import BatchNorm1d, BatchNorm2d, _BatchNorm
-from ..ops.norm import _channel, _check_args, _count, _cshape, _rows, _update_running
+from ..ops.norm import BatchNorm, _check_args, _update_running
 from .comm import get_world
 
-__all__ = ["SyncBatchNorm", "SyncBatchNormFunction", "sync_batch_norm"]
-
-
-class SyncBatchNormFunction(Function):
-    """Training-mode BN with statistics over all ranks of ``comm``. Backward reduces too."""
-
-    inplace_name = "sync_batch_norm_"
-    saves = ("x", "weight")
-    saved_when = {"weight": (0,)}  # weight enters only the input's gradient
-
-    def forward(ctx, x, weight, bias, eps=1e-5, comm=None, stats=None):
-        xp = get_array_module(x)
-        c = x.shape[1]
-        r = _rows(x, xp)
-        buf = np.empty(2 * c + 1, dtype=np.float64)  # [count, sum x, sum x^2]: ONE reduction
-        buf[0] = _count(x.shape)
-        buf[1:c + 1] = xp.einsum("ncs->c", r, dtype=np.float64)
-        buf[c + 1:] = xp.einsum("ncs,ncs->c", r, r, dtype=np.float64)
-        comm.allreduce_(buf, "sum")
-        m = int(round(buf[0]))
-        if m <= 1:
-            raise ValueError(
-                f"sync_batch_norm: expected more than 1 value per channel over all ranks when training, "
-                f"got {m} (local input size {x.shape})"
-            )
-        mean = buf[1:c + 1] / m
-        var = np.maximum(buf[c + 1:] / m - mean * mean, 0.0)  # biased, global
-        if stats is not None:
-            stats["mean"], stats["var"], stats["count"] = mean, var, m
-        mean_x = mean.astype(x.dtype)
-        invstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype)
-        cs = _cshape(x.shape)
-        out = ctx.out if ctx.out is not None else memory.empty(x.shape, x.dtype, xp, "activations")
-        xp.subtract(x, mean_x.reshape(cs), out=out)
-        scale = invstd if weight is None else invstd * _channel(weight, x.dtype)
-        out *= scale.reshape(cs)
-        if bias is not None:
-            out += _channel(bias, x.dtype).reshape(cs)
-        ctx.m, ctx.comm = m, comm
-        ctx.keep(mean=mean_x, invstd=invstd)
-        return out
-
-    def backward(ctx, g):
-        need_x, need_w, need_b = ctx.needs_input_grad
-        xp = get_array_module(g)
-        x = ctx.x
-        cs = _cshape(x.shape)
-        c = x.shape[1]
-        mean, invstd = ctx.mean, ctx.invstd
-        xhat = memory.empty(x.shape, x.dtype, xp)  # becomes the input's gradient
-        xp.subtract(x, mean.reshape(cs), out=xhat)
-        xhat *= invstd.reshape(cs)
-        gb = xp.einsum("ncs->c", _rows(g, xp))  # local reductions: weight/bias gradients
-        gw = xp.einsum("ncs,ncs->c", _rows(g, xp), _rows(xhat, xp))
-        gx = None
-        if need_x:
-            buf = np.empty(2 * c, dtype=np.float64)
-            buf[:c] = gb
-            buf[c:] = gw
-            ctx.comm.allreduce_(buf, "sum")
-            m = ctx.m
-            w = ctx.weight
-            scale = invstd if w is None else invstd * _channel(w, x.dtype)
-            # dx = w * invstd * (g - sum(g)/M - x_hat * sum(g * x_hat)/M), global sums and M
-            xhat *= (buf[c:] / m).astype(x.dtype).reshape(cs)
-            xhat += (buf[:c] / m).astype(x.dtype).reshape(cs)
-            xp.subtract(g, xhat, out=xhat)
-            xhat *= scale.reshape(cs)
-            gx = xhat
-        return gx, gw if need_w else None, gb if need_b else None
+__all__ = ["SyncBatchNorm", "sync_batch_norm"]
 
 
 def sync_batch_norm(input, running_mean, running_var, weight=None, bias=None, momentum=0.1, eps=1e-5, comm=None):
@@ -115,7 +43,7 @@ def sync_batch_norm(input, running_mean, running_var, weight=None, bias=None, mo
                                            "weight": weight, "bias": bias}, momentum, eps)
     comm = get_world() if comm is None else comm
     stats = {}
-    out = SyncBatchNormFunction.apply(input, weight, bias, eps=eps, comm=comm, stats=stats)
+    out = BatchNorm.apply(input, weight, bias, eps=eps, stats=stats, comm=comm)
     _update_running(running_mean, running_var, stats, momentum)
     return out
 

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from numbers import Real
 
+import numpy as np
+
 from .. import memory
 from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
@@ -98,6 +100,44 @@ def _normalize_into(out, x, stats, xp):
     return mean, var
 
 
+def _global_moments(x, comm, stats, xp):
+    """Per-channel (mean, biased var, count) over the inputs of every rank of ``comm``.
+
+    ``[count, sum x, sum x^2]`` (float64) go into ONE buffer reduced in place, so ranks
+    may hold different batch sizes (the count is reduced with the sums). Used by
+    SyncBatchNorm (framework.distributed.sync_batchnorm); ``comm`` is any object with
+    ``allreduce_(buf, op)``.
+    """
+    c = x.shape[1]
+    r = _rows(x, xp)
+    buf = np.empty(2 * c + 1, dtype=np.float64)
+    buf[0] = _count(x.shape)
+    buf[1:c + 1] = xp.einsum("ncs->c", r, dtype=np.float64)
+    buf[c + 1:] = xp.einsum("ncs,ncs->c", r, r, dtype=np.float64)
+    comm.allreduce_(buf, "sum")
+    m = int(round(buf[0]))
+    if m <= 1:
+        raise ValueError(
+            f"sync_batch_norm: expected more than 1 value per channel over all ranks when training, "
+            f"got {m} (local input size {x.shape})"
+        )
+    mean = buf[1:c + 1] / m
+    var = np.maximum(buf[c + 1:] / m - mean * mean, 0.0)
+    if stats is not None:
+        stats["mean"], stats["var"], stats["count"] = mean, var, m
+    return mean, var, m
+
+
+def _global_sums(comm, *per_channel):
+    """The per-channel arrays summed over every rank: one float64 buffer reduced in place."""
+    c = per_channel[0].shape[0]
+    buf = np.empty(len(per_channel) * c, dtype=np.float64)
+    for k, a in enumerate(per_channel):
+        buf[k * c:(k + 1) * c] = a
+    comm.allreduce_(buf, "sum")
+    return [buf[k * c:(k + 1) * c] for k in range(len(per_channel))]
+
+
 def _leaky_relu_inplace(z, slope, xp):
     """``z = leaky_relu(z)`` for ``slope > 0``: max(z, slope * z) (min when slope > 1).
 
@@ -114,24 +154,34 @@ def _leaky_relu_inplace(z, slope, xp):
 class BatchNorm(Function):
     """Training-mode BN with batch statistics. Backward is the fused BN formula.
 
-    Saves ``x`` and ``weight``; keeps the per-channel mean and inverse std.
+    With ``comm`` (SyncBatchNorm) the statistics are those of every rank's batch, and
+    the two per-channel sums the input's gradient needs are reduced over the ranks too;
+    the weight and bias gradients stay local sums, as in PyTorch (DataParallel reduces
+    them like any gradient). Saves ``x`` and ``weight``; keeps the per-channel mean and
+    inverse std.
     """
 
     inplace_name = "batch_norm_"
     saves = ("x", "weight")
     saved_when = {"weight": (0,)}  # weight enters only the input's gradient
 
-    def forward(ctx, x, weight, bias, eps=1e-5, stats=None):
+    def forward(ctx, x, weight, bias, eps=1e-5, stats=None, comm=None):
         xp = get_array_module(x)
-        out = ctx.out if ctx.out is not None else memory.empty(x.shape, x.dtype, xp, "activations")
-        mean, var = _normalize_into(out, x, stats, xp)
-        invstd = 1.0 / xp.sqrt(var + eps)
         cs = _cshape(x.shape)
+        out = ctx.out if ctx.out is not None else memory.empty(x.shape, x.dtype, xp, "activations")
+        if comm is None:
+            mean, var = _normalize_into(out, x, stats, xp)
+            m = _count(x.shape)
+        else:
+            mean, var, m = _global_moments(x, comm, stats, xp)
+            mean = mean.astype(x.dtype)
+            xp.subtract(x, mean.reshape(cs), out=out)
+        invstd = (1.0 / xp.sqrt(var + eps)).astype(x.dtype, copy=False)
         scale = invstd if weight is None else invstd * _channel(weight, x.dtype)
         out *= scale.reshape(cs)
         if bias is not None:
             out += _channel(bias, x.dtype).reshape(cs)
-        ctx.m = _count(x.shape)
+        ctx.m, ctx.comm = m, comm
         ctx.keep(mean=mean, invstd=invstd)
         return out
 
@@ -150,9 +200,11 @@ class BatchNorm(Function):
         if need_x:
             w = ctx.weight
             scale = invstd if w is None else invstd * _channel(w, x.dtype)
-            # dx = w * invstd * (g - mean(g) - x_hat * mean(g * x_hat)), per channel
-            xhat *= (gw / ctx.m).reshape(cs)
-            xhat += (gb / ctx.m).reshape(cs)
+            sum_g, sum_gx = (gb, gw) if ctx.comm is None else _global_sums(ctx.comm, gb, gw)
+            # dx = w * invstd * (g - mean(g) - x_hat * mean(g * x_hat)), per channel, with the
+            # means over every rank's values under SyncBatchNorm
+            xhat *= (sum_gx / ctx.m).astype(x.dtype, copy=False).reshape(cs)
+            xhat += (sum_g / ctx.m).astype(x.dtype, copy=False).reshape(cs)
             xp.subtract(g, xhat, out=xhat)
             xhat *= scale.reshape(cs)
             gx = xhat
