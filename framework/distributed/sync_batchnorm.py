@@ -25,7 +25,6 @@ the reductions are blocking collectives.
 
 from __future__ import annotations
 
-from ..autograd.grad_mode import no_grad
 from ..nn.layers import BatchNorm1d, BatchNorm2d, _BatchNorm
 from ..ops.norm import BatchNorm, _check_args, _update_running
 from .comm import get_world
@@ -66,25 +65,14 @@ class SyncBatchNorm(_BatchNorm):
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
-    def forward(self, input):
-        self._check_input_dim(input)
-        if input.shape[1] != self.num_features:
-            raise ValueError(
-                f"{type(self).__name__}({self.num_features}) got an input with {input.shape[1]} channels "
-                f"(shape {tuple(input.shape)})"
-            )
+    def _batch_norm(self, input, running_mean, running_var, training, momentum):
         if not self.training:
-            return super().forward(input)  # running (or local batch) statistics: no communication
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.track_running_stats and self.num_batches_tracked is not None:
-            with no_grad():
-                self.num_batches_tracked.add_(1)
-            factor = 1.0 / int(self.num_batches_tracked.item()) if self.momentum is None else self.momentum
+            # eval: running (or this batch's) statistics, no communication
+            return super()._batch_norm(input, running_mean, running_var, training, momentum)
         if self.comm is None:
             self.comm = get_world()
-        keep = self.track_running_stats
-        return sync_batch_norm(input, self.running_mean if keep else None, self.running_var if keep else None,
-                               self.weight, self.bias, momentum=factor, eps=self.eps, comm=self.comm)
+        return sync_batch_norm(input, running_mean, running_var, self.weight, self.bias,
+                               momentum=momentum, eps=self.eps, comm=self.comm)
 
     @classmethod
     def convert_sync_batchnorm(cls, module, comm=None):

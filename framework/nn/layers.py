@@ -175,16 +175,17 @@ class _BatchNorm(Module):
             factor = 1.0 / int(self.num_batches_tracked.item()) if self.momentum is None else self.momentum
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         use_stats = not self.training or self.track_running_stats
-        return F.batch_norm(
+        return self._batch_norm(
             input,
             self.running_mean if use_stats else None,
             self.running_var if use_stats else None,
-            self.weight,
-            self.bias,
             bn_training,
             factor,
-            self.eps,
         )
+
+    def _batch_norm(self, input, running_mean, running_var, training, momentum):
+        """The normalization itself (SyncBatchNorm replaces it in training mode)."""
+        return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, training, momentum, self.eps)
 
     def extra_repr(self) -> str:
         return (
