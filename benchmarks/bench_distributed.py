@@ -49,7 +49,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import gc  # noqa: E402
-import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -60,6 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import framework as fw  # noqa: E402
 from framework import memory, nn, optim  # noqa: E402
+from framework.distributed.comm import find_mpiexec  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from models import build_model  # noqa: E402
@@ -75,13 +75,6 @@ _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LO
 
 def under_mpiexec() -> bool:
     return any(v in os.environ for v in _MPI_ENV)
-
-
-def find_mpiexec() -> str | None:
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.path.isfile(beside) and os.access(beside, os.X_OK):
-        return beside
-    return shutil.which("mpiexec")
 
 
 def have_mpi4py() -> bool:

@@ -360,3 +360,14 @@ def install_abort_on_exception(comm: Communicator | None = None) -> None:
 
         thread_excepthook._inplace_lab_abort = True  # type: ignore[attr-defined]
         threading.excepthook = thread_excepthook
+
+
+def find_mpiexec() -> str | None:
+    """The mpiexec to launch jobs with: the one beside this interpreter (where the mpich
+    wheel installs it), else the first on PATH; None when there is none."""
+    import shutil  # noqa: PLC0415
+
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("mpiexec")

@@ -1,25 +1,18 @@
 """``mpiexec -n 2 python scripts/train.py``: data parallel training as a user runs it."""
 
-import importlib.util
 import os
-import signal
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from tests.framework.distributed.test_comm import find_mpiexec
+from tests.mpi_util import find_mpiexec, needs_mpiexec, run_command
 from trainers.checkpoint import load_checkpoint
 from trainers.logging import read_scalars
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-pytestmark = [
-    pytest.mark.mpi,
-    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or find_mpiexec() is None,
-                       reason="needs mpi4py and mpiexec (pip install -e '.[mpi]')"),
-]
+pytestmark = [pytest.mark.mpi, needs_mpiexec]
 
 CONFIG = """\
 experiment: dp
@@ -39,16 +32,8 @@ def train(tmp_path, nprocs, batch, *overrides, timeout=120, config=CONFIG):
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--config", str(path), *overrides]
     if nprocs > 1:
         cmd = [find_mpiexec(), "-n", str(nprocs), *cmd]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{cmd} did not finish in {timeout} s\n{out}\n{err}")
-    return proc.returncode, out, err
+    code, out, err, _ = run_command(cmd, timeout, cwd=tmp_path)
+    return code, out, err
 
 
 @pytest.mark.parametrize("policy", ["on", "off"])

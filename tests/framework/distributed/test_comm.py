@@ -1,11 +1,6 @@
-import importlib.util
-import os
-import shutil
-import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,18 +12,11 @@ from framework.distributed.comm import (
     get_world,
     install_abort_on_exception,
 )
+from tests.mpi_util import HAVE_MPI4PY, needs_mpiexec, run_script, worker_env
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 WORKER = HERE / "mpi_worker_comm.py"
-HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
-
-
-def find_mpiexec():
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("mpiexec")
 
 
 @pytest.fixture
@@ -45,29 +33,8 @@ def restore_hooks():
     sys.excepthook, threading.excepthook = saved
 
 
-def worker_env():
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
 def run_job(args, nprocs=None, timeout=20.0):
-    """Run the worker (under ``mpiexec -n nprocs`` when given); kill the whole group on timeout."""
-    cmd = [sys.executable, str(WORKER), *args]
-    if nprocs is not None:
-        cmd = [find_mpiexec(), "-n", str(nprocs), *cmd]
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and the ranks it started
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
-    return proc.returncode, out, err, time.monotonic() - start
+    return run_script(WORKER, args, nprocs, timeout)
 
 
 # -- single process, in this process ---------------------------------------------------------
@@ -223,10 +190,6 @@ def test_uncaught_exception_single_process_exits_nonzero():
 
 # -- several ranks under mpiexec --------------------------------------------------------------
 
-needs_mpiexec = pytest.mark.skipif(
-    not HAVE_MPI4PY or find_mpiexec() is None,
-    reason="multi-rank tests need mpi4py and an mpiexec (pip install mpi4py mpich)",
-)
 
 
 @pytest.mark.mpi

@@ -1,10 +1,3 @@
-import importlib.util
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,42 +8,15 @@ from framework import inplace, memory, nn
 from framework.distributed.comm import Communicator, Handle, SingleProcessCommunicator
 from framework.distributed.data_parallel import DataParallel
 from framework.nn.parameter import Parameter
+from tests.mpi_util import HAVE_MPI4PY, needs_mpiexec, run_script
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 WORKER = HERE / "mpi_worker_dp.py"
-HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
 POLICIES = ("on", "off")
 
 
-def find_mpiexec():
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("mpiexec")
-
-
-def worker_env():
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
 def run_job(args, nprocs, timeout=30.0):
-    """Run the worker under ``mpiexec -n nprocs``; kill the whole group on timeout."""
-    cmd = [find_mpiexec(), "-n", str(nprocs), sys.executable, str(WORKER), *args]
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and the ranks it started
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
-    return proc.returncode, out, err, time.monotonic() - start
+    return run_script(WORKER, args, nprocs, timeout)
 
 
 @pytest.fixture(params=POLICIES)
@@ -291,10 +257,6 @@ def test_no_sync_launches_nothing(policy):
 
 # -- two ranks under mpiexec ------------------------------------------------------------------
 
-needs_mpiexec = pytest.mark.skipif(
-    not HAVE_MPI4PY or find_mpiexec() is None,
-    reason="multi-rank tests need mpi4py and an mpiexec (pip install mpi4py mpich)",
-)
 
 _jobs: dict = {}
 

@@ -1,10 +1,3 @@
-import importlib.util
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +8,10 @@ from framework import nn
 from framework.distributed.comm import SingleProcessCommunicator
 from framework.distributed.sync_batchnorm import SyncBatchNorm
 from framework.ops.norm import batch_norm
+from tests.mpi_util import needs_mpiexec, run_script
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 WORKER = HERE / "mpi_worker_syncbn.py"
-HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
 TOL = dict(rtol=0, atol=1e-6)
 
 
@@ -157,33 +149,9 @@ def test_convert_keeps_state_dict_and_parameters():
 
 # -- two ranks under mpiexec ------------------------------------------------------------------
 
-def find_mpiexec():
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("mpiexec")
-
-
 def run_job(nprocs=2, timeout=30.0):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    cmd = [find_mpiexec(), "-n", str(nprocs), sys.executable, str(WORKER)]
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and the ranks it started
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
-    return proc.returncode, out, err, time.monotonic() - start
+    return run_script(WORKER, (), nprocs, timeout)
 
-
-needs_mpiexec = pytest.mark.skipif(
-    not HAVE_MPI4PY or find_mpiexec() is None,
-    reason="multi-rank tests need mpi4py and an mpiexec (pip install mpi4py mpich)",
-)
 
 _job: list = []
 
