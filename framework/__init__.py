@@ -79,3 +79,5 @@ bool = bool_  # noqa: A001  (fw.bool, as torch.bool)
 
 from . import nn, optim  # noqa: E402  (they build on everything above)
 from . import random  # noqa: E402,F401
+
+inplace.calibrate()  # policy auto's reference counts, measured on this interpreter

@@ -1,7 +1,9 @@
 """The inplace policy: one setting that switches every inplace SITE of a training run.
 
 ``on`` (the default) takes the inplace path at every site; ``off`` the out-of-place
-path. The sites are: activation modules built with ``inplace=None`` (``ReLU``,
+path; ``auto`` takes it only where the framework PROVES the overwritten tensor dead, and
+also rewrites ordinary ops (``x.exp()``, ``a + b``, ``F.relu(x)``) to run in place when
+their first input is provably dead (see "auto" below and docs/INPLACE.md). The sites are: activation modules built with ``inplace=None`` (``ReLU``,
 ``LeakyReLU``, ``Dropout``), residual adds in models, BatchNorm+activation fused as
 InPlace-ABN when a model asks for it, optimizer updates, gradient accumulation in the
 backward engine, and (in data parallel training) gradients as views of the allreduce
@@ -15,8 +17,11 @@ policies to the same losses).
 from __future__ import annotations
 
 import contextlib
+import dis
+import sys
+import warnings
 
-POLICIES = ("on", "off")
+POLICIES = ("on", "off", "auto")
 
 _policy = "on"
 
@@ -31,13 +36,17 @@ def set_policy(name: str) -> None:
     global _policy
     if isinstance(name, bool):  # YAML 1.1 reads bare on/off as booleans
         name = "on" if name else "off"
-    if name == "auto":
-        raise ValueError(
-            "inplace policy 'auto' (proving inputs dead op by op) is not available yet; "
-            "use 'on' or 'off'"
-        )
     if name not in POLICIES:
         raise ValueError(f"unknown inplace policy {name!r}; use one of: {', '.join(POLICIES)}")
+    if name == "auto" and _calibration_failed and not _warned[0]:
+        _warned[0] = True
+        warnings.warn(
+            "inplace policy 'auto': the reference-count calibration could not tell a temporary "
+            f"from a named variable on this interpreter ({_calibration_failed}); auto rewrites "
+            "no ordinary op and its sites act as under 'on'",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     _policy = name
 
 
@@ -75,6 +84,13 @@ def can_write(tensor, explicit: bool | None = None) -> bool:
         if (base._requires_grad and base._grad_fn is None) or memory.saved_refcount(tensor._data) > 0:
             memory.count("inplace_site_fallbacks")
             return False
+    if _policy == "auto" and not _calibration_failed:
+        # The site must also prove that nobody else holds the tensor or its memory.
+        if tensor._base is not None or not _sole_array(tensor) or not _owned(tensor, sys._getframe(1), "site"):
+            return False
+        memory.count("auto_inplace_ops")
+        memory.count("auto_inplace_ops." + sys._getframe(1).f_code.co_qualname)
+        memory.count("auto_inplace_bytes", tensor._data.nbytes)
     return True
 
 
@@ -87,3 +103,270 @@ def enabled(explicit: bool | None = None) -> bool:
     if explicit is not None:
         return bool(explicit)
     return _policy != "off"
+
+
+# --- auto: proving a tensor dead ------------------------------------------------------------
+#
+# A tensor is dead at a call when nothing but the call itself refers to it. CPython counts
+# references; what the count must be for a temporary depends on the path the call took:
+# frames that pass the tensor on (the op's entry function, ``Function.apply``,
+# ``Module.__call__``, a site's ``forward``) hold one reference each, and the caller's
+# own instruction may hold one on its value stack (``a + b`` does, ``f(a)`` hands its
+# reference over). Those pass-through frames are registered with
+# :func:`passes_ownership`; the frame above them is the CALLER, and its current
+# instruction tells the path: ``call`` (f(x), x.f()), ``binary`` (x + y) or ``module``
+# (m(x), entered through the type's call slot). For each path and each checker (an op
+# rewritten by auto, or a policy site) the count of a temporary is measured at import
+# by passing a known temporary and a named variable through the real code
+# (:func:`calibrate`): the named variable must count exactly one more, or that path is
+# never trusted. At run time the tensor is dead when its count equals the temporary's.
+# Anything unknown (another opcode, a C function in between, a hook) refuses: refusing
+# only costs memory.
+
+_LICENSED: set = set()  # code objects of the pass-through frames
+_BASE: dict = {}  # (checker, path) -> references of a temporary, minus pass-through frames
+_calibration_failed = ""  # why calibration failed ("" = it worked or has not run)
+_calibrating = False
+_calibration_log: list = []
+_warned = [False]
+_opnames: dict = {}  # (code, lasti) -> opname of the instruction running at lasti
+_MODULE_CALL = None  # Module.__call__'s code (the ``module`` path), set by calibrate()
+
+
+def passes_ownership(fn):
+    """Declares ``fn`` a pass-through frame for ``auto``'s proof; returns ``fn`` unchanged.
+
+    Contract: ``fn`` hands its tensor argument on to the op (or site) that may overwrite
+    it and never reads it afterwards, and keeps it in no other variable or container.
+    Every framework entry that ``auto`` sees through is marked with it (``fw.exp``,
+    ``F.relu``, ``nn.ReLU.forward``, ...); a user-written site's ``forward`` may be too.
+    """
+    _LICENSED.add(getattr(fn, "__func__", fn).__code__)
+    return fn
+
+
+def _call_kind(code, lasti) -> str:
+    """What the instruction running at ``lasti`` is: ``"binary"``, ``"call"``,
+    ``"call_kw"`` (a call with keyword arguments: CPython then copies the positional
+    ones once more) or ``""`` (anything else)."""
+    key = (code, lasti)
+    kind = _opnames.get(key)
+    if kind is None:
+        recent = ["", "", ""]
+        for ins in dis.get_instructions(code):  # real instructions only (no inline caches)
+            if ins.offset > lasti:
+                break
+            recent = [recent[1], recent[2], ins.opname]
+        op = recent[2]
+        if op == "BINARY_OP":
+            kind = "binary"
+        elif op == "CALL_KW" or (op == "CALL" and "KW_NAMES" in recent[:2]):
+            kind = "call_kw"
+        elif op == "CALL":
+            kind = "call"
+        else:
+            kind = ""
+        _opnames[key] = kind
+    return kind
+
+
+def _owned(t, frame, checker: str) -> bool:
+    """Whether the only references to tensor ``t`` are those of the call in progress.
+
+    ``frame`` is the first frame above the checker's own (see the comment above).
+    """
+    refs = sys.getrefcount(t)
+    n = 0
+    top = None
+    licensed = _LICENSED
+    while frame is not None and frame.f_code in licensed:
+        n += 1
+        top = frame.f_code
+        frame = frame.f_back
+    if frame is None:
+        return False
+    path = _call_kind(frame.f_code, frame.f_lasti)
+    if not path:
+        return False
+    if top is _MODULE_CALL and path != "binary":
+        # m.__call__(x) reaches Module.__call__ without the type slot's references.
+        if "__call__" in frame.f_code.co_names:
+            return False
+        path = "module" + path[4:]
+    if _calibrating:
+        _calibration_log.append((checker, path, refs - n))
+        return False
+    base = _BASE.get((checker, path))
+    return base is not None and refs - n == base
+
+
+def _sole_array(t) -> bool:
+    """``t``'s array owns its memory and only ``t`` refers to it: no view of it, no node
+    that saved it, no ``detach()`` sharing it (each would hold a reference). Callers must
+    not hold the array in a local of their own."""
+    data = t._data
+    return data.base is None and sys.getrefcount(data) <= _SOLE_ARRAY_REFS
+
+
+def _sole_array_probe(t) -> int:  # the body of _sole_array, measuring
+    data = t._data
+    return sys.getrefcount(data)
+
+
+def _measure_sole_array() -> int:
+    import numpy as np  # noqa: PLC0415
+
+    class _Holder:  # stands for a tensor and its one slot
+        pass
+
+    h = _Holder()
+    h._data = np.zeros(1)
+    return _sole_array_probe(h)
+
+
+_SOLE_ARRAY_REFS = _measure_sole_array()
+
+
+def auto_target(cls, inputs, params) -> bool:
+    """Whether ``auto`` runs ``cls`` (an out-of-place call) in place on ``inputs[0]``.
+
+    Called by the apply path before anything else, for ops that declare
+    ``auto_inplace``. True when the first input is dead (not a leaf that requires grad,
+    not a view, no view of it alive, no node saved it and nothing but the call holds it)
+    and the result has its shape and dtype, with no other input sharing its memory.
+    """
+    from . import memory  # noqa: PLC0415
+    from .autograd.grad_mode import state  # noqa: PLC0415
+    from .tensor import Tensor  # noqa: PLC0415
+
+    x = inputs[0]
+    if type(x) is not Tensor or x._base is not None:
+        return False
+    data = x._data
+    if data.dtype.kind != "f" or (x._requires_grad and x._grad_fn is None):
+        return False
+    od = None
+    needs = None
+    if state.enabled and cls.differentiable:
+        needs = [isinstance(a, Tensor) and (a._grad_fn is not None or a.requires_grad) for a in inputs]
+    for other in inputs[1:]:
+        if isinstance(other, Tensor):
+            od = other._data
+            if od.dtype != data.dtype or od.ndim > data.ndim or any(
+                o != 1 and o != d for o, d in zip(reversed(od.shape), reversed(data.shape))
+            ):
+                return False  # the result would not have x's shape and dtype
+            if od is data or x.xp.may_share_memory(od, data):
+                return False  # overlap: the kernel would read what it already wrote
+        elif type(other) not in (int, float, bool):
+            return False
+    if needs is not None and any(needs):
+        for name, idx, when in cls._save_plan:
+            if idx == 0 and (when is None or any(needs[i] for i in when)):
+                return False  # backward reads x: running in place would only copy it
+    check = cls.auto_inplace
+    if check is not True and not check(inputs, params):
+        return False
+    nbytes = data.nbytes
+    del data, od  # the proof counts references: hold none of our own
+    if not _sole_array(x) or not _owned(x, sys._getframe(2), "apply"):
+        return False
+    memory.count("auto_inplace_ops")
+    memory.count("auto_inplace_ops." + cls.__name__)
+    memory.count("auto_inplace_bytes", nbytes)
+    return True
+
+
+def calibrate() -> None:
+    """Measures the reference count of a temporary on each path (see the comment above).
+
+    Runs once when ``framework`` is imported, through the real entry points, from a
+    caller compiled outside the framework. A path whose named variable does not count
+    exactly one more than its temporary stays untrusted; if none can be trusted, ``auto``
+    rewrites nothing and warns once when selected.
+    """
+    global _calibrating, _calibration_failed, _MODULE_CALL, _policy
+    from . import ops  # noqa: PLC0415
+    from .nn import functional as F  # noqa: PLC0415
+    from .nn.module import Module  # noqa: PLC0415
+
+    _MODULE_CALL = Module.__call__.__code__
+
+    class _Site(Module):
+        def forward(self, input, residual=None):
+            site = can_write(input, None)
+            return site
+
+    class _Op(Module):
+        def forward(self, input, residual=None):
+            return ops.neg(input)
+
+    passes_ownership(_Site.forward)
+    passes_ownership(_Op.forward)
+    source = (
+        "def probes(make, ops, F, site, op):\n"
+        "    def call_temp(): ops.neg(make())\n"
+        "    def call_named():\n        t = make()\n        ops.neg(t)\n"
+        "    def binary_temp(): make() + 1.0\n"
+        "    def binary_named():\n        t = make()\n        t + 1.0\n"
+        "    def module_temp(): site(make())\n"
+        "    def module_named():\n        t = make()\n        site(t)\n"
+        "    def call_kw_temp(): ops.add(make(), 1.0, alpha=1)\n"
+        "    def call_kw_named():\n        t = make()\n        ops.add(t, 1.0, alpha=1)\n"
+        "    def module_kw_temp(): site(make(), residual=None)\n"
+        "    def module_kw_named():\n        t = make()\n        site(t, residual=None)\n"
+        "    def module_op_kw_temp(): op(make(), residual=None)\n"
+        "    def module_op_kw_named():\n        t = make()\n        op(t, residual=None)\n"
+        "    def fn_site_kw_temp(): F.residual_add(make(), identity=1.0)\n"
+        "    def fn_site_kw_named():\n        t = make()\n        F.residual_add(t, identity=1.0)\n"
+        "    def module_op_temp(): op(make())\n"
+        "    def module_op_named():\n        t = make()\n        op(t)\n"
+        "    def fn_site_temp(): F.residual_add(make(), 1.0)\n"
+        "    def fn_site_named():\n        t = make()\n        F.residual_add(t, 1.0)\n"
+        "    return [(call_temp, call_named), (binary_temp, binary_named), (module_temp, module_named),\n"
+        "            (module_op_temp, module_op_named),\n"
+        "            (call_kw_temp, call_kw_named), (module_kw_temp, module_kw_named),\n"
+        "            (module_op_kw_temp, module_op_kw_named), (fn_site_kw_temp, fn_site_kw_named),\n"
+        "            (fn_site_temp, fn_site_named)]\n"
+    )
+    scope: dict = {}
+    exec(compile(source, "<inplace auto calibration>", "exec"), scope)  # noqa: S102
+    from .creation import zeros  # noqa: PLC0415
+
+    pairs = scope["probes"](lambda: zeros(2), ops, F, _Site(), _Op())
+    prev, _policy = _policy, "auto"
+    _calibrating = True
+    logs = []
+    try:
+        for temp, named in pairs:
+            pair = []
+            for fn in (temp, named):
+                _calibration_log.clear()
+                fn()
+                pair.append(list(_calibration_log))
+            logs.append(pair)
+    finally:
+        _calibrating = False
+        _policy = prev
+        _calibration_log.clear()
+    _BASE.clear()
+    problems = []
+    bad = set()
+    for temp_log, named_log in logs:
+        if len(temp_log) != len(named_log):
+            problems.append(f"probes reached different checks: {temp_log} vs {named_log}")
+            continue
+        for (checker, path, refs), (checker2, path2, refs2) in zip(temp_log, named_log):
+            key = (checker, path)
+            if (checker2, path2) != key or refs2 != refs + 1 or _BASE.get(key, refs) != refs:
+                problems.append(f"{checker}/{path}: temporary {refs}, named {refs2}")
+                bad.add(key)
+            else:
+                _BASE[key] = refs
+    for key in bad:
+        _BASE.pop(key, None)
+    if not _BASE:
+        _calibration_failed = "; ".join(problems) or "no path was reached"
+    elif problems:
+        _calibration_failed = ""
+        warnings.warn("inplace auto: untrusted paths: " + "; ".join(problems), RuntimeWarning, stacklevel=2)

@@ -27,9 +27,12 @@ LEAKY_SLOPE = 0.01
 class ABN(nn.InPlaceABN):
     """BatchNorm + leaky ReLU: fused in place under policy ``on``, unfused under ``off``."""
 
+    @fw.inplace.passes_ownership
     def forward(self, input, residual=None):
-        """``leaky_relu(BN(input) [+ residual])``: in place over ``input`` under ``on``."""
-        if fw.inplace.enabled():
+        """``leaky_relu(BN(input) [+ residual])``: in place over ``input`` under ``on`` (and
+        under ``auto`` when ``input`` arrives as a temporary, e.g. ``abn(conv(x))``)."""
+        site = fw.inplace.can_write(input, None)
+        if site:
             return super().forward(input, residual=residual)
         if input.dim() < 2 or input.shape[1] != self.num_features:
             raise ValueError(

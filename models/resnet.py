@@ -12,9 +12,10 @@ saves nothing for backward (slicing and concatenation need only shapes).
 
 Inplace sites of a block (all follow ``framework.inplace``):
 
-- the residual add: ``out.add_(identity)`` under ``on``, ``out = out + identity`` under
-  ``off``. ``out`` is BN2's output, which BatchNorm does not save for backward, and ``add``
-  saves nothing, so the inplace add is exact under autograd;
+- the residual add, ``F.residual_add(bn2_out, identity)``: ``add_`` under ``on`` (and
+  under ``auto``, which proves ``bn2_out`` dead: it arrives as a temporary), a new tensor
+  under ``off``. ``bn2_out`` is BN2's output, which BatchNorm does not save for backward,
+  and ``add`` saves nothing, so the inplace add is exact under autograd;
 - the activation after it, ``ReLU(inplace=None)``, and the one after BN1;
 - with ``norm="inplace_abn"``, instead: the two fused ``ABN`` sites (in place under
   ``on``, the unfused out-of-place form under ``off``).
@@ -57,6 +58,7 @@ import inspect
 
 import framework as fw
 from framework import nn
+from framework.nn import functional as F
 
 from . import register_model
 from .layers import ABN, LEAKY_SLOPE, check_choice, positive_int
@@ -121,17 +123,13 @@ class BasicBlock(nn.Module):
         self.shortcut = ShortcutA(in_planes, planes, stride)
 
     def forward(self, x):
-        out = self.conv2(self.unit1(self.conv1(x)))
-        identity = self.shortcut(x)
+        # Written as nested calls, so that each output reaches the next layer as a
+        # temporary that policy auto can prove dead (a name like ``out = ...`` would hold it).
         if self.fused:
             # BN2 + add + activation over conv2's output; the identity is kept by reference.
-            return self.abn2(out, residual=identity)
-        out = self.bn2(out)
-        if fw.inplace.enabled():
-            out.add_(identity)  # out is BN2's fresh output; neither BN nor add saves it
-        else:
-            out = out + identity
-        return self.relu(out)
+            return self.abn2(self.conv2(self.unit1(self.conv1(x))), residual=self.shortcut(x))
+        # The residual add is a policy site: BN2's fresh output, which neither BN nor add saves.
+        return self.relu(F.residual_add(self.bn2(self.conv2(self.unit1(self.conv1(x)))), self.shortcut(x)))
 
 
 @register_model("resnet")
@@ -193,9 +191,7 @@ class ResNet(nn.Module):
                 f"ResNet(in_channels={self.in_channels}) expects input of shape "
                 f"(N, {self.in_channels}, H, W), got {tuple(x.shape)}"
             )
-        out = self.unit1(self.conv1(x))
-        out = self.layers(out)
-        return self.fc(self.flatten(self.pool(out)))
+        return self.fc(self.flatten(self.pool(self.layers(self.unit1(self.conv1(x))))))
 
 
 def _alias(depth: int):

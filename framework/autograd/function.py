@@ -30,6 +30,7 @@ import traceback
 
 import numpy as np
 
+from .. import inplace as _inplace
 from .. import memory
 from .grad_mode import state
 
@@ -149,6 +150,10 @@ class Function:
     is_view = False
     differentiable = True
     inplace_name: str | None = None
+    # Policy ``auto`` may run an out-of-place call in place when its first input is dead
+    # (inplace.auto_target): True, or a function (inputs, params) -> bool for ops whose
+    # inplace form exists only for some parameters.
+    auto_inplace = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -171,7 +176,8 @@ class Function:
     # --- the public entry points -------------------------------------------------
     @classmethod
     def apply(cls, *inputs, **params):
-        """Runs the op out of place and returns a new tensor."""
+        """Runs the op out of place and returns a new tensor (under policy ``auto``,
+        possibly in ``inputs[0]``'s buffer when that tensor is provably dead)."""
         return _apply(cls, inputs, params, False)
 
     @classmethod
@@ -355,6 +361,9 @@ _NO_NEEDS = tuple((False,) * n for n in range(8))
 
 def _apply(cls, inputs, params, inplace):
     # This runs for every op call: the common cases are kept short and flat.
+    if not inplace and cls.auto_inplace and _inplace._policy == "auto":
+        # First, before this frame holds more references to the inputs than it must.
+        inplace = _inplace.auto_target(cls, inputs, params)
     grad_on = state.enabled
     arrays = [a._data if isinstance(a, Tensor) else a for a in inputs]
     any_needs = False
@@ -500,3 +509,5 @@ class CopySlices(Function):
 
 
 from ..tensor import Tensor, _wrap  # noqa: E402  (tensor.py does not import this module at load)
+
+_inplace.passes_ownership(Function.apply)

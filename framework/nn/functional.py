@@ -47,8 +47,25 @@ def conv2d(input, weight, bias=None, stride=1, padding=0):
     return _conv.conv2d(input, weight, bias, stride=stride, padding=padding)
 
 
+def residual_add(input: Tensor, identity: Tensor, inplace: bool | None = None) -> Tensor:
+    """``input + identity``, the add of a residual block: an inplace SITE of the policy.
+
+    ``inplace=None`` follows the policy (``on``: ``input.add_(identity)`` unless autograd
+    holds ``input``; ``auto``: only when ``input`` is provably dead, e.g. a BatchNorm
+    output passed straight in; ``off``: a new tensor). ``add`` saves nothing for backward.
+    """
+    site = _inplace.can_write(input, inplace)
+    if site:
+        return _ops.add_(input, identity)
+    return _ops.add(input, identity)
+
+
+_inplace.passes_ownership(residual_add)
+
+
 # --- activations ------------------------------------------------------------------------------
 
+@_inplace.passes_ownership
 def relu(input: Tensor, inplace: bool = False) -> Tensor:
     """max(x, 0); in place (on ``input``'s buffer, returning ``input``) when ``inplace``."""
     return _ops.relu_(input) if inplace else _ops.relu(input)
@@ -58,6 +75,7 @@ def relu_(input: Tensor) -> Tensor:
     return _ops.relu_(input)
 
 
+@_inplace.passes_ownership
 def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
     """x if x > 0 else negative_slope * x (the inplace form needs a slope >= 0)."""
     if inplace:
@@ -69,10 +87,12 @@ def leaky_relu_(input: Tensor, negative_slope: float = 0.01) -> Tensor:
     return _ops.leaky_relu_(input, negative_slope)
 
 
+@_inplace.passes_ownership
 def sigmoid(input: Tensor) -> Tensor:
     return _ops.sigmoid(input)
 
 
+@_inplace.passes_ownership
 def tanh(input: Tensor) -> Tensor:
     return _ops.tanh(input)
 
@@ -85,6 +105,7 @@ def log_softmax(input: Tensor, dim: int = -1) -> Tensor:
     return _ops.log_softmax(input, dim)
 
 
+@_inplace.passes_ownership
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """Zeroes elements with probability ``p`` and scales the rest by ``1 / (1 - p)``."""
     if not 0.0 <= p <= 1.0:

@@ -292,8 +292,10 @@ class ReLU(_Activation):
     backward reads its output).
     """
 
+    @_inplace.passes_ownership
     def forward(self, input):
-        return F.relu(input, inplace=_inplace.can_write(input, self.inplace))
+        site = _inplace.can_write(input, self.inplace)  # its own statement: see inplace.calibrate
+        return F.relu(input, inplace=site)
 
 
 class LeakyReLU(_Activation):
@@ -303,6 +305,7 @@ class LeakyReLU(_Activation):
         super().__init__(inplace)
         self.negative_slope = negative_slope
 
+    @_inplace.passes_ownership
     def forward(self, input):
         site = _inplace.can_write(input, self.inplace)
         if site and self.negative_slope < 0 and self.inplace is None:
@@ -323,8 +326,10 @@ class _OutOfPlaceByDefault(_Activation):
     def __init__(self, inplace: bool | None = False):
         super().__init__(inplace)
 
+    @_inplace.passes_ownership
     def forward(self, input):
-        if _inplace.can_write(input, self.inplace):
+        site = _inplace.can_write(input, self.inplace)
+        if site:
             return getattr(input, self.op + "_")()
         return getattr(input, self.op)()
 
@@ -374,10 +379,12 @@ class Dropout(Module):
         self.p = p
         self.inplace = inplace
 
+    @_inplace.passes_ownership
     def forward(self, input):
         if not self.training:
             return input
-        return F.dropout(input, self.p, self.training, inplace=_inplace.can_write(input, self.inplace))
+        site = _inplace.can_write(input, self.inplace)
+        return F.dropout(input, self.p, self.training, inplace=site)
 
     def extra_repr(self) -> str:
         return f"p={self.p}" + ("" if self.inplace is None else f", inplace={self.inplace}")
@@ -480,9 +487,13 @@ class Sequential(Module):
         return self
 
     def forward(self, input):
+        # Each module gets the previous one's output as a temporary (popped from a list
+        # this frame no longer names), so policy auto can prove it dead and reuse it.
+        chain = [input]
+        del input
         for module in self._modules.values():
-            input = module(input)
-        return input
+            chain.append(module(chain.pop()))
+        return chain.pop()
 
 
 class ModuleList(Module):

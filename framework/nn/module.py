@@ -7,6 +7,7 @@ from collections import OrderedDict, namedtuple
 import numpy as np
 
 from .. import backend, memory
+from .. import inplace as _inplace
 from ..autograd.function import _HookHandle
 from ..autograd.grad_mode import no_grad
 from ..tensor import Tensor, _wrap
@@ -60,6 +61,13 @@ class Module:
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
 
     def __call__(self, *args, **kwargs):
+        if self._forward_pre_hooks or self._forward_hooks:
+            return self._call_with_hooks(*args, **kwargs)
+        return self.forward(*args, **kwargs)
+
+    def _call_with_hooks(self, *args, **kwargs):
+        # Not a pass-through frame for policy auto: a forward hook reads the inputs after
+        # forward, so nothing a hooked module receives is ever proven dead.
         for hook in tuple(self._forward_pre_hooks):
             r = hook(self, args)
             if r is not None:
@@ -476,3 +484,6 @@ def _zero_grad(p: Tensor, set_to_none: bool) -> None:
         g.requires_grad_(False)
     with no_grad():
         g.zero_()
+
+
+_inplace.passes_ownership(Module.__call__)

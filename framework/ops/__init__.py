@@ -11,6 +11,7 @@ from collections import namedtuple
 
 import numpy as np
 
+from .. import inplace as _inplace
 from .. import random as _random
 from ..tensor import Tensor, _wrap
 from . import elementwise as E
@@ -128,9 +129,13 @@ def relu(x):
 
 def leaky_relu(x, negative_slope=0.01):
     if negative_slope < 0:
-        # The result cannot tell the input's sign: compose from ops that save the input.
-        return where(x > 0, x, x * negative_slope)
+        return _leaky_relu_negative(x, negative_slope)
     return E.LeakyRelu.apply(x, negative_slope=negative_slope)
+
+
+def _leaky_relu_negative(x, negative_slope):
+    # The result cannot tell the input's sign: compose from ops that save the input.
+    return where(x > 0, x, x * negative_slope)
 
 
 def clamp(x, min=None, max=None):  # noqa: A002
@@ -514,11 +519,12 @@ def _install_methods():
     T.__setitem__ = setitem
     T.__neg__ = neg
     T.__abs__ = abs
-    T.__add__ = T.__radd__ = lambda self, o: add(self, o)
-    T.__sub__ = lambda self, o: sub(self, o)
+    # The functions themselves, not wrappers: policy auto sees through these frames.
+    T.__add__ = T.__radd__ = add
+    T.__sub__ = sub
     T.__rsub__ = lambda self, o: sub(*_reflected(o, self))
-    T.__mul__ = T.__rmul__ = lambda self, o: mul(self, o)
-    T.__truediv__ = lambda self, o: div(self, o)
+    T.__mul__ = T.__rmul__ = mul
+    T.__truediv__ = div
     T.__rtruediv__ = lambda self, o: div(*_reflected(o, self)) if isinstance(o, Tensor) else E.Div.apply(*_reflected(o, self if self.dtype.kind == "f" else cast(self, _DEFAULT_FLOAT)))
     T.__pow__ = lambda self, o: pow(self, o)
     T.__rpow__ = lambda self, o: E.Pow.apply(*_reflected(o, self))
@@ -538,3 +544,9 @@ def _install_methods():
 
 
 _install_methods()
+
+# The entries policy auto sees through: each hands its first argument straight to its op.
+for _entry in (add, sub, mul, div, pow, neg, abs, exp, log, sqrt, sin, cos, tanh, sigmoid, relu,
+               leaky_relu, clamp):
+    _inplace.passes_ownership(_entry)
+del _entry

@@ -17,6 +17,7 @@ from .. import memory
 from .. import random as _random
 from ..autograd.function import Function
 from ..backend import get_array_module
+from .. import inplace as _inplace
 from ..tensor import Tensor
 
 __all__ = ["dropout", "Dropout"]
@@ -26,6 +27,7 @@ class Dropout(Function):
     """``y = x * mask / (1 - p)``; keeps the bool mask, saves no tensor."""
 
     inplace_name = "dropout_"
+    auto_inplace = True
     saves = ()
 
     def forward(ctx, x, p=0.5):
@@ -54,6 +56,7 @@ class Dropout(Function):
         return gx
 
 
+@_inplace.passes_ownership
 def dropout(input, p=0.5, training=True, inplace=False):
     """Inverted dropout, as ``torch.nn.functional.dropout``.
 

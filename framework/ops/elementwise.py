@@ -46,6 +46,7 @@ def _into(ctx, g, shape=None):
 
 class Add(Function):
     inplace_name = "add_"
+    auto_inplace = True
 
     def forward(ctx, x, y, alpha=1):
         ctx.mx, ctx.my, ctx.alpha = _meta(x), _meta(y), alpha
@@ -64,6 +65,7 @@ class Add(Function):
 
 class Sub(Function):
     inplace_name = "sub_"
+    auto_inplace = True
 
     def forward(ctx, x, y, alpha=1):
         ctx.mx, ctx.my, ctx.alpha = _meta(x), _meta(y), alpha
@@ -80,6 +82,7 @@ class Sub(Function):
 
 class Mul(Function):
     inplace_name = "mul_"
+    auto_inplace = True
     saves = ("x", "y")
     saved_when = {"x": (1,), "y": (0,)}  # each factor is needed only for the other's gradient
 
@@ -97,6 +100,7 @@ class Mul(Function):
 
 class Div(Function):
     inplace_name = "div_"
+    auto_inplace = True
     saves = ("y", "result")  # d/dy (x/y) = -result/y: the overwritten x is never needed
     saved_when = {"result": (1,)}
 
@@ -115,6 +119,7 @@ class Div(Function):
 
 class Pow(Function):
     inplace_name = "pow_"
+    auto_inplace = True
     saves = ("x", "y", "result")
     saved_when = {"x": (0, 1), "y": (0,), "result": (1,)}
 
@@ -172,6 +177,7 @@ class Where(Function):
 
 class Neg(Function):
     inplace_name = "neg_"
+    auto_inplace = True
 
     def forward(ctx, x):
         return _xp(x).negative(x, out=ctx.out)
@@ -182,6 +188,7 @@ class Neg(Function):
 
 class Abs(Function):
     inplace_name = "abs_"
+    auto_inplace = True
     saves = ("x",)
 
     def forward(ctx, x):
@@ -194,6 +201,7 @@ class Abs(Function):
 
 class Exp(Function):
     inplace_name = "exp_"
+    auto_inplace = True
     saves = ("result",)
 
     def forward(ctx, x):
@@ -205,6 +213,7 @@ class Exp(Function):
 
 class Log(Function):
     inplace_name = "log_"
+    auto_inplace = True
     saves = ("x",)
 
     def forward(ctx, x):
@@ -216,6 +225,7 @@ class Log(Function):
 
 class Sqrt(Function):
     inplace_name = "sqrt_"
+    auto_inplace = True
     saves = ("result",)
 
     def forward(ctx, x):
@@ -227,6 +237,7 @@ class Sqrt(Function):
 
 class Sin(Function):
     inplace_name = "sin_"
+    auto_inplace = True
     saves = ("x",)
 
     def forward(ctx, x):
@@ -239,6 +250,7 @@ class Sin(Function):
 
 class Cos(Function):
     inplace_name = "cos_"
+    auto_inplace = True
     saves = ("x",)
 
     def forward(ctx, x):
@@ -252,6 +264,7 @@ class Cos(Function):
 
 class Tanh(Function):
     inplace_name = "tanh_"
+    auto_inplace = True
     saves = ("result",)
 
     def forward(ctx, x):
@@ -267,6 +280,7 @@ class Tanh(Function):
 
 class Sigmoid(Function):
     inplace_name = "sigmoid_"
+    auto_inplace = True
     saves = ("result",)
 
     def forward(ctx, x):
@@ -287,6 +301,7 @@ class Sigmoid(Function):
 
 class Relu(Function):
     inplace_name = "relu_"
+    auto_inplace = True
     saves = ("result",)
 
     def forward(ctx, x):
@@ -300,6 +315,8 @@ class LeakyRelu(Function):
     """leaky_relu with a non-negative slope: backward reads the result (x > 0 iff y > 0)."""
 
     inplace_name = "leaky_relu_"
+    # the inplace form needs a slope >= 0 (backward reads the sign from the output)
+    auto_inplace = staticmethod(lambda inputs, params: params.get("negative_slope", 0.01) >= 0)
     saves = ("result",)
 
     def forward(ctx, x, negative_slope=0.01):
@@ -327,6 +344,7 @@ class LeakyRelu(Function):
 
 class Clamp(Function):
     inplace_name = "clamp_"
+    auto_inplace = True
     saves = ("x",)
 
     def forward(ctx, x, min=None, max=None):

@@ -1,0 +1,250 @@
+"""Policy ``auto``: an ordinary op runs in place only when its first input is provably dead.
+
+Each scenario runs the same code under ``off`` and ``auto`` where it matters, and checks
+both what auto did (``memory.stats()``) and that nobody could tell (values, gradients,
+tensors the test still holds).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import pytest
+
+import framework as fw
+from framework import inplace, memory, nn
+from framework.nn import functional as F
+
+
+@pytest.fixture(autouse=True)
+def _auto():
+    memory.reset_stats()
+    with inplace.policy("auto"):
+        yield
+
+
+def auto_ops(name: str | None = None) -> int:
+    s = memory.stats()
+    return s.get("auto_inplace_ops" + ("" if name is None else "." + name), 0)
+
+
+def leaf(*shape):
+    return fw.tensor(np.random.default_rng(0).standard_normal(shape).astype(np.float32), requires_grad=True)
+
+
+# --- calibration --------------------------------------------------------------------------
+
+def test_calibration_trusts_every_path_and_names_count_one_more():
+    for key in [("apply", "call"), ("apply", "binary"), ("apply", "module"), ("apply", "call_kw"),
+                ("apply", "module_kw"), ("site", "call"), ("site", "module"), ("site", "call_kw"),
+                ("site", "module_kw")]:
+        assert key in inplace._BASE, key
+    assert inplace._calibration_failed == ""
+
+
+def test_failed_calibration_warns_once_and_auto_acts_as_on_at_sites(monkeypatch):
+    monkeypatch.setattr(inplace, "_calibration_failed", "test")
+    monkeypatch.setattr(inplace, "_BASE", {})
+    monkeypatch.setattr(inplace, "_warned", [False])
+    with inplace.policy("off"):
+        with pytest.warns(RuntimeWarning, match="act as under 'on'"):
+            inplace.set_policy("auto")
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            inplace.set_policy("auto")  # once only
+        x = leaf(3)
+        h = x * 2
+        assert inplace.can_write(h) is True  # the site acts as under on
+        y = (x * 2) + 1.0  # but no ordinary op is rewritten
+        assert auto_ops() == 0 and y is not None
+
+
+# --- what auto rewrites --------------------------------------------------------------------
+
+def test_temporary_is_reused_and_result_matches_off():
+    x = leaf(3, 4)
+    y = (x * 2) + 1.0  # x * 2 is a temporary: the add writes into it
+    assert auto_ops("Add") == 1 and memory.stats()["auto_inplace_bytes"] == 48
+    with inplace.policy("off"):
+        ref = (x * 2) + 1.0
+    np.testing.assert_array_equal(y.detach().numpy(), ref.detach().numpy())
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((3, 4), 2, np.float32))
+
+
+@pytest.mark.parametrize("make", [
+    lambda t: fw.exp(t * 1.0),
+    lambda t: (t * 1.0).tanh(),
+    lambda t: F.relu(t * 1.0),
+    lambda t: 3.0 * (t * 1.0),  # __rmul__
+    lambda t: 1.0 + (t * 1.0),  # __radd__
+    lambda t: fw.add(t * 1.0, 1.0, alpha=2),  # keyword arguments
+])
+def test_each_entry_path_reuses_a_temporary(make):
+    x = leaf(5)
+    with inplace.policy("off"):
+        ref = make(x)
+    before = auto_ops()
+    y = make(x)
+    assert auto_ops() == before + 1
+    np.testing.assert_array_equal(y.detach().numpy(), ref.detach().numpy())
+
+
+def test_under_no_grad_ops_that_save_their_input_are_rewritten_too():
+    x = fw.tensor(np.linspace(0.1, 1, 6, dtype=np.float32))
+    with fw.no_grad():
+        y = fw.log(x * 1.0).sin()
+    assert auto_ops("Log") == 1 and auto_ops("Sin") == 1
+    np.testing.assert_allclose(y.detach().numpy(), np.sin(np.log(x.detach().numpy())), rtol=1e-6)
+
+
+# --- where auto refuses, and why --------------------------------------------------------------
+
+def test_a_named_tensor_is_never_overwritten():
+    x = leaf(4)
+    h = x * 2
+    before = h.detach().numpy().copy()
+    y = h + 1.0
+    z = h.exp()
+    w = fw.add(h, 1.0)
+    assert auto_ops() == 0
+    np.testing.assert_array_equal(h.detach().numpy(), before)
+    assert y is not h and z is not h and w is not h
+
+
+def test_leaf_that_requires_grad_and_leaf_used_by_the_user_are_refused():
+    x = leaf(4)
+    _ = fw.exp(leaf(4))  # a temporary leaf requiring grad: its .grad needs it
+    y = x + 1.0
+    assert auto_ops() == 0 and y is not x
+
+
+def test_a_fresh_leaf_without_grad_is_reused():
+    y = fw.zeros(3) + 1.0
+    assert auto_ops("Add") == 1
+    np.testing.assert_array_equal(y.detach().numpy(), np.ones(3, np.float32))
+
+
+def test_saved_for_backward_is_refused():
+    x = leaf(4)
+    y = fw.exp(x * 1.0).relu()  # exp's backward reads its output: relu must not overwrite it
+    assert auto_ops("Exp") == 1 and auto_ops("Relu") == 0
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.exp(x.detach().numpy()), rtol=1e-6)
+    x.grad = None
+    _ = (x * 1.0).sin()  # sin's backward reads its input
+    assert auto_ops("Sin") == 0
+    w = leaf(4)
+    _ = (x * 1.0) * w  # mul saves x for w's gradient
+    assert auto_ops("Mul") == 0
+
+
+def test_views_and_shared_storage_are_refused():
+    x = leaf(3, 4)
+    _ = (x * 1.0).t() + 1.0  # the first input is a view: its base is alive
+    arr = np.ones(4, np.float32)
+    _ = fw.from_numpy(arr) + 1.0  # the array belongs to the caller too
+    np.testing.assert_array_equal(arr, np.ones(4, np.float32))
+    base = x * 1.0
+    v = base[0]
+    _ = fw.exp(base * 1.0)  # control: a different temporary is fine
+    before = base.detach().numpy().copy()
+    assert auto_ops("Exp") == 1 and auto_ops("Add") == 0
+    del v
+    np.testing.assert_array_equal(base.detach().numpy(), before)
+
+
+def test_result_shape_or_dtype_different_from_the_input_is_refused():
+    a = leaf(4)
+    b = leaf(3, 4)
+    y = (a * 1.0) + b  # broadcasts to (3, 4): the (4,) buffer is too small
+    assert y.shape == (3, 4) and auto_ops("Add") == 0
+    _ = fw.arange(4) + 1  # integers: only floating point buffers are reused
+    assert auto_ops("Add") == 0
+
+
+def test_held_in_a_container_or_called_through_c_is_refused():
+    x = leaf(4)
+    held = [x * 2]
+    before = held[0].detach().numpy().copy()
+    _ = held[0] + 1.0
+    _ = operator.add(x * 2, 1.0)  # a C function in between: the path is unknown
+    _ = sum([x * 2, x * 3])
+    np.testing.assert_array_equal(held[0].detach().numpy(), before)
+    assert auto_ops() == 0
+
+
+def test_explicit_dunder_call_on_a_named_tensor_is_refused():
+    x = leaf(4)
+    h = x * 2
+    before = h.detach().numpy().copy()
+    _ = h.__add__(1.0)  # one reference fewer than a + b on the stack: still counted right
+    np.testing.assert_array_equal(h.detach().numpy(), before)
+    assert auto_ops() == 0
+
+
+# --- modules ------------------------------------------------------------------------------------
+
+def test_sequential_hands_each_output_over_and_matches_off():
+    fw.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+    x = fw.randn(5, 4)
+    out = model(x)
+    out.sum().backward()
+    grads = [p.grad.numpy().copy() for p in model.parameters()]
+    assert auto_ops("ReLU.forward") == 1 and auto_ops("Tanh") == 1
+    model.zero_grad()
+    with inplace.policy("off"):
+        ref = model(x)
+        ref.sum().backward()
+    np.testing.assert_array_equal(out.detach().numpy(), ref.detach().numpy())
+    for g, p in zip(grads, model.parameters()):
+        np.testing.assert_array_equal(g, p.grad.numpy())
+
+
+def test_module_input_the_caller_names_is_refused():
+    relu = nn.ReLU()
+    x = leaf(4)
+    h = x - 0.5
+    before = h.detach().numpy().copy()
+    _ = relu(h)
+    np.testing.assert_array_equal(h.detach().numpy(), before)
+    _ = relu(x - 0.5)
+    assert auto_ops() == 1
+
+
+def test_hooked_module_and_explicit_dunder_call_are_refused():
+    relu = nn.ReLU()
+    seen = []
+    handle = relu.register_forward_hook(lambda m, args, out: seen.append(args[0].detach().numpy().copy()))
+    x = leaf(4)
+    _ = relu(x - 0.5)
+    np.testing.assert_array_equal(seen[0], x.detach().numpy() - 0.5)  # the hook saw the untouched input
+    handle.remove()
+    _ = relu.__call__(x - 0.5)
+    assert auto_ops() == 0
+
+
+def test_residual_add_site_and_resnet_block():
+    from models.resnet import BasicBlock
+
+    fw.manual_seed(0)
+    block = BasicBlock(4, 4)
+    x = fw.randn(2, 4, 6, 6)
+    y = block(x)
+    # unit1's ReLU, the residual add, the final ReLU
+    assert auto_ops("ReLU.forward") == 2 and auto_ops("residual_add") == 1
+    with inplace.policy("off"):
+        ref = block(x)
+    np.testing.assert_allclose(y.detach().numpy(), ref.detach().numpy(), rtol=0, atol=0)
+
+
+def test_trainer_config_accepts_auto(tmp_path):
+    from trainers.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("inplace: auto\n")
+    assert load_config(path).inplace == "auto"
