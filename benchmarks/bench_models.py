@@ -1,8 +1,9 @@
-"""Memory and speed of the registered models under inplace off, on, and on + InPlace-ABN.
+"""Memory and speed of the registered models under inplace off, on, auto, and with InPlace-ABN.
 
-For each model (MLP on 64-dim inputs, batch 256; ConvNet on 8x8 images, batch 256;
-ResNet-20, width 16, on 32x32 images, batch 128) and each variant, one training step
-(SGD, momentum 0.9) is measured:
+For each model (MLP on 64-dim inputs, batch 256, with BatchNorm and without any norm;
+ConvNet on 8x8 images, batch 256; ResNet-20, width 16, on 32x32 images, batch 128) and
+each variant (policy off, on, auto; on and auto with InPlace-ABN where the model has a
+norm), one training step (SGD, momentum 0.9) is measured:
 
 - peak: ``memory.max_allocated_bytes()`` over a steady-state step (after warmup, so
   gradients and momentum buffers exist), from ``reset_peak()`` with only that variant
@@ -13,7 +14,9 @@ ResNet-20, width 16, on 32x32 images, batch 128) and each variant, one training 
   what it must hold;
 - activation memory: peak minus parameters, gradients and optimizer state;
 - samples/s: median over several timed steps after warmup, the variants (and PyTorch)
-  interleaved round by round so machine noise hits them alike.
+  interleaved round by round so machine noise hits them alike;
+- auto ops / auto MB: per step, the ops policy auto ran in place and the bytes they did
+  not allocate (``memory.stats()``).
 
 If PyTorch is importable, the same ResNet-20 step (option-A shortcuts, SGD momentum,
 batch 128) runs in PyTorch in the same rounds, and the ratio of our samples/s to
@@ -50,9 +53,16 @@ MODELS = {
             dict(in_features=64, hidden=(128, 128), norm="inplace_abn"), (64,), 256),
     "convnet": ("convnet", dict(channels=(32, 64), image_size=8, norm="bn"),
                 dict(channels=(32, 64), image_size=8, norm="inplace_abn"), (1, 8, 8), 256),
+    "mlp_plain": ("mlp", dict(in_features=64, hidden=(128, 128)), None, (64,), 256),
     "resnet20": ("resnet20", dict(width=16, norm="bn"), dict(width=16, norm="inplace_abn"), (3, 32, 32), 128),
 }
-VARIANTS = (("off", "off", False), ("on", "on", False), ("on+InPlaceABN", "on", True))
+VARIANTS = (("off", "off", False), ("on", "on", False), ("auto", "auto", False),
+            ("on+InPlaceABN", "on", True), ("auto+InPlaceABN", "auto", True))
+
+
+def variants_of(model_name: str):
+    """The variants that apply to a model (no InPlace-ABN rows for a model without a norm)."""
+    return [v for v in VARIANTS if not v[2] or MODELS[model_name][2] is not None]
 
 TARGETS = {
     "act_ratio": 0.50,  # ResNet-20: activation memory on+InPlaceABN <= 50% of off
@@ -77,8 +87,10 @@ class Runner:
         self.loss_fn = nn.CrossEntropyLoss()
         self.saved_at_boundary = 0
         self.saved_state_at_boundary = 0
+        self.auto_stats = (0, 0)
 
     def step(self) -> float:
+        before = memory.stats()
         with fw.inplace.policy(self.policy):
             self.opt.zero_grad()
             loss = self.loss_fn(self.model(self.x), self.y)
@@ -87,6 +99,8 @@ class Runner:
             self.saved_activations_at_boundary = memory.saved_bytes(parameters=False)
             loss.backward()
             self.opt.step()
+            after = memory.stats()
+            self.auto_stats = tuple(after.get(k, 0) - before.get(k, 0) for k in ("auto_inplace_ops", "auto_inplace_bytes"))
             return loss.item()
 
     def state_bytes(self) -> dict:
@@ -115,6 +129,8 @@ class Runner:
             "grads_mb": state["gradients"] / MB,
             "optimizer_mb": state["optimizer_state"] / MB,
             "peak_breakdown_mb": {k: v / MB for k, v in memory.peak_breakdown().items() if v},
+            "auto_ops": self.auto_stats[0],
+            "auto_mb": self.auto_stats[1] / MB,
         }
 
 
@@ -178,14 +194,14 @@ def run(models, rounds: int, warmup: int, with_torch: bool = True) -> dict:
     results = {"rows": [], "env": _env()}
     # 1) memory: one variant alive at a time, so peaks are not polluted by the others
     for m in models:
-        for variant, policy, abn in VARIANTS:
+        for variant, policy, abn in variants_of(m):
             r = Runner(m, variant, policy, abn)
             row = {"model": m, "variant": variant, "batch": r.batch, **r.measure_memory()}
             results["rows"].append(row)
             del r
             gc.collect()
     # 2) speed: all variants alive, interleaved round by round
-    runners = [Runner(m, v, p, a) for m in models for v, p, a in VARIANTS]
+    runners = [Runner(m, v, p, a) for m in models for v, p, a in variants_of(m)]
     torch_runner = None
     if with_torch and "resnet20" in models:
         try:
@@ -223,10 +239,18 @@ def _row(results, model, variant):
 
 
 def _targets(results) -> list[dict]:
-    off, on, abn = (_row(results, "resnet20", v) for v, _, _ in VARIANTS)
-    if off is None:
-        return []
+    off, on, auto, abn = (_row(results, "resnet20", v) for v in ("off", "on", "auto", "on+InPlaceABN"))
     out = []
+    mlp_off, mlp_auto = _row(results, "mlp_plain", "off"), _row(results, "mlp_plain", "auto")
+    if mlp_off is not None:
+        # one activation per hidden layer: batch x width float32
+        _, kw, _, _, batch = MODELS["mlp_plain"]
+        one_per_layer = sum(batch * w * 4 for w in kw["hidden"]) / MB
+        gain = mlp_off["peak_mb"] - mlp_auto["peak_mb"]
+        out.append({"target": f"MLP (no norm) peak, off - auto >= one activation per hidden layer "
+                              f"({one_per_layer:.2f} MB)", "value": gain, "met": gain >= one_per_layer})
+    if off is None:
+        return out
     ratio = abn["activation_mb"] / off["activation_mb"]
     out.append({"target": "ResNet-20 activation memory, on+InPlaceABN / off <= 0.50",
                 "value": ratio, "met": ratio <= TARGETS["act_ratio"]})
@@ -235,6 +259,10 @@ def _targets(results) -> list[dict]:
                     "value": row["peak_over_floor"], "met": row["peak_over_floor"] <= TARGETS["peak_over_floor"]})
     sp = on["samples_per_s"] / off["samples_per_s"]
     out.append({"target": "ResNet-20 samples/s, on / off >= 1", "value": sp, "met": sp >= 1.0})
+    d = auto["peak_mb"] - on["peak_mb"]
+    out.append({"target": "ResNet-20 peak MB, auto - on <= 0", "value": d, "met": d <= 0})
+    sp = auto["samples_per_s"] / on["samples_per_s"]
+    out.append({"target": "ResNet-20 samples/s, auto / on >= 0.97", "value": sp, "met": sp >= 0.97})
     t = results.get("torch_resnet20")
     if t:
         tr = on["samples_per_s"] / t["samples_per_s"]
@@ -255,8 +283,9 @@ def _env() -> dict:
 
 def markdown(results) -> str:
     lines = [
-        "| model | batch | variant | peak MB | floor MB | peak/floor | activation MB | act. vs off | saved MB | samples/s |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | batch | variant | peak MB | floor MB | peak/floor | activation MB | act. vs off | saved MB "
+        "| auto ops | auto MB | samples/s |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in results["rows"]:
         off = _row(results, row["model"], "off")
@@ -264,11 +293,11 @@ def markdown(results) -> str:
             f"| {row['model']} | {row['batch']} | {row['variant']} | {row['peak_mb']:.2f} | {row['floor_mb']:.2f} | "
             f"{row['peak_over_floor']:.2f} | {row['activation_mb']:.2f} | "
             f"{row['activation_mb'] / off['activation_mb']:.0%} | {row['saved_mb']:.2f} | "
-            f"{row['samples_per_s']:.0f} |"
+            f"{row['auto_ops']} | {row['auto_mb']:.2f} | {row['samples_per_s']:.0f} |"
         )
     t = results.get("torch_resnet20")
     if t:
-        lines.append(f"| resnet20 (PyTorch {results['env']['torch']}) | 128 | inplace ReLU/add | | | | | | | "
+        lines.append(f"| resnet20 (PyTorch {results['env']['torch']}) | 128 | inplace ReLU/add | | | | | | | | | "
                      f"{t['samples_per_s']:.0f} |")
     if results.get("targets"):
         lines += ["", "| target | value | met |", "|---|---:|---|"]

@@ -5,7 +5,9 @@
 
 Each policy runs the same config (same seed, same data) into the same TensorBoard
 experiment folder, so the runs overlay in one dashboard. ``on+abn`` is policy ``on``
-with the model's BatchNorm+activation fused as InPlace-ABN (``model.args.norm``).
+with the model's BatchNorm+activation fused as InPlace-ABN (``model.args.norm``);
+``auto`` (and ``auto+abn``) is policy auto, which runs an op in place only where it
+proves the input dead (the table shows how many ops per step and the MB they saved).
 Prints a table (peak MB, floor MB, MB and % saved against the first policy, samples/s,
 final loss, eval metric) and writes ``compare.png`` next to the runs: peak memory and
 throughput per policy, and the memory timeline of one step per policy.
@@ -22,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainers.cli import run_cli  # noqa: E402
 
-VARIANTS = {"off": ("off", None), "on": ("on", None), "on+abn": ("on", "inplace_abn"), "off+abn": ("off", "inplace_abn")}
+VARIANTS = {"off": ("off", None), "on": ("on", None), "auto": ("auto", None), "on+abn": ("on", "inplace_abn"),
+            "off+abn": ("off", "inplace_abn"), "auto+abn": ("auto", "inplace_abn")}
 
 
 def parse_args(argv=None):
@@ -73,7 +76,9 @@ def compare(args) -> int:
         rows.append({
             "policy": name, "peak MB": r.peak_mb, "floor MB": r.floor_mb,
             "saved MB": saved, "saved %": 100.0 * saved / base.peak_mb if base.peak_mb else 0.0,
-            "samples/s": r.samples_per_sec, "final loss": r.final_loss, f"eval {r.eval_name}": r.eval_metric,
+            "samples/s": r.samples_per_sec, "auto ops/step": r.auto_ops_per_step,
+            "auto MB/step": r.auto_saved_mb_per_step,
+            "final loss": r.final_loss, f"eval {r.eval_name}": r.eval_metric,
         })
     print(format_summary(rows, [(k, k) for k in rows[0]]))
     out = os.path.join(os.path.dirname(base.run_dir), "compare.png")

@@ -49,6 +49,8 @@ class RunResult:
     policy: str
     losses: list = field(default_factory=list)
     timeline: object = None
+    auto_ops_per_step: float = 0.0  # ops policy auto ran in place, per training step
+    auto_saved_mb_per_step: float = 0.0  # and the MB they did not allocate
 
 
 # --- building blocks from the config ------------------------------------------------------
@@ -135,6 +137,15 @@ def limit_threads(threads: int, comm) -> None:
 
 
 # --- the trainer ---------------------------------------------------------------------------------
+
+
+def _add_auto_stats(window: dict, before: dict, after: dict) -> None:
+    """Adds one step's auto-inplace counters (``memory.stats()`` deltas) to ``window``."""
+    for key, value in after.items():
+        if key.startswith("auto_inplace"):
+            delta = value - before.get(key, 0)
+            if delta:
+                window[key] = window.get(key, 0) + delta
 
 class Trainer:
     """Trains the model a config describes. ``Trainer(cfg).fit()`` returns a :class:`RunResult`."""
@@ -327,6 +338,7 @@ class Trainer:
         peak_run, floor = 0, 0
         # Throughput over the whole run, leaving out the first step (warm-up: caches, allocator).
         timed = {"time": 0.0, "samples": 0, "steps": 0}
+        self._auto_run: dict = {}  # auto-inplace counters over the whole run
         eval_metric = None
         timeline = None
         timeline_step = self.step + min(2, max(self.total_steps - self.step - 1, 0))
@@ -340,6 +352,7 @@ class Trainer:
                     # The peak of the training step alone: evaluation and checkpoints
                     # between steps (eval batches are larger) must not show up in it.
                     memory.reset_peak()
+                    before = memory.stats()
                     t0 = time.perf_counter()
                     if cfg.logging.timeline and self.step == timeline_step and timeline is None:
                         with memory.record_timeline() as tl:
@@ -358,6 +371,9 @@ class Trainer:
                     window["seen"] += len(xb)
                     window["time"] += dt
                     window["steps"] += 1
+                    after = memory.stats()
+                    _add_auto_stats(window, before, after)
+                    _add_auto_stats(self._auto_run, before, after)
                     if self.step > 1 or self.total_steps == 1:
                         timed["time"] += dt
                         timed["samples"] += len(xb) * self.comm.size
@@ -370,7 +386,8 @@ class Trainer:
                         progress.update(self.step, loss=metrics["train/loss"],
                                         samples_per_sec=metrics["perf/samples_per_sec"],
                                         peak_mb=metrics["memory/peak_mb"])
-                        window = {k: 0 if isinstance(v, int) else 0.0 for k, v in window.items()}
+                        window = {k: 0 if isinstance(v, int) else 0.0 for k, v in window.items()
+                                  if not k.startswith("auto_inplace")}
                     if self.step % cfg.train.eval_every == 0 or self.step == self.total_steps:
                         eval_metric = self.evaluate()
                         logger.scalars(self.step, {f"eval/{eval_name}": eval_metric})
@@ -406,6 +423,13 @@ class Trainer:
         }
         if self.classification:
             metrics["train/accuracy"] = window["correct"] / max(window["seen"], 1)
+        # What policy auto did, per training step: ops it ran in place (in total and by
+        # op or site) and the bytes they did not allocate. Zero under on and off.
+        metrics["inplace/auto_ops_per_step"] = window.get("auto_inplace_ops", 0) / n
+        metrics["inplace/auto_saved_mb_per_step"] = window.get("auto_inplace_bytes", 0) / n / MB
+        for key, count in window.items():
+            if key.startswith("auto_inplace_ops."):
+                metrics["inplace/auto_ops_per_step/" + key[len("auto_inplace_ops."):]] = count / n
         for name, nbytes in memory.breakdown().items():
             metrics[f"memory/{name}_mb"] = nbytes / MB
         if self.comm.size > 1:  # a collective: every rank computes its metrics
@@ -425,6 +449,8 @@ class Trainer:
             samples_per_sec=timed["samples"] / timed["time"] if timed["time"] else float("nan"),
             step_ms=1000 * timed["time"] / timed["steps"] if timed["steps"] else float("nan"),
             policy=self.cfg.inplace, losses=losses, timeline=timeline,
+            auto_ops_per_step=self._auto_run.get("auto_inplace_ops", 0) / max(self.step, 1),
+            auto_saved_mb_per_step=self._auto_run.get("auto_inplace_bytes", 0) / max(self.step, 1) / MB,
         )
 
 

@@ -86,16 +86,18 @@ def test_diverging_run_stops_with_the_step_and_exit_3(tmp_path):
 
 
 def test_compare_inplace_runs_each_policy_into_one_experiment(tmp_path):
-    r = run(tmp_path, "compare_inplace.py", "--config", config(tmp_path), "--policies", "off,on",
+    r = run(tmp_path, "compare_inplace.py", "--config", config(tmp_path), "--policies", "off,on,auto",
             "--set", "logging.timeline=true")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     header = next(line for line in lines if line.startswith("policy"))
-    for column in ("peak MB", "floor MB", "saved MB", "saved %", "samples/s", "final loss", "eval accuracy"):
+    for column in ("peak MB", "floor MB", "saved MB", "saved %", "samples/s", "auto ops/step", "final loss",
+                   "eval accuracy"):
         assert column in header
     assert any(line.startswith("off ") for line in lines) and any(line.startswith("on ") for line in lines)
     experiment = tmp_path / "runs" / "cli"
-    assert sorted(os.listdir(experiment)) == ["compare.png", "inplace-off_np1", "inplace-on_np1"]
+    assert any(line.startswith("auto ") for line in lines)
+    assert sorted(os.listdir(experiment)) == ["compare.png", "inplace-auto_np1", "inplace-off_np1", "inplace-on_np1"]
 
 
 def test_compare_rejects_unknown_policy(tmp_path):

@@ -173,3 +173,19 @@ def test_logged_peak_is_the_training_steps_not_the_evaluation(tmp_path, monkeypa
     result = trainer.fit()
     assert result.peak_mb < 64
     assert max(v for _, v in read_scalars(result.run_dir)["memory/peak_mb"]) < 64
+
+
+def test_auto_policy_logs_what_it_ran_in_place(tmp_path):
+    """Under auto the MLP's ReLU (fed its Linear's output as a temporary through
+    Sequential) runs in place every step, and the trainer logs it per step."""
+    result = Trainer(tiny_config(tmp_path, "inplace=auto", "model.args.dropout=0.0")).fit()
+    assert result.run_dir.endswith("inplace-auto_np1")
+    scalars = read_scalars(result.run_dir)
+    assert [v for _, v in scalars["inplace/auto_ops_per_step"]] == [1.0] * 4
+    assert [v for _, v in scalars["inplace/auto_ops_per_step/ReLU.forward"]] == [1.0] * 4
+    relu_mb = 32 * 16 * 4 / 2**20  # batch 32 x 16 hidden units, float32
+    assert scalars["inplace/auto_saved_mb_per_step"][-1][1] == pytest.approx(relu_mb)
+    assert result.auto_ops_per_step == 1.0
+    with_on = Trainer(tiny_config(tmp_path, "inplace=on", "model.args.dropout=0.0")).fit()
+    assert read_scalars(with_on.run_dir)["inplace/auto_ops_per_step"][-1][1] == 0.0
+    assert with_on.losses == result.losses  # same arithmetic, only buffers differ
