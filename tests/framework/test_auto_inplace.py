@@ -248,3 +248,30 @@ def test_trainer_config_accepts_auto(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("inplace: auto\n")
     assert load_config(path).inplace == "auto"
+
+
+def test_the_examples_in_docs_inplace_md_do_what_they_say():
+    x = leaf(3, 4)
+
+    def rewritten(fn):
+        memory.reset_stats()
+        fn()
+        return {k[len("auto_inplace_ops."):] for k in memory.stats() if k.startswith("auto_inplace_ops.")}
+
+    h = x * 2
+    assert rewritten(lambda: (x * 2) + 1.0) == {"Add"}
+    assert rewritten(lambda: h + 1.0) == set()
+    assert rewritten(lambda: fw.exp(x * 2).relu()) == {"Exp"}
+    assert rewritten(lambda: (x * 2).sin()) == set()
+    assert rewritten(lambda: (x * 2).t() + 1.0) == set()
+    assert rewritten(lambda: fw.randn(4) + x) == set()
+    assert rewritten(lambda: nn.ReLU()(x * 2)) == {"ReLU.forward"}
+    bn, relu = nn.BatchNorm1d(4), nn.ReLU()
+
+    def named():
+        out = bn(x * 1.0)
+        out = relu(out)
+        return out
+
+    assert rewritten(named) == set()
+    assert rewritten(lambda: relu(bn(x * 1.0))) == {"ReLU.forward"}
