@@ -235,34 +235,30 @@ def auto_target(cls, inputs, params) -> bool:
     not a view, no view of it alive, no node saved it and nothing but the call holds it)
     and the result has its shape and dtype, with no other input sharing its memory.
     """
-    from . import memory  # noqa: PLC0415
-    from .autograd.grad_mode import state  # noqa: PLC0415
-    from .tensor import Tensor  # noqa: PLC0415
-
+    Tensor = _Tensor
     x = inputs[0]
-    if type(x) is not Tensor or x._base is not None:
+    if type(x) is not Tensor or x._base is not None or (x._requires_grad and x._grad_fn is None):
         return False
     data = x._data
-    if data.dtype.kind != "f" or (x._requires_grad and x._grad_fn is None):
+    if data.dtype.kind != "f":
         return False
     od = None
-    needs = None
-    if state.enabled and cls.differentiable:
-        needs = [isinstance(a, Tensor) and (a._grad_fn is not None or a.requires_grad) for a in inputs]
     for other in inputs[1:]:
         if isinstance(other, Tensor):
             od = other._data
-            if od.dtype != data.dtype or od.ndim > data.ndim or any(
-                o != 1 and o != d for o, d in zip(reversed(od.shape), reversed(data.shape))
-            ):
+            if od.dtype != data.dtype or (od.shape != data.shape and not _fits(od.shape, data.shape)):
                 return False  # the result would not have x's shape and dtype
             if od is data or x.xp.may_share_memory(od, data):
                 return False  # overlap: the kernel would read what it already wrote
         elif type(other) not in (int, float, bool):
             return False
-    if needs is not None and any(needs):
-        for name, idx, when in cls._save_plan:
-            if idx == 0 and (when is None or any(needs[i] for i in when)):
+    saves_x = _saves_first_input.get(cls)
+    if saves_x is None:
+        saves_x = _saves_first_input[cls] = tuple(when for _, idx, when in cls._save_plan if idx == 0)
+    if saves_x and _grad_state.enabled and cls.differentiable:
+        needs = [isinstance(a, Tensor) and (a._grad_fn is not None or a.requires_grad) for a in inputs]
+        for when in saves_x:
+            if when is None and any(needs) or when is not None and any(needs[i] for i in when):
                 return False  # backward reads x: running in place would only copy it
     check = cls.auto_inplace
     if check is not True and not check(inputs, params):
@@ -271,10 +267,21 @@ def auto_target(cls, inputs, params) -> bool:
     del data, od  # the proof counts references: hold none of our own
     if not _sole_array(x) or not _owned(x, sys._getframe(2), "apply"):
         return False
-    memory.count("auto_inplace_ops")
-    memory.count("auto_inplace_ops." + cls.__name__)
-    memory.count("auto_inplace_bytes", nbytes)
+    count = _memory.count
+    count("auto_inplace_ops")
+    count(_stat_keys.get(cls) or _stat_keys.setdefault(cls, "auto_inplace_ops." + cls.__name__))
+    count("auto_inplace_bytes", nbytes)
     return True
+
+
+def _fits(small, big) -> bool:
+    """``small`` broadcasts to ``big`` without changing it."""
+    return len(small) <= len(big) and all(s == 1 or s == b for s, b in zip(reversed(small), reversed(big)))
+
+
+_saves_first_input: dict = {}  # op class -> saved_when conditions of its saved first input
+_stat_keys: dict = {}  # op class -> its memory.stats() key
+_Tensor = _memory = _grad_state = None  # bound by calibrate(), once the framework is loaded
 
 
 def calibrate() -> None:
@@ -285,12 +292,15 @@ def calibrate() -> None:
     exactly one more than its temporary stays untrusted; if none can be trusted, ``auto``
     rewrites nothing and warns once when selected.
     """
-    global _calibrating, _calibration_failed, _MODULE_CALL, _policy
-    from . import ops  # noqa: PLC0415
+    global _calibrating, _calibration_failed, _MODULE_CALL, _policy, _Tensor, _memory, _grad_state
+    from . import memory, ops  # noqa: PLC0415
+    from .autograd.grad_mode import state  # noqa: PLC0415
+    from .tensor import Tensor  # noqa: PLC0415
     from .nn import functional as F  # noqa: PLC0415
     from .nn.module import Module  # noqa: PLC0415
 
     _MODULE_CALL = Module.__call__.__code__
+    _Tensor, _memory, _grad_state = Tensor, memory, state
 
     class _Site(Module):
         def forward(self, input, residual=None):

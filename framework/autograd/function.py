@@ -36,6 +36,7 @@ from .grad_mode import state
 
 _FRAMEWORK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _FREED = object()
+_AUTO_SITE = ("<policy auto>", 0)
 
 
 def _as_array(a):
@@ -361,9 +362,10 @@ _NO_NEEDS = tuple((False,) * n for n in range(8))
 
 def _apply(cls, inputs, params, inplace):
     # This runs for every op call: the common cases are kept short and flat.
+    auto = False
     if not inplace and cls.auto_inplace and _inplace._policy == "auto":
         # First, before this frame holds more references to the inputs than it must.
-        inplace = _inplace.auto_target(cls, inputs, params)
+        auto = inplace = _inplace.auto_target(cls, inputs, params)
     grad_on = state.enabled
     arrays = [a._data if isinstance(a, Tensor) else a for a in inputs]
     any_needs = False
@@ -412,7 +414,9 @@ def _apply(cls, inputs, params, inplace):
             # Kernels should write through ctx.out; this keeps any other one correct.
             out_arr[...] = result
         out = target
-        target._vc.bump(cls.inplace_name, call_site())
+        # An auto rewrite needs no call site: its tensor was dead, so no saved copy can
+        # go stale and no version error can ever name this write.
+        target._vc.bump(cls.inplace_name, _AUTO_SITE if auto else call_site())
         memory.count("inplace_ops")
     else:
         out = _wrap(result)
