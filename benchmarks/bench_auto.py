@@ -11,12 +11,11 @@ the framework's per-op work is what is timed), forward + backward, min over repe
 The same chains under ``on`` (no proof is attempted: ordinary ops stay out of place)
 are the reference; the policies are interleaved round by round.
 
-Run:  python benchmarks/bench_auto.py [--repeats N]
+Run:  python benchmarks/bench_auto.py [--repeats N] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -24,6 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import framework as fw  # noqa: E402
+from benchmarks import common  # noqa: E402
 from framework import memory  # noqa: E402
 
 N = 200
@@ -43,14 +43,13 @@ def named_chain(x):
     return y
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=50)
-    args = ap.parse_args(argv)
+def main(argv=None):
+    args = common.parser(__doc__.splitlines()[0], default_repeats=50).parse_args(argv)
+    repeats = common.repeats_of(args, 50)
     x = fw.randn(64, requires_grad=True)
     best = {}
     rewritten = {}
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         for chain in (temporary_chain, named_chain):
             for policy in ("on", "auto"):
                 with fw.inplace.policy(policy):
@@ -70,9 +69,17 @@ def main(argv=None) -> int:
             us = best[(chain, policy)] / N * 1e6
             print(f"| {chain.replace('_chain', '')} | {policy} | {us:.2f} | "
                   f"{'' if policy == 'on' else f'{us - on:+.2f}'} | {rewritten[(chain, policy)]} |")
-    print(f"\n{args.repeats} repeats, min; python {sys.version.split()[0]}")
-    return 0
+    info = common.machine_info()
+    print(f"\n{repeats} repeats, min. Machine: {common.machine_line(info)}")
+    payload = {
+        "machine": info, "command": common.command_line(), "ops_per_chain": N, "repeats": repeats,
+        "us_per_op": {f"{c}/{p}": best[(c, p)] / N * 1e6 for c, p in best},
+        "rewritten": {f"{c}/{p}": n for (c, p), n in rewritten.items()},
+    }
+    if args.json:
+        common.write_json(args.json, payload)
+    return payload
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

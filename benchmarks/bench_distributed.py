@@ -36,6 +36,19 @@ under ``mpiexec`` it runs directly. Rank 0 prints the tables.
    no core); 2 ranks: both run the DataParallel step. The two phases alternate round by
    round. Efficiency = throughput(2) / (2 x throughput(1)).
 
+4. Overlap of the allreduce with backward. A model whose communication is comparable to
+   its backward (an MLP 1024-2048-2048-10, 6.3M parameters = 25 MB of float32
+   gradients, batch 8 per rank, 4 MiB buckets: 7 of them) and three timings, medians
+   over interleaved repeats, slowest rank:
+   - compute: forward + backward inside ``no_sync()`` (no communication);
+   - comm: ``finish()`` alone, every bucket launched by it (after a ``no_sync``
+     backward and a synced forward);
+   - step: forward + backward with the hooks launching each bucket as it completes,
+     then ``finish()``; once with ``poll_in_hooks`` (each later hook tests the launched
+     buckets, the default) and once without.
+   Overlap = (compute + comm - step) / comm: 0 when nothing overlaps, 1 when the
+   communication is hidden entirely.
+
 Run:  python benchmarks/bench_distributed.py [--quick] [--json PATH] [--repeats N]
 """
 
@@ -346,6 +359,54 @@ def bench_weak_scaling(comm, rounds: int, steps: int, batch: int, width: int) ->
     }
 
 
+# -- 4. overlap with backward ----------------------------------------------------------------
+
+def bench_overlap(comm, repeats: int, batch: int) -> dict:
+    from framework.distributed.data_parallel import DataParallel  # noqa: PLC0415
+
+    loss_fn = nn.CrossEntropyLoss()
+    rng = np.random.default_rng(comm.rank)
+    x = fw.tensor(rng.standard_normal((batch, 1024)).astype(np.float32))
+    y = fw.tensor(rng.integers(0, 10, size=batch).astype(np.int64))
+    with fw.inplace.policy("on"):
+        fw.manual_seed(0)
+        dp = DataParallel(build_model("mlp", in_features=1024, hidden=(2048, 2048)), comm, bucket_mb=4.0)
+    nbytes = sum(p.numel() for p in dp.parameters()) * 4
+
+    def compute():
+        with dp.no_sync():
+            loss_fn(dp(x), y).backward()
+
+    def comm_only():
+        dp.finish()
+
+    def step(poll):
+        def fn():
+            object.__setattr__(dp, "poll_in_hooks", poll)
+            loss_fn(dp(x), y).backward()
+            dp.finish()
+        return fn
+
+    variants = {"compute": compute, "comm": comm_only, "step (poll in hooks)": step(True),
+                "step (no polling)": step(False)}
+
+    def setup(name):
+        dp.zero_grad()
+        if name == "comm":
+            compute()
+            dp(x[:1])  # a synced forward without backward: finish() has a step to complete
+        comm.barrier()
+
+    with fw.inplace.policy("on"):
+        times = gather_max(comm, common.interleaved(variants, repeats, warmup=2, setup=setup))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = {"bytes": nbytes, "buckets": len(dp.buckets), "batch_per_rank": batch,
+           "median_s": med}
+    for k in ("step (poll in hooks)", "step (no polling)"):
+        out[f"overlap, {k}"] = (med["compute"] + med["comm"] - med[k]) / med["comm"]
+    return out
+
+
 # -- main ---------------------------------------------------------------------------------------
 
 def report(res: dict, info: dict) -> None:
@@ -394,6 +455,13 @@ def report(res: dict, info: dict) -> None:
          ["efficiency", f"{w['efficiency_best']:.2f}", f"{w['efficiency_median']:.2f}"]]))
     print(f"\nTarget: efficiency >= {TARGETS['weak_scaling']}: {w['efficiency_best']:.2f} (best), "
           f"{w['efficiency_median']:.2f} (median).")
+    o = res["overlap"]
+    print(f"## Overlap of the allreduce with backward (MLP 1024-2048-2048-10, {o['bytes'] / MB:.1f} MiB of "
+          f"gradients in {o['buckets']} buckets, batch {o['batch_per_rank']} per rank)\n")
+    print(common.markdown_table(
+        ["timing", "median ms"], [[k, ms(v)] for k, v in o["median_s"].items()]))
+    print(f"\nOverlap = (compute + comm - step) / comm: {o['overlap, step (poll in hooks)']:.2f} with polls in "
+          f"the hooks, {o['overlap, step (no polling)']:.2f} without.\n")
     print(f"Load average (1 / 5 / 15 min) before launch: {res['load_before']}; after the run: "
           f"{res['load_after']} (the {RANKS} ranks themselves count; 2 cores).\n")
     print(f"Machine: {common.machine_line(info)}")
@@ -429,6 +497,7 @@ def main(argv: list[str] | None = None):
     res["grad_memory"] = bench_grad_memory(comm, params["mem_batch"])
     res["weak_scaling"] = bench_weak_scaling(comm, params["ws_rounds"], params["ws_steps"],
                                              params["ws_batch"], params["ws_width"])
+    res["overlap"] = bench_overlap(comm, max(repeats // 2, 3), 8)
     res["load_after"] = load_str()
     if comm.rank == 0:
         report(res, info)

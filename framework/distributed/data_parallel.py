@@ -18,7 +18,10 @@ How it works (as PyTorch DDP):
   MiB (a larger parameter gets a bucket of its own).
 - A post-accumulate-grad hook on every parameter marks it ready; when every parameter of a
   bucket is ready the bucket's non-blocking allreduce starts, so communication overlaps
-  the rest of backward. Buckets are launched strictly in bucket index order (a ready bucket
+  the rest of backward. MPI libraries without an asynchronous progress thread (MPICH's
+  default) move a non-blocking collective forward only inside MPI calls, so every later
+  hook also tests the launched buckets (``poll_in_hooks``, on by default): without those
+  polls all the work would wait for :meth:`finish`. Buckets are launched strictly in bucket index order (a ready bucket
   waits for every lower-index one), so all ranks issue the collectives in the same order.
 - :meth:`DataParallel.finish` launches the buckets not launched yet (a parameter that got
   no gradient this step contributes its current ``.grad``, or zeros when it has none, so
@@ -142,6 +145,7 @@ class DataParallel(Module):
         object.__setattr__(self, "_sync_backward", True)  # captured at each forward
         object.__setattr__(self, "_expect_sync", False)   # a synced forward ran since finish()
         object.__setattr__(self, "_hooks_fired", False)   # a synced backward ran since finish()
+        object.__setattr__(self, "poll_in_hooks", True)   # progress launched buckets from hooks
         object.__setattr__(self, "_next_launch", 0)
         object.__setattr__(self, "_where", {})            # id(param) -> (bucket, index)
         object.__setattr__(self, "_hook_handles", [])
@@ -241,6 +245,9 @@ class DataParallel(Module):
                 "dp.no_sync(), and call dp.finish() after the last"
             )
         object.__setattr__(self, "_hooks_fired", True)
+        if self.poll_in_hooks and self._next_launch:
+            for launched in self.buckets[:self._next_launch]:
+                launched.handle.test()  # progress only: completion is taken in finish()
         if self.inplace:
             self._adopt(b, i, p)
         b.ready.add(id(p))
