@@ -54,10 +54,19 @@ def residual_add(input: Tensor, identity: Tensor, inplace: bool | None = None) -
     holds ``input``; ``auto``: only when ``input`` is provably dead, e.g. a BatchNorm
     output passed straight in; ``off``: a new tensor). ``add`` saves nothing for backward.
     """
+    if inplace is None and not _sum_fits(input, identity):
+        inplace = False  # the sum is bigger than input (broadcasting) or of another dtype
     site = _inplace.can_write(input, inplace)
     if site:
         return _ops.add_(input, identity)
     return _ops.add(input, identity)
+
+
+def _sum_fits(input: Tensor, other) -> bool:
+    """``input + other`` has ``input``'s shape and dtype (so it can be written over input)."""
+    if not isinstance(other, Tensor):
+        return isinstance(other, (int, float)) and input.dtype.kind == "f"
+    return other.dtype == input.dtype and _ops.broadcast_shapes(input.shape, other.shape) == input.shape
 
 
 _inplace.passes_ownership(residual_add)

@@ -275,3 +275,12 @@ def test_the_examples_in_docs_inplace_md_do_what_they_say():
 
     assert rewritten(named) == set()
     assert rewritten(lambda: relu(bn(x * 1.0))) == {"ReLU.forward"}
+
+
+@pytest.mark.parametrize("policy", ["on", "auto"])
+def test_residual_add_site_takes_the_out_of_place_path_when_the_sum_is_bigger(policy):
+    x = leaf(4)
+    with inplace.policy(policy):
+        y = F.residual_add(x * 1.0, fw.ones(3, 4))  # broadcasting: (4,) cannot hold (3, 4)
+        z = F.residual_add(x * 1.0, fw.ones(4, dtype=fw.float64))  # nor float64
+    assert y.shape == (3, 4) and z.dtype == fw.float64
