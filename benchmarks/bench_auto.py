@@ -5,8 +5,11 @@ the framework's per-op work is what is timed), forward + backward, min over repe
 
 - ``temporary``: each op's input is the previous op's output, handed over as a
   temporary, so auto proves it dead and runs every op in place;
-- ``named``: each input is held by a local name while the op runs, so auto's proof
-  refuses every op (the cost of a refusal: the cheap checks pass, the count fails).
+- ``rebound``: ``y = y + 1.0``, the input named by a local that the statement rebinds:
+  auto proves it dead too, after reading the caller's locals;
+- ``named``: ``z = y + 1.0; y = z``, the input held by a name the statement does not
+  rebind, so auto refuses every op (the cost of a refusal: the cheap checks pass, the
+  count fails).
 
 The same chains under ``on`` (no proof is attempted: ordinary ops stay out of place)
 are the reference; the policies are interleaved round by round.
@@ -36,10 +39,18 @@ def temporary_chain(x):
     return box.pop()
 
 
+def rebound_chain(x):
+    y = x * 1.0
+    for _ in range(N):
+        y = y + 1.0  # y is named while the add runs, and rebound by the statement
+    return y
+
+
 def named_chain(x):
     y = x * 1.0
     for _ in range(N):
-        y = y + 1.0  # y is named while the add runs
+        z = y + 1.0  # y is named while the add runs, and stays bound
+        y = z
     return y
 
 
@@ -50,7 +61,7 @@ def main(argv=None):
     best = {}
     rewritten = {}
     for _ in range(repeats):
-        for chain in (temporary_chain, named_chain):
+        for chain in (temporary_chain, rebound_chain, named_chain):
             for policy in ("on", "auto"):
                 with fw.inplace.policy(policy):
                     before = memory.stats().get("auto_inplace_ops", 0)
@@ -63,7 +74,7 @@ def main(argv=None):
                 x.grad = None
     print("| chain | policy | µs/op fwd+bwd | auto - on | ops rewritten |")
     print("|---|---|---:|---:|---:|")
-    for chain in ("temporary_chain", "named_chain"):
+    for chain in ("temporary_chain", "rebound_chain", "named_chain"):
         on = best[(chain, "on")] / N * 1e6
         for policy in ("on", "auto"):
             us = best[(chain, policy)] / N * 1e6

@@ -127,6 +127,8 @@ _LICENSED: set = set()  # code objects of the pass-through frames
 _BASE: dict = {}  # (checker, path) -> references of a temporary, minus pass-through frames
 _calibration_failed = ""  # why calibration failed ("" = it worked or has not run)
 _calibrating = False
+_measuring_rebind = False
+_REBIND_REFS = 0  # references one local name adds once the frame's locals were read (calibrated)
 _calibration_log: list = []
 _warned = [False]
 _opnames: dict = {}  # (code, lasti) -> opname of the instruction running at lasti
@@ -197,7 +199,83 @@ def _owned(t, frame, checker: str) -> bool:
         _calibration_log.append((checker, path, refs - n))
         return False
     base = _BASE.get((checker, path))
-    return base is not None and refs - n == base
+    if base is None:
+        return False
+    extra = refs - n - base
+    if extra == 0:
+        return True  # a temporary
+    if extra < 0 or not (_REBIND_REFS or _measuring_rebind):
+        return False
+    # A name in the caller: dead only if this very statement rebinds it before reading it
+    # (``out = relu(out)``, ``out = out + identity``).
+    names = _rebound_names(frame.f_code, frame.f_lasti)
+    if not names:
+        return False
+    loc = frame.f_locals  # CPython < 3.13 refreshes (and keeps) a snapshot of the locals here
+    k = 0
+    for name in names:
+        if loc.get(name) is t:
+            k += 1
+    del loc
+    extra = sys.getrefcount(t) - n - base  # after the refresh: a stale snapshot no longer counts
+    if _measuring_rebind:
+        _calibration_log.append((k, extra))
+        return False
+    return k > 0 and extra == k * _REBIND_REFS
+
+
+# Names the statement running at an instruction loaded, and stores (or deletes) after it
+# before reading them again: the ones that are dead once the call at that instruction
+# has run. Nothing is claimed
+# (an empty tuple) when the statement jumps or ends, the instruction is inside a try or
+# with block (a handler could read the name), the code can read its locals dynamically,
+# or an instruction touches fast locals in a way this scan does not know.
+_rebinds: dict = {}
+_DYNAMIC_NAMES = frozenset({"locals", "vars", "eval", "exec", "_getframe", "currentframe"})
+_READS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR"})
+_KILLS = frozenset({"STORE_FAST", "DELETE_FAST"})
+_ENDS = frozenset({"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "YIELD_VALUE", "SEND",
+                   "END_FOR", "FOR_ITER"})
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+
+
+def _rebound_names(code, lasti) -> tuple:
+    key = (code, lasti)
+    names = _rebinds.get(key)
+    if names is None:
+        names = _rebinds[key] = _scan_rebinds(code, lasti)
+    return names
+
+
+def _scan_rebinds(code, lasti) -> tuple:
+    if _DYNAMIC_NAMES.intersection(code.co_names):
+        return ()
+    bytecode = dis.Bytecode(code)
+    if any(e.start <= lasti < e.end for e in bytecode.exception_entries):
+        return ()
+    loaded: set = set()  # names this line loaded up to the current instruction
+    read: set = set()
+    killed: list = []
+    for ins in bytecode:
+        if ins.offset <= lasti:
+            if ins.starts_line:
+                loaded.clear()
+            if ins.opname in _READS:
+                loaded.add(ins.argval)
+            continue
+        op = ins.opname
+        if ins.starts_line or ins.opcode in _JUMPS or op in _ENDS:
+            break  # the statement ends (or may not run on): only what came before counts
+        if op in _READS:
+            read.add(ins.argval)
+        elif op in _KILLS:
+            if ins.argval not in read and ins.argval not in killed:
+                killed.append(ins.argval)
+        elif "FAST" in op:
+            return ()  # another way to touch locals (a newer interpreter): claim nothing
+    # Only a name this statement loaded can have brought the tensor to the call; checking
+    # the others would read f_locals for nothing (``h = a * b`` names h, not a).
+    return tuple(name for name in killed if name in loaded)
 
 
 def _sole_array(t) -> bool:
@@ -293,6 +371,7 @@ def calibrate() -> None:
     rewrites nothing and warns once when selected.
     """
     global _calibrating, _calibration_failed, _MODULE_CALL, _policy, _Tensor, _memory, _grad_state
+    global _measuring_rebind, _REBIND_REFS
     from . import memory, ops  # noqa: PLC0415
     from .autograd.grad_mode import state  # noqa: PLC0415
     from .tensor import Tensor  # noqa: PLC0415
@@ -333,17 +412,18 @@ def calibrate() -> None:
         "    def module_op_named():\n        t = make()\n        op(t)\n"
         "    def fn_site_temp(): F.residual_add(make(), 1.0)\n"
         "    def fn_site_named():\n        t = make()\n        F.residual_add(t, 1.0)\n"
+        "    def rebind():\n        t = make()\n        t = ops.neg(t)\n"
         "    return [(call_temp, call_named), (binary_temp, binary_named), (module_temp, module_named),\n"
         "            (module_op_temp, module_op_named),\n"
         "            (call_kw_temp, call_kw_named), (module_kw_temp, module_kw_named),\n"
         "            (module_op_kw_temp, module_op_kw_named), (fn_site_kw_temp, fn_site_kw_named),\n"
-        "            (fn_site_temp, fn_site_named)]\n"
+        "            (fn_site_temp, fn_site_named)], rebind\n"
     )
     scope: dict = {}
     exec(compile(source, "<inplace auto calibration>", "exec"), scope)  # noqa: S102
     from .creation import zeros  # noqa: PLC0415
 
-    pairs = scope["probes"](lambda: zeros(2), ops, F, _Site(), _Op())
+    pairs, rebind_probe = scope["probes"](lambda: zeros(2), ops, F, _Site(), _Op())
     prev, _policy = _policy, "auto"
     _calibrating = True
     logs = []
@@ -375,6 +455,24 @@ def calibrate() -> None:
                 _BASE[key] = refs
     for key in bad:
         _BASE.pop(key, None)
+    # A name the statement rebinds (t = neg(t)): how many references it adds once the
+    # frame's locals have been read (two on CPython < 3.13: the slot and the snapshot).
+    _REBIND_REFS = 0
+    if ("apply", "call") in _BASE:
+        prev, _policy = _policy, "auto"
+        _measuring_rebind = True
+        try:
+            _calibration_log.clear()
+            rebind_probe()
+            measured = list(_calibration_log)
+        finally:
+            _measuring_rebind = False
+            _policy = prev
+            _calibration_log.clear()
+        if len(measured) == 1 and measured[0][0] == 1 and measured[0][1] >= 1:
+            _REBIND_REFS = measured[0][1]
+        else:
+            problems.append(f"rebinding a name: {measured}")
     if not _BASE:
         _calibration_failed = "; ".join(problems) or "no path was reached"
     elif problems:

@@ -107,11 +107,12 @@ def test_logging_quick(capsys, tmp_path):
     assert saved["steps"] == 60 and saved["calls"]["scalars_us"] > 0
 
 
-def test_bench_auto_rewrites_every_temporary_and_no_named_input(tmp_path):
+def test_bench_auto_rewrites_temporaries_and_rebound_names_not_kept_ones(tmp_path):
     from benchmarks import bench_auto
 
     payload = bench_auto.main(["--quick", "--repeats", "1", "--json", str(tmp_path / "auto.json")])
     n = bench_auto.N
     assert payload["rewritten"] == {"temporary_chain/on": 0, "temporary_chain/auto": n,
+                                    "rebound_chain/on": 0, "rebound_chain/auto": n,
                                     "named_chain/on": 0, "named_chain/auto": 0}
     assert (tmp_path / "auto.json").exists()

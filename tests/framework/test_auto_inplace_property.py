@@ -10,6 +10,9 @@ grad, of shapes (3, 4) and (4,), and one that does not). A program is a list of:
   ``nn.Sequential`` of two of them, one module with a forward hook), the functional
   sites (``F.relu``, ``F.residual_add``), views (transpose, slice, reshape, unsqueeze,
   expand) and explicit inplace ops; the result is named (appended to the pool);
+- named chains: the same steps written PyTorch-style, ``v = f(v)`` one statement at a
+  time (auto may reuse ``v`` because the statement rebinds it), optionally with a second
+  name kept on the starting tensor (then it must not);
 - explicit inplace ops on a named pool tensor (``add_``, ``mul_``, ``relu_``, item
   assignment), which may legitimately raise.
 
@@ -46,8 +49,17 @@ step = st.one_of(
     st.tuples(st.just("module"), st.sampled_from(sorted(MODULES))),
     st.tuples(st.just("site"), st.sampled_from(["F.relu", "residual_add"]), st.integers(0, 20)),
 )
+named_step = st.one_of(
+    st.tuples(st.just("fn"), st.sampled_from(sorted(UNARY))),
+    st.tuples(st.just("scalar"), st.sampled_from("+*"), SCALARS),
+    st.tuples(st.just("tensor"), st.sampled_from("+*"), st.integers(0, 20)),
+    st.tuples(st.just("module"), st.sampled_from(sorted(MODULES))),
+    st.tuples(st.just("view"), st.sampled_from(["t", "unsqueeze"])),
+)
 instruction = st.one_of(
     st.tuples(st.just("chain"), st.integers(0, 20), st.booleans(), st.lists(step, min_size=1, max_size=4)),
+    st.tuples(st.just("named"), st.integers(0, 20), st.booleans(), st.lists(named_step, min_size=1, max_size=4),
+              st.booleans()),
     st.tuples(st.just("explicit"), st.integers(0, 20), st.sampled_from(["add_", "mul_", "relu_", "setitem"]), SCALARS),
 )
 
@@ -114,6 +126,33 @@ def apply_step(box, s, pool):
             box.append(getattr(box.pop(), name)())
 
 
+def named_chain(pool, src, copy, steps, keep_alias):
+    """The steps as ``v = f(v)`` statements (no try block here: auto refuses inside one)."""
+    v = pool[src % len(pool)] * 1.0 if copy else pool[src % len(pool)]
+    alias = v if keep_alias else None
+    for s in steps:
+        kind = s[0]
+        if kind == "fn":
+            v = UNARY[s[1]](v)
+        elif kind == "scalar" and s[1] == "+":
+            v = v + s[2]
+        elif kind == "scalar":
+            v = v * s[2]
+        elif kind == "tensor" and s[1] == "+":
+            v = v + pool[s[2] % len(pool)]
+        elif kind == "tensor":
+            v = v * pool[s[2] % len(pool)]
+        elif kind == "module":
+            v = MODULES[s[1]](v)
+        elif s[1] == "t":
+            v = v.t() if v.ndim == 2 else v
+        else:
+            v = v.unsqueeze(0)
+    pool.append(v)
+    if alias is not None:
+        pool.append(alias)
+
+
 def run(program, policy):
     rng = np.random.default_rng(0)
     a = fw.tensor(rng.standard_normal((3, 4)).astype(np.float32) * 0.5, requires_grad=True)
@@ -125,7 +164,9 @@ def run(program, policy):
     with inplace.policy(policy), np.errstate(over="ignore", invalid="ignore"):
         for i, ins in enumerate(program):
             try:
-                if ins[0] == "chain":
+                if ins[0] == "named":
+                    named_chain(pool, *ins[1:])
+                elif ins[0] == "chain":
                     _, src, copy, steps = ins
                     box = [pool[src % len(pool)] * 1.0 if copy else pool[src % len(pool)]]
                     for s in steps:
@@ -182,3 +223,9 @@ def test_the_generator_reaches_auto():
     program = [("chain", 0, True, [("scalar", "+", 2.0), ("fn", "tanh"), ("rscalar", "*", 3.0)])]
     run(program, "auto")
     assert memory.stats().get("auto_inplace_ops", 0) >= 2
+    memory.reset_stats()
+    run([("named", 0, True, [("scalar", "+", 2.0), ("fn", "tanh"), ("scalar", "*", 3.0)], False)], "auto")
+    assert memory.stats().get("auto_inplace_ops", 0) >= 2
+    memory.reset_stats()
+    run([("named", 0, True, [("scalar", "+", 2.0), ("scalar", "*", 3.0)], True)], "auto")
+    assert memory.stats().get("auto_inplace_ops", 0) == 1  # the alias keeps the start; then v is fresh
