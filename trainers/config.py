@@ -141,7 +141,9 @@ SCHEMA: dict[str, Any] = {
     },
     "distributed": {
         "bucket_mb": Field("float", 25.0, "Gradient allreduce bucket size in MiB", gt=0),
-        "backend":   Field("str", "auto", "Gradient communication backend", choices=("auto", "mpi", "nccl")),
+        "backend":   Field("str", "auto", "How gradients travel between processes: `nccl` (GPU buffers over NCCL, "
+                           "one GPU per process), `mpi` (MPI; GPU buffers staged through host memory) or `auto` "
+                           "(NCCL for a GPU run when CuPy can load it, else MPI)", choices=("auto", "mpi", "nccl")),
         "sync_bn":   Field("bool", False, "With several processes, replace BatchNorm layers by SyncBatchNorm "
                            "(statistics over all ranks' samples)"),
     },

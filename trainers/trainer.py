@@ -170,7 +170,13 @@ class Trainer:
         # (framework/distributed/data_parallel.py); parameters start from rank 0's.
         self.dp = None
         if self.comm.size > 1:
+            from framework.distributed.comm import for_device  # noqa: PLC0415
             from framework.distributed.data_parallel import DataParallel  # noqa: PLC0415
+
+            try:  # NCCL for GPU buffers, or MPI (host staging on a GPU)
+                self.comm = for_device(self.comm, self.device, cfg.distributed.backend)
+            except (RuntimeError, ValueError) as e:
+                raise TrainingError(str(e)) from None
 
             if cfg.distributed.sync_bn:
                 from framework.distributed.sync_batchnorm import SyncBatchNorm  # noqa: PLC0415

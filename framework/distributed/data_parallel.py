@@ -51,6 +51,12 @@ Buffers (BatchNorm running statistics) are broadcast from rank 0 at every forwar
 PyTorch DDP does by default (``broadcast_buffers=True``), so every rank evaluates and
 checkpoints the same statistics.
 
+On a GPU the buckets live on the parameters' device (every parameter must be on one).
+With a :class:`~framework.distributed.comm.NcclCommunicator` each bucket is reduced by
+NCCL on a side CUDA stream that starts after the gradients enqueued so far, so the
+overlap with backward happens on the GPU; with the MPI communicator a GPU bucket is
+staged through host memory (a copy each way: the fallback when NCCL is missing).
+
 With one process (``comm.size == 1``) the wrapper is a passthrough: no buckets, no hooks,
 the same API.
 """
@@ -62,7 +68,7 @@ import weakref
 
 import numpy as np
 
-from .. import inplace, memory
+from .. import backend, inplace, memory
 from ..autograd.grad_mode import state as _grad_state
 from ..nn.module import Module
 from ..tensor import Tensor, _wrap
@@ -85,12 +91,12 @@ class _Bucket:
         self.params: list[Tensor] = []
         self.offsets: list[int] = []
         self.numel = 0
-        self.buffer: np.ndarray | None = None  # policy on: the flat gradient buffer
+        self.buffer = None                     # policy on: the flat gradient buffer (xp array)
         self.views: list[Tensor] = []          # policy on: p.grad of each parameter
         self.ready: set[int] = set()           # ids of the parameters ready this step
         self.launched = False
         self.handle = None
-        self.recv: np.ndarray | None = None    # policy off: the receive buffer in flight
+        self.recv = None                       # policy off: the receive buffer in flight
 
     @property
     def nbytes(self) -> int:
@@ -101,7 +107,7 @@ class _Bucket:
         self.offsets.append(self.numel)
         self.numel += p.numel()
 
-    def slice(self, i: int, flat: np.ndarray) -> np.ndarray:
+    def slice(self, i: int, flat):
         p = self.params[i]
         off = self.offsets[i]
         return flat[off:off + p.numel()].reshape(p.shape)
@@ -149,6 +155,7 @@ class DataParallel(Module):
         object.__setattr__(self, "_next_launch", 0)
         object.__setattr__(self, "_where", {})            # id(param) -> (bucket, index)
         object.__setattr__(self, "_hook_handles", [])
+        object.__setattr__(self, "xp", np)                # the array module of the gradients
         if self.comm.size == 1:
             return
         for p in module.parameters():
@@ -160,10 +167,10 @@ class DataParallel(Module):
 
     def _broadcast_array(self, t: Tensor) -> None:
         data = t._data
-        if isinstance(data, np.ndarray) and data.flags.c_contiguous and data.flags.writeable:
+        if data.flags.c_contiguous and getattr(data.flags, "writeable", True):  # CuPy has no flag
             self.comm.broadcast_(data, root=0)
-        else:  # a strided or non-host array: stage it through a contiguous host copy
-            tmp = np.ascontiguousarray(np.asarray(data))
+        else:  # a strided (or read-only host) array: through a contiguous copy
+            tmp = backend.get_array_module(data).ascontiguousarray(data)
             self.comm.broadcast_(tmp, root=0)
             data[...] = tmp
 
@@ -174,6 +181,14 @@ class DataParallel(Module):
     def _build_buckets(self) -> None:
         cap = self.bucket_mb * _MIB
         params = [p for p in self.module.parameters() if p.requires_grad]
+        devices = {backend.device_of(p._data) for p in params}
+        if len(devices) > 1:
+            raise ValueError(
+                "DataParallel needs every parameter on one device, found "
+                f"{', '.join(sorted(map(str, devices)))}; call model.to(device) first"
+            )
+        if params:
+            object.__setattr__(self, "xp", backend.get_array_module(params[0]._data))
         open_by_dtype: dict = {}
         for p in reversed(params):
             dt = np.dtype(p.dtype)
@@ -188,7 +203,7 @@ class DataParallel(Module):
             b.add(p)
         for b in self.buckets:
             if self.inplace:
-                b.buffer = memory.zeros((b.numel,), b.dtype, np, "gradients")
+                b.buffer = memory.zeros((b.numel,), b.dtype, self.xp, "gradients")
                 b.views = [_wrap(b.slice(i, b.buffer)) for i in range(len(b.params))]
             ref = weakref.ref(self)
             for p in b.params:
@@ -268,14 +283,14 @@ class DataParallel(Module):
                 self._adopt(b, i, p)  # zeros for a parameter with no gradient
             b.handle = self.comm.iallreduce_(b.buffer)
         else:
-            send = memory.empty((b.numel,), b.dtype, np, "gradients")
+            send = memory.empty((b.numel,), b.dtype, self.xp, "gradients")
             for i, p in enumerate(b.params):
                 dst = b.slice(i, send)
                 if p.grad is None:
                     dst[...] = 0
                 else:
                     dst[...] = p.grad._data
-            b.recv = memory.empty((b.numel,), b.dtype, np, "gradients")
+            b.recv = memory.empty((b.numel,), b.dtype, self.xp, "gradients")
             b.handle = self.comm.iallreduce_copy(send, b.recv)
         b.launched = True
         object.__setattr__(self, "_next_launch", b.index + 1)
@@ -298,11 +313,11 @@ class DataParallel(Module):
         for b in self.buckets:
             out = b.handle.wait()
             if self.inplace:
-                np.divide(out, n, out=out)
+                self.xp.divide(out, n, out=out)
             else:
                 for i, p in enumerate(b.params):
-                    g = memory.empty(p.shape, b.dtype, np, "gradients")
-                    np.divide(b.slice(i, out), n, out=g)
+                    g = memory.empty(p.shape, b.dtype, self.xp, "gradients")
+                    self.xp.divide(b.slice(i, out), n, out=g)
                     p.grad = _wrap(g)
                 b.recv = None
             b.handle = None

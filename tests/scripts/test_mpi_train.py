@@ -79,3 +79,10 @@ def test_sync_bn_makes_a_batchnorm_model_match_one_process(tmp_path):
     one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-on_np1" / "step_00000010.ckpt"))["model"]
     for name in one:
         np.testing.assert_allclose(np.asarray(two[name]), np.asarray(one[name]), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_nccl_backend_on_the_cpu_is_one_line_error(tmp_path):
+    code, out, err = train(tmp_path, 2, 32, "--set", "distributed.backend=nccl")
+    assert code != 0
+    assert "Traceback" not in err
+    assert "error: distributed backend 'nccl' needs device 'cuda'; on the CPU use 'mpi' or 'auto'" in err

@@ -1,6 +1,8 @@
 """Worker launched by test_comm.py under ``mpiexec -n N``; exits 0 when every check passes.
 
-Usage: mpi_worker_comm.py collectives   # checks every collective
+Usage: mpi_worker_comm.py collectives   # checks every collective on host arrays
+       mpi_worker_comm.py gpu BACKEND   # the same collectives on CuPy arrays (mpi: host
+                                        # staging; nccl: NcclCommunicator, one GPU per rank)
        mpi_worker_comm.py crash MESSAGE # rank 1 raises MESSAGE; the others block in a collective
 """
 
@@ -9,7 +11,27 @@ import threading
 
 import numpy as np
 
-from framework.distributed.comm import Communicator, get_world, install_abort_on_exception
+from framework.distributed.comm import (
+    Communicator,
+    NcclCommunicator,
+    get_world,
+    install_abort_on_exception,
+    nccl_bootstrap,
+)
+
+
+class RecordingNccl:
+    """Stands in for ``cupy.cuda.nccl`` in the bootstrap: each rank makes a different id,
+    and the communicator records what it was built with."""
+
+    def __init__(self, rank):
+        self.rank = rank
+
+    def get_unique_id(self):
+        return tuple(range(self.rank, self.rank + 128))  # differs per rank: rank 0's must win
+
+    def NcclCommunicator(self, ndev, uid, rank):  # noqa: N802 - CuPy's name
+        return {"ndev": ndev, "uid": uid, "rank": rank}
 
 
 def check_collectives(world: Communicator) -> None:
@@ -84,6 +106,12 @@ def check_collectives(world: Communicator) -> None:
     assert world.allreduce_scalar(float(r), op="max") == n - 1
     assert world.allreduce_scalar(np.float32(r), op="min") == 0.0
     assert isinstance(world.allreduce_scalar(1), float)
+    for root in (0, n - 1):
+        assert world.broadcast_object({"from": r, "data": [r] * 3}, root=root) == {"from": root, "data": [root] * 3}
+
+    # The NCCL bootstrap: every rank builds its communicator with rank 0's unique id.
+    made = nccl_bootstrap(world, RecordingNccl(r))
+    assert made == {"ndev": n, "uid": tuple(range(128)), "rank": r}, made
 
     # Errors are raised before any communication, identically on every rank.
     try:
@@ -92,6 +120,49 @@ def check_collectives(world: Communicator) -> None:
         assert "contiguous" in str(e)
     else:
         raise AssertionError("non-contiguous buffer accepted")
+    world.barrier()
+
+
+def check_gpu_collectives(world: Communicator, backend: str) -> None:
+    """Collectives of CuPy arrays: staged through host memory (mpi) or over NCCL."""
+    import cupy as cp
+
+    r, n = world.rank, world.size
+    cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
+    comm = NcclCommunicator(world.mpi_comm) if backend == "nccl" else world
+    assert comm.backend == backend
+    total = n * (n + 1) / 2
+    for dtype in (cp.float32, cp.float64, cp.int64):
+        buf = cp.arange(6, dtype=dtype).reshape(2, 3) + r
+        ptr = buf.data.ptr
+        assert comm.allreduce_(buf) is buf and buf.data.ptr == ptr
+        np.testing.assert_array_equal(buf.get(), (np.arange(6) * n + n * (n - 1) // 2).reshape(2, 3))
+        buf = cp.array([r, -r], dtype=dtype)
+        comm.allreduce_(buf, op="max")
+        np.testing.assert_array_equal(buf.get(), [n - 1, 0])
+    flat = cp.full(10, float(r + 1), dtype=cp.float32)
+    comm.allreduce_(flat[2:7])
+    np.testing.assert_array_equal(flat.get(), [r + 1] * 2 + [total] * 5 + [r + 1] * 3)
+    bufs = [cp.full(1000 * (i + 1), float(r + i), dtype=cp.float32) for i in range(4)]
+    handles = [comm.iallreduce_(b) for b in bufs]
+    for i in reversed(range(4)):
+        assert handles[i].wait() is bufs[i]
+        np.testing.assert_array_equal(bufs[i].get(), np.full(1000 * (i + 1), total - n + n * i))
+    send, recv = cp.full(4, float(r), cp.float32), cp.zeros(4, cp.float32)
+    assert comm.allreduce_copy(send, recv) is recv
+    np.testing.assert_array_equal(recv.get(), np.full(4, n * (n - 1) / 2))
+    recv2 = cp.zeros(4, cp.float32)
+    assert comm.iallreduce_copy(send, recv2, op="max").wait() is recv2
+    np.testing.assert_array_equal(recv2.get(), np.full(4, n - 1))
+    np.testing.assert_array_equal(send.get(), np.full(4, float(r)))
+    for root in (0, n - 1):
+        buf = cp.full((3, 2), float(r), dtype=cp.float64)
+        assert comm.broadcast_(buf, root=root) is buf
+        np.testing.assert_array_equal(buf.get(), np.full((3, 2), float(root)))
+    host = np.full(3, float(r))  # host arrays still go over MPI
+    comm.allreduce_(host)
+    np.testing.assert_array_equal(host, np.full(3, n * (n - 1) / 2))
+    cp.cuda.get_current_stream().synchronize()
     world.barrier()
 
 
@@ -118,6 +189,9 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "collectives":
         check_collectives(world)
+        print(f"rank {world.rank}: ok", flush=True)
+    elif mode == "gpu":
+        check_gpu_collectives(world, sys.argv[2])
         print(f"rank {world.rank}: ok", flush=True)
     elif mode == "crash":
         crash(world, sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "main")

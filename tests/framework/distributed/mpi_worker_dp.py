@@ -1,21 +1,25 @@
 """Worker launched by test_data_parallel.py under ``mpiexec -n 2``; exits 0 when every check passes.
 
 Usage: mpi_worker_dp.py POLICY [CHECK ...]   # POLICY on|off; CHECKs default to all
+With ``DP_DEVICE=cuda`` (and ``DP_BACKEND=mpi|nccl``) the model and data live on each
+rank's GPU and the gradients go through that communicator (the "equivalence" check).
 Prints ``rank R: CHECK ok`` for each check that passed. An assertion on any rank aborts the
 whole job (install_abort_on_exception), so a failure never hangs the other rank.
 """
 
+import os
 import sys
 
 import numpy as np
 
 import framework as fw
 from framework import inplace, nn
-from framework.distributed.comm import get_world, install_abort_on_exception
+from framework.distributed.comm import for_device, get_world, install_abort_on_exception
 from framework.distributed.data_parallel import DataParallel
 
 B, D_IN, D_HID, D_OUT = 8, 16, 32, 4
 BUCKET_MB = 0.0005  # ~0.5 KB: several buckets, so launch order matters
+DEVICE = os.environ.get("DP_DEVICE", "cpu")
 
 
 def mlp(seed):
@@ -53,10 +57,14 @@ def assert_close(got, want, what):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-5, err_msg=what)
 
 
+def on_device(x):
+    return fw.tensor(x, device=DEVICE)
+
+
 def check_equivalence(world):
     """2 ranks x half of batch 2B == 1 process on batch 2B, after 10 SGD steps."""
     r, n = world.rank, world.size
-    model = mlp(seed=100 + r)  # different on each rank: the broadcast must fix it
+    model = mlp(seed=100 + r).to(DEVICE)  # different on each rank: the broadcast must fix it
     dp = DataParallel(model, comm=world, bucket_mb=BUCKET_MB)
     assert len(dp.buckets) >= 3, dp.buckets
     opt = fw.optim.SGD(dp.parameters(), lr=0.1, momentum=0.9)
@@ -68,7 +76,7 @@ def check_equivalence(world):
     for step in range(10):
         x, y = data(step, n * B)
         opt.zero_grad()
-        loss = loss_fn(dp(fw.tensor(x[r * B:(r + 1) * B])), fw.tensor(y[r * B:(r + 1) * B]))
+        loss = loss_fn(dp(on_device(x[r * B:(r + 1) * B])), on_device(y[r * B:(r + 1) * B]))
         loss.backward()
         assert all(b.launched for b in dp.buckets), "buckets not launched from backward hooks"
         dp.finish()
@@ -192,6 +200,14 @@ if __name__ == "__main__":
     install_abort_on_exception(world)
     assert world.size >= 2, "run under mpiexec -n 2"
     inplace.set_policy(sys.argv[1])
+    if DEVICE != "cpu":
+        import cupy as cp
+
+        gpu = world.local_rank % cp.cuda.runtime.getDeviceCount()
+        cp.cuda.Device(gpu).use()
+        DEVICE = f"cuda:{gpu}"
+        world = for_device(world, DEVICE, os.environ["DP_BACKEND"])
+        assert world.backend == os.environ["DP_BACKEND"], world
     for name in sys.argv[2:] or list(CHECKS):
         CHECKS[name](world)
         world.barrier()

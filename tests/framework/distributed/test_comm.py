@@ -6,12 +6,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from framework import backend as fw_backend
 from framework.distributed.comm import (
     Communicator,
+    NcclCommunicator,
     SingleProcessCommunicator,
+    for_device,
     get_world,
     install_abort_on_exception,
 )
+from tests.conftest import CUDA_AVAILABLE, requires_gpu
 from tests.mpi_util import HAVE_MPI4PY, needs_mpiexec, run_script, worker_env
 
 HERE = Path(__file__).resolve().parent
@@ -69,6 +73,7 @@ def test_single_process_collectives(make):
     b = np.arange(4, dtype=np.int64)
     assert w.broadcast_(b) is b and b.tolist() == [0, 1, 2, 3]
     assert w.allgather_object({"a": 1}) == [{"a": 1}]
+    assert w.broadcast_object(("uid", 7)) == ("uid", 7)
     for op in ("sum", "max", "min", "mean"):
         assert w.allreduce_scalar(2.5, op=op) == 2.5
     assert isinstance(w.allreduce_scalar(np.float32(3)), float)
@@ -92,7 +97,7 @@ def test_argument_errors(make):
         w.allreduce_(np.zeros(3), op="mean")
     with pytest.raises(ValueError, match="unknown reduction op"):
         w.allreduce_scalar(1.0, op="avg")
-    with pytest.raises(TypeError, match="NumPy array"):
+    with pytest.raises(TypeError, match="must be a NumPy or CuPy array, got list"):
         w.allreduce_([1.0, 2.0])
     with pytest.raises(TypeError, match="dtype float16"):
         w.allreduce_(np.zeros(3, np.float16))
@@ -107,6 +112,46 @@ def test_argument_errors(make):
         w.allreduce_copy(x[:4], x[2:])
     with pytest.raises(ValueError, match="root 1 out of range"):
         w.broadcast_(np.zeros(3), root=1)
+    with pytest.raises(ValueError, match="root -1 out of range"):
+        w.broadcast_object("x", root=-1)
+
+
+class TwoRankWorld(SingleProcessCommunicator):
+    """Claims 2 ranks (no collective is run): what for_device sees under mpiexec -n 2."""
+
+    def __init__(self):
+        super().__init__()
+        self.size = 2
+
+
+def test_for_device_on_cpu_is_the_world_itself():
+    for world in (SingleProcessCommunicator(), TwoRankWorld()):
+        assert for_device(world, "cpu") is world
+        assert for_device(world, "cpu", "mpi") is world
+    with pytest.raises(ValueError, match="'nccl' needs device 'cuda'"):
+        for_device(TwoRankWorld(), "cpu", "nccl")
+    with pytest.raises(ValueError, match="unknown distributed backend 'gloo'; use one of: auto, nccl, mpi"):
+        for_device(TwoRankWorld(), "cpu", "gloo")
+
+
+def test_for_device_one_process_or_mpi_backend_needs_no_nccl():
+    one, two = SingleProcessCommunicator(), TwoRankWorld()
+    assert for_device(one, "cuda") is one and for_device(one, "cuda:1", "nccl") is one
+    assert for_device(two, "cuda", "mpi") is two  # GPU buffers are staged through the host
+
+
+@pytest.mark.skipif(CUDA_AVAILABLE, reason="checks the messages of a machine without a GPU")
+def test_for_device_without_gpu_says_what_to_do():
+    with pytest.raises(RuntimeError, match=r"NCCL backend needs CuPy and a CUDA device.*distributed.backend 'mpi'"):
+        for_device(TwoRankWorld(), "cuda", "nccl")
+    with pytest.warns(RuntimeWarning, match="falling back to MPI with host staging"):
+        world = TwoRankWorld()
+        assert for_device(world, "cuda", "auto") is world
+
+
+def test_gpu_buffers_are_refused_where_they_cannot_go():
+    with pytest.raises(TypeError, match="must be a NumPy or CuPy array, got memoryview"):
+        SingleProcessCommunicator().allreduce_(memoryview(b"abcd"))
 
 
 def test_get_world_is_cached(fresh_world):
@@ -196,6 +241,44 @@ def test_uncaught_exception_single_process_exits_nonzero():
 @needs_mpiexec
 def test_collectives_two_ranks():
     code, out, err, _ = run_job(["collectives"], nprocs=2, timeout=30)
+    assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "rank 0: ok" in out and "rank 1: ok" in out
+
+
+def _gpu_count() -> int:
+    return fw_backend.cupy_module().cuda.runtime.getDeviceCount() if CUDA_AVAILABLE else 0
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.skipif(not HAVE_MPI4PY, reason="NcclCommunicator bootstraps over MPI: needs mpi4py")
+def test_nccl_and_staging_in_one_process():
+    """Every collective of CuPy arrays, one rank: NCCL and the MPI host-staging path."""
+    import cupy as cp
+
+    for comm in (Communicator(), NcclCommunicator(device=0)):
+        buf = cp.arange(5, dtype=cp.float32)
+        assert comm.allreduce_(buf) is buf
+        h = comm.iallreduce_(buf, op="max")
+        assert h.wait() is buf and h.test()
+        recv = cp.zeros(5, cp.float32)
+        assert comm.iallreduce_copy(buf, recv).wait() is recv
+        assert comm.broadcast_(buf) is buf
+        np.testing.assert_array_equal(recv.get(), np.arange(5))
+        with pytest.raises(ValueError, match="C-contiguous"):
+            comm.allreduce_(cp.zeros((4, 4), cp.float32)[:, 0])
+    assert "device=cuda:0" in repr(NcclCommunicator(device=0))
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+@requires_gpu
+@needs_mpiexec
+@pytest.mark.parametrize("backend", ["mpi", "nccl"])
+def test_gpu_collectives_two_ranks(backend):
+    if backend == "nccl" and _gpu_count() < 2:
+        pytest.skip("NCCL needs one GPU per rank: 2 ranks need 2 GPUs")
+    code, out, err, _ = run_job(["gpu", backend], nprocs=2, timeout=120)
     assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
     assert "rank 0: ok" in out and "rank 1: ok" in out
 

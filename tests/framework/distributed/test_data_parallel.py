@@ -8,7 +8,8 @@ from framework import inplace, memory, nn
 from framework.distributed.comm import Communicator, Handle, SingleProcessCommunicator
 from framework.distributed.data_parallel import DataParallel
 from framework.nn.parameter import Parameter
-from tests.mpi_util import HAVE_MPI4PY, needs_mpiexec, run_script
+from tests.conftest import CUDA_AVAILABLE, requires_gpu
+from tests.mpi_util import HAVE_MPI4PY, needs_mpiexec, run_script, worker_env
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "mpi_worker_dp.py"
@@ -276,4 +277,22 @@ def test_two_ranks(check, policy_name):
     code, out, err, _ = two_rank_job(policy_name)
     for rank in (0, 1):
         assert f"rank {rank}: {check} ok" in out, f"rc={code}\nstdout:\n{out}\nstderr:\n{err}"
+    assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+@requires_gpu
+@needs_mpiexec
+@pytest.mark.parametrize("policy_name", POLICIES)
+@pytest.mark.parametrize("comm_backend", ["mpi", "nccl"])
+def test_two_ranks_on_gpus(comm_backend, policy_name):
+    """2 ranks x B on GPUs == 1 process x 2B: NCCL (one GPU per rank) or MPI host staging."""
+    gpus = fw.backend.cupy_module().cuda.runtime.getDeviceCount() if CUDA_AVAILABLE else 0
+    if comm_backend == "nccl" and gpus < 2:
+        pytest.skip("NCCL needs one GPU per rank: 2 ranks need 2 GPUs")
+    env = dict(worker_env(), DP_DEVICE="cuda", DP_BACKEND=comm_backend)
+    code, out, err, _ = run_script(WORKER, [policy_name, "equivalence"], 2, timeout=180, env=env)
+    for rank in (0, 1):
+        assert f"rank {rank}: equivalence ok" in out, f"rc={code}\nstdout:\n{out}\nstderr:\n{err}"
     assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
