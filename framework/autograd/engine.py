@@ -21,7 +21,7 @@ import sys
 
 from .. import inplace, memory
 from ..backend import get_array_module
-from .function import Function
+from .function import Function, _as_array
 from .grad_mode import no_grad, state
 
 
@@ -62,7 +62,7 @@ def _sum_grads(existing, new):
         get_array_module(existing).add(existing, new, out=existing)
         memory.count("inplace_grad_accumulations")
         return existing
-    return memory.track(existing + new, "gradients")
+    return memory.track(_as_array(existing + new), "gradients")
 
 
 def _reusable(grad) -> bool:  # stands where _sum_grads stands (same calibrated depth)
@@ -120,7 +120,7 @@ def _accumulate_leaf(leaf, grad) -> None:
     else:
         from ..tensor import _wrap  # noqa: PLC0415
 
-        leaf._grad = _wrap(memory.track(current._data + grad, "gradients"))
+        leaf._grad = _wrap(memory.track(_as_array(current._data + grad), "gradients"))
     if leaf._post_acc_hooks:
         for hook in tuple(leaf._post_acc_hooks):
             hook(leaf)
@@ -242,7 +242,7 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
             if isinstance(edge, Tensor):
                 arrive_leaf(edge, [g], 0)
             elif edge in grads:
-                grads[edge] = grads[edge] + g
+                grads[edge] = _as_array(grads[edge] + g)
             else:
                 grads[edge] = g
         ready = [n for n in root_nodes if deps.get(n, 0) == 0]

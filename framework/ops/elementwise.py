@@ -258,7 +258,8 @@ class Cos(Function):
 
     def backward(ctx, g):
         xp = _xp(g)
-        gx = xp.multiply(g, xp.sin(ctx.x), out=_into(ctx, g))
+        # An explicit buffer when g is not reused: for 0-d g NumPy would return a scalar.
+        gx = xp.multiply(g, xp.sin(ctx.x), out=g if ctx.reuse_grad else xp.empty_like(g))
         return xp.negative(gx, out=gx)
 
 
@@ -294,9 +295,10 @@ class Sigmoid(Function):
 
     def backward(ctx, g):
         y = ctx.result
-        d = 1 - y
+        xp = _xp(g)
+        d = xp.subtract(1, y, out=xp.empty_like(y))  # 1 - y would be a scalar for 0-d y
         d *= y
-        return _xp(g).multiply(g, d, out=_into(ctx, g) if ctx.reuse_grad else d)
+        return xp.multiply(g, d, out=_into(ctx, g) if ctx.reuse_grad else d)
 
 
 class Relu(Function):

@@ -454,3 +454,20 @@ def test_a_gradient_returned_by_a_hook_is_not_adopted_as_grad():
         (x * 2.0).sum().backward()  # accumulates in place into x.grad
     assert_close(x.grad, [10.0, 10.0])
     assert_close(held, [5.0, 5.0])
+
+
+@pytest.mark.parametrize("policy", ["on", "off"])
+def test_zero_dim_gradients_stay_arrays_when_summed(policy):
+    """0-d + 0-d is a NumPy scalar: the engine's sums (two paths into a node, into a leaf,
+    and two roots) must still hand on arrays, so .grad.numpy() works."""
+    with fw.inplace.policy(policy):
+        b = fw.tensor(np.float32(0.3), requires_grad=True)
+        h = b * 2.0
+        loss = (h.abs() * 2.0).sum() + (h * 3.0).sum() + (b * 4.0).sum()
+        loss.backward()
+        assert isinstance(b.grad._data, np.ndarray) and b.grad.shape == ()
+        np.testing.assert_allclose(b.grad.numpy(), 2.0 * 2.0 + 2.0 * 3.0 + 4.0)
+        c = fw.tensor(np.float64(1.5), requires_grad=True)
+        fw.autograd.backward([c * 2.0, c * 3.0], [fw.tensor(1.0, dtype=fw.float64)] * 2)
+        assert isinstance(c.grad._data, np.ndarray)
+        np.testing.assert_allclose(c.grad.numpy(), 5.0)

@@ -245,9 +245,25 @@ def check_forward(case: Case) -> None:
 
 
 def check_backward(case: Case) -> None:
-    """float64 gradients of every input (through its layout) against finite differences."""
+    """float64 gradients of every input (through its layout) against finite differences,
+    and the same gradients under policies ``on`` and ``off``.
+
+    Under ``on`` the engine lets a backward write over a dead incoming gradient; ``off``
+    takes every backward's allocating path (where NumPy returns scalars for 0-d results),
+    so both paths are checked: equal values, and arrays, never NumPy scalars.
+    """
     storages = case.storages(np.float64, requires_grad=True)
     gradcheck(lambda *s: case.spec.fn(*case.views(s)), storages)
+    grads = {}
+    for name in ("on", "off"):
+        with fw.inplace.policy(name):
+            grads[name] = _grads(case.spec.fn(*case.views(storages)), storages)
+    for i, (on, off) in enumerate(zip(grads["on"], grads["off"], strict=True)):
+        assert (on is None) == (off is None), f"{case.id}: input {i} has a gradient under one policy only"
+        if on is not None:
+            for name, g in (("on", on), ("off", off)):
+                assert isinstance(g._data, np.ndarray), f"{case.id}: {name} gave a {type(g._data).__name__}"
+            np.testing.assert_array_equal(off.numpy(), on.numpy(), err_msg=f"{case.id}: input {i}, off vs on")
 
 
 def _weights(shape, seed=1):
