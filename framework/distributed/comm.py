@@ -473,46 +473,37 @@ class NcclCommunicator(Communicator):
     def _side_handle(self, buf: Any, keep: Any = None) -> Handle:
         return Handle(_StreamEvent(self._side.record(), self._cupy), buf, keep=keep)
 
+    def _all_reduce(self, send: Any, recv: Any, op: str, stream: Any) -> Any:
+        """NCCL allreduce of GPU arrays on ``stream``; in place when ``send is recv``."""
+        if send is recv:
+            _check_buffer(recv)
+            _check_reduce_dtype(recv)
+        else:
+            _check_copy_pair(send, recv)
+        count, dtype = self._gpu_args(recv)
+        self._nccl.allReduce(send.data.ptr, recv.data.ptr, count, dtype, self._nccl_ops[_check_op(op)], stream.ptr)
+        return recv
+
     def allreduce_(self, buf: Any, op: str = "sum") -> Any:
         if _is_host(buf):
             return super().allreduce_(buf, op)
-        _check_buffer(buf)
-        _check_reduce_dtype(buf)
-        count, dtype = self._gpu_args(buf)
-        ptr = buf.data.ptr
-        stream = self._cupy.cuda.get_current_stream()
-        self._nccl.allReduce(ptr, ptr, count, dtype, self._nccl_ops[_check_op(op)], stream.ptr)
-        return buf
+        return self._all_reduce(buf, buf, op, self._cupy.cuda.get_current_stream())
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
         if _is_host(buf):
             return super().iallreduce_(buf, op)
-        _check_buffer(buf)
-        _check_reduce_dtype(buf)
-        count, dtype = self._gpu_args(buf)
-        ptr = buf.data.ptr
-        stream = self._side_stream_after_current()
-        self._nccl.allReduce(ptr, ptr, count, dtype, self._nccl_ops[_check_op(op)], stream.ptr)
+        self._all_reduce(buf, buf, op, self._side_stream_after_current())
         return self._side_handle(buf)
 
     def allreduce_copy(self, sendbuf: Any, recvbuf: Any, op: str = "sum") -> Any:
         if _is_host(sendbuf) and _is_host(recvbuf):
             return super().allreduce_copy(sendbuf, recvbuf, op)
-        _check_copy_pair(sendbuf, recvbuf)
-        count, dtype = self._gpu_args(sendbuf)
-        stream = self._cupy.cuda.get_current_stream()
-        self._nccl.allReduce(sendbuf.data.ptr, recvbuf.data.ptr, count, dtype,
-                             self._nccl_ops[_check_op(op)], stream.ptr)
-        return recvbuf
+        return self._all_reduce(sendbuf, recvbuf, op, self._cupy.cuda.get_current_stream())
 
     def iallreduce_copy(self, sendbuf: Any, recvbuf: Any, op: str = "sum") -> Handle:
         if _is_host(sendbuf) and _is_host(recvbuf):
             return super().iallreduce_copy(sendbuf, recvbuf, op)
-        _check_copy_pair(sendbuf, recvbuf)
-        count, dtype = self._gpu_args(sendbuf)
-        stream = self._side_stream_after_current()
-        self._nccl.allReduce(sendbuf.data.ptr, recvbuf.data.ptr, count, dtype,
-                             self._nccl_ops[_check_op(op)], stream.ptr)
+        self._all_reduce(sendbuf, recvbuf, op, self._side_stream_after_current())
         return self._side_handle(recvbuf, keep=sendbuf)
 
     def broadcast_(self, buf: Any, root: int = 0) -> Any:
