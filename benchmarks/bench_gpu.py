@@ -8,7 +8,8 @@ on one GPU, one variant alive at a time:
   ``malloc``/``free`` of CuPy's memory pool, at the pool's block sizes) over
   ``--mem-steps`` steady-state training steps (SGD, momentum 0.9), after warmup, from
   ``memory.reset_peak()``. Parameters, gradients, momentum and the batch are included;
-  memory outside CuPy's pool (CUDA context, cuBLAS's own workspace) is not;
+  device memory allocated around CuPy's pool (the CUDA context, whatever a CUDA
+  library allocates for itself) is not;
 - samples/s: ``--rounds`` rounds of ``--steps`` steps; the device is synchronized before
   the clock is read at both ends of a round, and no value is read back inside a round;
   the median round is reported;

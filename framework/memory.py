@@ -16,8 +16,8 @@ On a GPU, two instruments work side by side (see :func:`enable_gpu_hook`):
 - the BREAKDOWN by category counts tracked CuPy arrays exactly as NumPy ones: by root
   buffer, at ``nbytes`` (the array's own size, not rounded up). The categories therefore
   sum to a little less than the hook's total: the rounding, plus pool allocations the
-  framework never registers (CuPy's internal temporaries, cuDNN/cuBLAS workspaces
-  allocated through the pool).
+  framework never registers (temporaries inside a CuPy expression or routine, such
+  as a contiguous copy made for a matmul).
 
 Host (NumPy) and GPU (CuPy) buffers are counted apart: ``breakdown("cpu")`` and
 ``breakdown("cuda")``; queries without a device report the GPU while the hook is on.
@@ -582,9 +582,9 @@ def enable_gpu_hook() -> PoolCounter:
     the current device (``MemoryPool.used_bytes()``) starts the count as its baseline.
 
     While a hook is registered, :func:`allocated_bytes`, :func:`max_allocated_bytes`,
-    :func:`breakdown` and :func:`record_timeline` without a device report the GPU. Memory
-    that CUDA libraries allocate outside CuPy's pool (the CUDA context, cuBLAS handles'
-    own workspaces) is not in the pool, so it is not counted.
+    :func:`breakdown` and :func:`record_timeline` without a device report the GPU. Only
+    CuPy's pool is seen: device memory allocated around it (the CUDA context, whatever
+    a CUDA library allocates for itself) is not counted.
 
     Returns:
         The shared :class:`PoolCounter` (``.allocated``, ``.peak``).
