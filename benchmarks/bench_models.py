@@ -72,24 +72,34 @@ TARGETS = {
 
 
 class Runner:
-    """One model variant: model, optimizer, a fixed batch, and one training step."""
+    """One model variant: model, optimizer, a fixed batch, and one training step.
 
-    def __init__(self, model_name: str, variant: str, policy: str, abn: bool, seed: int = 0):
-        reg, kw_bn, kw_abn, shape, batch = MODELS[model_name]
+    ``device`` puts the model and the batch on a GPU (``"cuda"``; benchmarks/bench_gpu.py),
+    ``batch`` overrides the model's batch from :data:`MODELS`.
+    """
+
+    def __init__(self, model_name: str, variant: str, policy: str, abn: bool, seed: int = 0,
+                 device="cpu", batch: int | None = None):
+        reg, kw_bn, kw_abn, shape, default_batch = MODELS[model_name]
+        batch = batch or default_batch
         self.model_name, self.variant, self.policy, self.batch = model_name, variant, policy, batch
+        self.device = fw.device(device)
         with fw.inplace.policy(policy):
             fw.manual_seed(seed)
             self.model = build_model(reg, **(kw_abn if abn else kw_bn))
+            if self.device.type != "cpu":
+                self.model.to(self.device)
             self.opt = optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         rng = np.random.default_rng(seed)
-        self.x = fw.tensor(rng.standard_normal((batch,) + shape).astype(np.float32))
-        self.y = fw.tensor(rng.integers(0, 10, size=batch).astype(np.int64))
+        self.x = fw.tensor(rng.standard_normal((batch,) + shape).astype(np.float32), device=self.device)
+        self.y = fw.tensor(rng.integers(0, 10, size=batch).astype(np.int64), device=self.device)
         self.loss_fn = nn.CrossEntropyLoss()
         self.saved_at_boundary = 0
         self.saved_state_at_boundary = 0
         self.auto_stats = (0, 0)
 
-    def step(self) -> float:
+    def step(self, read_loss: bool = True) -> float | None:
+        """One training step; ``read_loss=False`` leaves the loss on the device (no sync)."""
         before = memory.stats()
         with fw.inplace.policy(self.policy):
             self.opt.zero_grad()
@@ -101,20 +111,26 @@ class Runner:
             self.opt.step()
             after = memory.stats()
             self.auto_stats = tuple(after.get(k, 0) - before.get(k, 0) for k in ("auto_inplace_ops", "auto_inplace_bytes"))
-            return loss.item()
+            return loss.item() if read_loss else None
 
     def state_bytes(self) -> dict:
         """Parameters (and BN buffers), gradients and optimizer state, by category."""
-        b = memory.breakdown()
+        b = memory.breakdown(self.device)
         return {k: b[k] for k in ("parameters", "gradients", "optimizer_state")}
 
-    def measure_memory(self, warmup: int = 2) -> dict:
+    def measure_memory(self, warmup: int = 2, steps: int = 1) -> dict:
+        """Peak over ``steps`` steady-state steps (after ``warmup``, from ``reset_peak()``).
+
+        On a GPU the peak is the pool hook's (rounded pool blocks, every allocation); the
+        per-category numbers are tracked arrays at their nbytes.
+        """
         for _ in range(warmup):
             self.step()
         gc.collect()
         memory.reset_peak()
-        self.step()
-        peak = memory.max_allocated_bytes()
+        for _ in range(steps):
+            self.step()
+        peak = memory.max_allocated_bytes(self.device)
         state = self.state_bytes()
         fixed = sum(state.values())
         saved_activations = self.saved_activations_at_boundary
@@ -128,60 +144,101 @@ class Runner:
             "params_mb": state["parameters"] / MB,
             "grads_mb": state["gradients"] / MB,
             "optimizer_mb": state["optimizer_state"] / MB,
-            "peak_breakdown_mb": {k: v / MB for k, v in memory.peak_breakdown().items() if v},
+            "peak_breakdown_mb": {k: v / MB for k, v in memory.peak_breakdown(self.device).items() if v},
             "auto_ops": self.auto_stats[0],
             "auto_mb": self.auto_stats[1] / MB,
         }
 
 
-class TorchResNet20:
-    """The same ResNet-20 step in PyTorch (option-A shortcuts, SGD momentum 0.9)."""
+def torch_model(model_name: str):
+    """The same architecture as ``MODELS[model_name]`` with ``norm="bn"``, in PyTorch.
 
-    def __init__(self, batch: int, seed: int = 0):
+    Activations are ``ReLU(inplace=True)`` and the residual add is ``out += identity``,
+    as in torchvision's ResNets. ``mlp``: Flatten, [Linear (no bias), BatchNorm1d, ReLU]
+    per hidden layer, Linear. ``convnet``: [Conv3x3 (no bias), BatchNorm2d, ReLU,
+    MaxPool2d(2)] per block, Flatten, Linear. ``resnet20``: CIFAR ResNet-20 with option-A
+    shortcuts (strided subsampling, zero-padded channels).
+    """
+    import torch.nn as tnn  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    reg, kw, _, shape, _ = MODELS[model_name]
+    if reg == "mlp":
+        if kw.get("norm") != "bn":
+            raise ValueError(f"no PyTorch twin for {model_name!r} (norm={kw.get('norm')!r})")
+        layers, prev = [tnn.Flatten()], kw["in_features"]
+        for width in kw["hidden"]:
+            layers += [tnn.Linear(prev, width, bias=False), tnn.BatchNorm1d(width), tnn.ReLU(inplace=True)]
+            prev = width
+        return tnn.Sequential(*layers, tnn.Linear(prev, 10))
+    if reg == "convnet":
+        layers, prev = [], shape[0]
+        for c in kw["channels"]:
+            layers += [tnn.Conv2d(prev, c, 3, padding=1, bias=False), tnn.BatchNorm2d(c), tnn.ReLU(inplace=True),
+                       tnn.MaxPool2d(2)]
+            prev = c
+        side = kw["image_size"] >> len(kw["channels"])
+        return tnn.Sequential(*layers, tnn.Flatten(), tnn.Linear(prev * side * side, 10))
+
+    class Block(tnn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = tnn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = tnn.BatchNorm2d(cout)
+            self.conv2 = tnn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = tnn.BatchNorm2d(cout)
+            self.stride, self.pad = stride, cout - cin
+
+        def forward(self, x):
+            out = F.relu(self.bn1(self.conv1(x)), inplace=True)
+            out = self.bn2(self.conv2(out))
+            idt = x
+            if self.stride != 1 or self.pad:
+                idt = F.pad(x[:, :, :: self.stride, :: self.stride], (0, 0, 0, 0, 0, self.pad))
+            out += idt
+            return F.relu(out, inplace=True)
+
+    width = kw.get("width", 16)
+    layers = [tnn.Conv2d(3, width, 3, 1, 1, bias=False), tnn.BatchNorm2d(width), tnn.ReLU(inplace=True)]
+    cin = width
+    for stage, c in enumerate((width, 2 * width, 4 * width)):
+        for i in range(3):
+            layers.append(Block(cin, c, 2 if stage and i == 0 else 1))
+            cin = c
+    layers += [tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(cin, 10)]
+    return tnn.Sequential(*layers)
+
+
+class TorchRunner:
+    """A PyTorch training step of :func:`torch_model` (SGD momentum 0.9, a fixed batch)."""
+
+    def __init__(self, model_name: str, batch: int | None = None, seed: int = 0, device: str = "cpu"):
         import torch  # noqa: PLC0415
-        import torch.nn as tnn  # noqa: PLC0415
-        import torch.nn.functional as F  # noqa: PLC0415
 
         torch.manual_seed(seed)
         self.torch = torch
-
-        class Block(tnn.Module):
-            def __init__(self, cin, cout, stride):
-                super().__init__()
-                self.conv1 = tnn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-                self.bn1 = tnn.BatchNorm2d(cout)
-                self.conv2 = tnn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-                self.bn2 = tnn.BatchNorm2d(cout)
-                self.stride, self.pad = stride, cout - cin
-
-            def forward(self, x):
-                out = F.relu(self.bn1(self.conv1(x)), inplace=True)
-                out = self.bn2(self.conv2(out))
-                idt = x
-                if self.stride != 1 or self.pad:
-                    idt = F.pad(x[:, :, :: self.stride, :: self.stride], (0, 0, 0, 0, 0, self.pad))
-                out += idt
-                return F.relu(out, inplace=True)
-
-        layers = [tnn.Conv2d(3, 16, 3, 1, 1, bias=False), tnn.BatchNorm2d(16), tnn.ReLU(inplace=True)]
-        cin = 16
-        for stage, c in enumerate((16, 32, 64)):
-            for i in range(3):
-                layers.append(Block(cin, c, 2 if stage and i == 0 else 1))
-                cin = c
-        layers += [tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(64, 10)]
-        self.model = tnn.Sequential(*layers)
+        self.model_name = model_name
+        self.batch = batch or MODELS[model_name][4]
+        self.device = torch.device(device)
+        self.model = torch_model(model_name).to(self.device)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
-        self.x = torch.randn(batch, 3, 32, 32)
-        self.y = torch.randint(0, 10, (batch,))
-        self.batch = batch
+        shape = MODELS[model_name][3]
+        self.x = torch.randn(self.batch, *shape, device=self.device)
+        self.y = torch.randint(0, 10, (self.batch,), device=self.device)
 
-    def step(self) -> float:
+    def step(self, read_loss: bool = True) -> float | None:
         self.opt.zero_grad()
         loss = self.torch.nn.functional.cross_entropy(self.model(self.x), self.y)
         loss.backward()
         self.opt.step()
-        return loss.item()
+        return loss.item() if read_loss else None
+
+
+class TorchResNet20(TorchRunner):
+    """The same ResNet-20 step in PyTorch (option-A shortcuts, SGD momentum 0.9)."""
+
+    def __init__(self, batch: int, seed: int = 0, device: str = "cpu"):
+        super().__init__("resnet20", batch, seed=seed, device=device)
 
 
 def timed(step) -> float:

@@ -7,8 +7,20 @@ uncounts the buffer at the moment NumPy frees it, so views, ``detach()`` and ``.
 never count memory twice, and memory kept alive by any holder stays counted. A test
 holds this counter against ``tracemalloc``'s NumPy domain.
 
-On a GPU, a CuPy memory hook on the pool counts every ``malloc`` and ``free`` instead
-(see :func:`enable_gpu_hook`).
+On a GPU, two instruments work side by side (see :func:`enable_gpu_hook`):
+
+- the TOTAL and its PEAK come from a hook on CuPy's memory pool, which sees every
+  ``malloc`` and ``free`` of the pool, tracked or not (temporaries inside a CuPy
+  expression included). It counts the pool's sizes, which CuPy rounds up to multiples
+  of 512 bytes, so it equals ``MemoryPool.used_bytes()``;
+- the BREAKDOWN by category counts tracked CuPy arrays exactly as NumPy ones: by root
+  buffer, at ``nbytes`` (the array's own size, not rounded up). The categories therefore
+  sum to a little less than the hook's total: the rounding, plus pool allocations the
+  framework never registers (temporaries inside a CuPy expression or routine, such
+  as a contiguous copy made for a matmul).
+
+Host (NumPy) and GPU (CuPy) buffers are counted apart: ``breakdown("cpu")`` and
+``breakdown("cuda")``; queries without a device report the GPU while the hook is on.
 
 Categories describe why a buffer exists: ``parameters``, ``gradients``,
 ``optimizer_state``, ``activations`` (op outputs in the forward pass), ``workspace``
@@ -21,11 +33,16 @@ for backward, which is the activation part of a training step's memory floor.
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 import time
+import warnings
 import weakref
 from collections import Counter
 
 import numpy as np
+
+from . import backend
 
 CATEGORIES = (
     "parameters",
@@ -43,20 +60,25 @@ _peak = 0
 # outside CATEGORIES is caught instead of silently starting a category breakdown() omits.
 _by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
 _peak_by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
-_live: dict[int, "_BufferRef"] = {}  # id(root buffer) -> its weak reference
+# The same per category for CuPy arrays (nbytes; the pool hook has the rounded total).
+_gpu_by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+_gpu_peak_by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+_live: dict[int, "_BufferRef"] = {}  # id(root buffer) -> its weak reference (host and GPU)
 _saved_refcount: dict[int, int] = {}  # id(root buffer) -> saved tensors holding it
 _saved_size: dict[int, int] = {}  # id(root buffer) -> its bytes, while saved
 _saved_bytes = 0
 _default_category: list = [None]
 _timelines: list["Timeline"] = []
 _stats: Counter = Counter()
-_gpu_hook = None
+_gpu_counter: "PoolCounter | None" = None  # set while a GPU pool hook is registered
+_hook_local = threading.local()  # .hook: the hook this thread registered with CuPy
+_hook_threads = 0  # threads with a registered hook
 
 
 class _BufferRef(weakref.ref):
     """Weak reference to a root buffer that remembers what it counted."""
 
-    __slots__ = ("key", "nbytes", "category")
+    __slots__ = ("key", "nbytes", "category", "gpu")
 
 
 def _on_free(ref: _BufferRef) -> None:
@@ -64,10 +86,13 @@ def _on_free(ref: _BufferRef) -> None:
     if _live.pop(ref.key, None) is None:
         return
     nbytes = ref.nbytes
+    if ref.gpu:  # the pool hook records the free itself (total, peak, timeline)
+        _gpu_by_category[ref.category] -= nbytes
+        return
     _allocated -= nbytes
     _by_category[ref.category] -= nbytes
     if _timelines:
-        _record_event(-nbytes, ref.category)
+        _record_event("cpu", _allocated, -nbytes, ref.category)
 
 
 def _bad_category(name) -> ValueError:
@@ -94,7 +119,8 @@ def track(array, category: str | None = None, fallback: str = "other"):
 
     The category is ``category``, else the one set by :func:`category` around the call,
     else ``fallback``. Idempotent: a buffer is counted once however many arrays view it.
-    Arrays that are not NumPy arrays (CuPy) are counted by the GPU pool hook instead.
+    CuPy arrays are counted the same way in the GPU breakdown (``breakdown("cuda")``);
+    the GPU total and peak come from the pool hook (:func:`enable_gpu_hook`).
 
     Raises:
         ValueError: the category is not one of :data:`CATEGORIES`.
@@ -103,7 +129,7 @@ def track(array, category: str | None = None, fallback: str = "other"):
     if category is not None and category not in _by_category:
         raise _bad_category(category)
     if not isinstance(array, np.ndarray):
-        return array
+        return _track_gpu(array, category, fallback)
     # This runs for every op output and every gradient: keep the common case short.
     root = array if array.base is None else root_buffer(array)
     key = id(root)
@@ -121,6 +147,7 @@ def track(array, category: str | None = None, fallback: str = "other"):
     ref.key = key
     ref.nbytes = nbytes
     ref.category = cat
+    ref.gpu = False
     _live[key] = ref
     in_cat = _by_category[cat] + nbytes
     _by_category[cat] = in_cat
@@ -131,7 +158,47 @@ def track(array, category: str | None = None, fallback: str = "other"):
     if total > _peak:
         _peak = total
     if _timelines:
-        _record_event(nbytes, cat)
+        _record_event("cpu", total, nbytes, cat)
+    return array
+
+
+def _gpu_array_type():
+    """``cupy.ndarray`` once the backend has imported CuPy, else None (no import here)."""
+    cp = backend._cupy
+    return cp.ndarray if cp else None
+
+
+def _track_gpu(array, category, fallback):
+    """:func:`track` for a CuPy array: counted in the GPU breakdown, by root buffer."""
+    gpu_type = _gpu_array_type()
+    if gpu_type is None or not isinstance(array, gpu_type):
+        return array  # a Python scalar or another array type: nothing to count
+    root = root_buffer(array)
+    key = id(root)
+    if key in _live:
+        return array
+    nbytes = root.nbytes
+    # CuPy's as_strided gives a view without .base (e.g. conv windows): never count such a
+    # view beyond the allocation it lives in.
+    mem = getattr(getattr(root, "data", None), "mem", None)
+    size = getattr(mem, "size", None)
+    if size is not None and 0 < size < nbytes:
+        nbytes = size
+    if not nbytes:
+        return array
+    cat = category or _default_category[-1] or fallback
+    if cat not in _gpu_by_category:
+        raise _bad_category(cat)
+    ref = _BufferRef(root, _on_free)
+    ref.key = key
+    ref.nbytes = nbytes
+    ref.category = cat
+    ref.gpu = True
+    _live[key] = ref
+    in_cat = _gpu_by_category[cat] + nbytes
+    _gpu_by_category[cat] = in_cat
+    if in_cat > _gpu_peak_by_category[cat]:
+        _gpu_peak_by_category[cat] = in_cat
     return array
 
 
@@ -139,21 +206,23 @@ def retag(array, category: str) -> None:
     """Moves ``array``'s buffer to another category (e.g. a tensor becoming a Parameter)."""
     if category not in _by_category:
         raise _bad_category(category)
-    if not isinstance(array, np.ndarray):
+    if not hasattr(array, "shape"):
         return
     track(array, category)
     ref = _live.get(id(root_buffer(array)))
     if ref is None or ref.category == category:
         return
-    _by_category[ref.category] -= ref.nbytes
+    counts, peaks = (_gpu_by_category, _gpu_peak_by_category) if ref.gpu else (_by_category, _peak_by_category)
+    counts[ref.category] -= ref.nbytes
     ref.category = category
-    _by_category[category] += ref.nbytes
-    if _by_category[category] > _peak_by_category[category]:
-        _peak_by_category[category] = _by_category[category]
+    counts[category] += ref.nbytes
+    if counts[category] > peaks[category]:
+        peaks[category] = counts[category]
 
 
 def is_tracked(array) -> bool:
-    return isinstance(array, np.ndarray) and id(root_buffer(array)) in _live
+    """Whether ``array``'s buffer is counted (NumPy or CuPy)."""
+    return hasattr(array, "shape") and id(root_buffer(array)) in _live
 
 
 # --- allocation helpers: ops allocate through these so workspaces are counted -------
@@ -249,33 +318,68 @@ def saved_bytes(parameters: bool = True) -> int:
 
 # --- queries ------------------------------------------------------------------------
 
-def allocated_bytes() -> int:
-    """Bytes of live buffers (GPU pool bytes when the GPU hook is on)."""
-    return _gpu_hook.allocated if _gpu_hook is not None and _gpu_hook.active else _allocated
+def _kind(device) -> str:
+    """``"cpu"`` or ``"cuda"`` for a device (``Device``, ``"cuda:1"``, ...); None: the GPU
+    while a pool hook is registered, else the host."""
+    if device is None:
+        return "cuda" if _gpu_counter is not None else "cpu"
+    kind = getattr(device, "type", None) or str(device).split(":", 1)[0].strip()
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'")
+    return kind
 
 
-def max_allocated_bytes() -> int:
+def _counter_for(device) -> "PoolCounter | None":
+    """The GPU pool counter when ``device`` means the GPU (error if no hook counts it)."""
+    if _kind(device) == "cpu":
+        return None
+    if _gpu_counter is None:
+        raise RuntimeError(
+            "GPU memory is counted by a CuPy pool hook: call framework.memory.enable_gpu_hook() "
+            "before allocating on the GPU (the trainer does this for device: cuda)"
+        )
+    return _gpu_counter
+
+
+def allocated_bytes(device=None) -> int:
+    """Bytes of live buffers: NumPy buffers on ``"cpu"``, CuPy pool bytes on ``"cuda"``.
+
+    Without ``device``: the GPU while the pool hook is on (:func:`enable_gpu_hook`), else
+    the host.
+    """
+    counter = _counter_for(device)
+    return _allocated if counter is None else counter.allocated
+
+
+def max_allocated_bytes(device=None) -> int:
     """High-water mark of :func:`allocated_bytes` since the last :func:`reset_peak`."""
-    return _gpu_hook.peak if _gpu_hook is not None and _gpu_hook.active else _peak
+    counter = _counter_for(device)
+    return _peak if counter is None else counter.peak
 
 
 def reset_peak() -> None:
-    """Starts a new peak measurement from the current allocation."""
+    """Starts a new peak measurement from the current allocation (host and GPU)."""
     global _peak
     _peak = _allocated
     _peak_by_category.update(_by_category)
-    if _gpu_hook is not None:
-        _gpu_hook.peak = _gpu_hook.allocated
+    _gpu_peak_by_category.update(_gpu_by_category)
+    if _gpu_counter is not None:
+        _gpu_counter.reset_peak()
 
 
-def breakdown() -> dict[str, int]:
-    """Live bytes per category (every category present, zeros included)."""
-    return dict(_by_category)
+def breakdown(device=None) -> dict[str, int]:
+    """Live bytes per category (every category present, zeros included).
+
+    ``"cpu"``: NumPy buffers; ``"cuda"``: CuPy buffers at their ``nbytes`` (the pool
+    hook's total is rounded up and also holds untracked temporaries, so it is a little
+    larger than the sum). Without ``device``: the GPU while the pool hook is on.
+    """
+    return dict(_gpu_by_category if _kind(device) == "cuda" else _by_category)
 
 
-def peak_breakdown() -> dict[str, int]:
+def peak_breakdown(device=None) -> dict[str, int]:
     """Per-category high-water marks since the last :func:`reset_peak`."""
-    return dict(_peak_by_category)
+    return dict(_gpu_peak_by_category if _kind(device) == "cuda" else _peak_by_category)
 
 
 def stats() -> dict[str, int]:
@@ -299,10 +403,14 @@ class Timeline:
 
     ``events`` is a list of ``(seconds since start, allocated bytes after the event,
     delta bytes, category, phase)``; ``phase`` is whatever :func:`mark` last set
-    (``forward``, ``backward``, ``optimizer``, ...).
+    (``forward``, ``backward``, ``optimizer``, ...). ``device`` is ``"cpu"`` (NumPy
+    buffers, as tracked) or ``"cuda"`` (every ``malloc``/``free`` of CuPy's pool, as the
+    pool hook sees them; the category is the :func:`category` block around it, else
+    ``other``).
     """
 
-    def __init__(self):
+    def __init__(self, device: str = "cpu"):
+        self.device = device
         self.start = time.perf_counter()
         self.events: list[tuple[float, int, int, str, str]] = []
         self.phase = ""
@@ -310,13 +418,16 @@ class Timeline:
 
     @property
     def peak(self) -> int:
-        return max((e[1] for e in self.events), default=_allocated)
+        if self.events:
+            return max(e[1] for e in self.events)
+        return _gpu_counter.allocated if self.device == "cuda" and _gpu_counter is not None else _allocated
 
 
-def _record_event(delta: int, cat: str) -> None:
+def _record_event(device: str, allocated: int, delta: int, cat: str) -> None:
     now = time.perf_counter()
     for tl in _timelines:
-        tl.events.append((now - tl.start, _allocated, delta, cat, tl.phase))
+        if tl.device == device:
+            tl.events.append((now - tl.start, allocated, delta, cat, tl.phase))
 
 
 def mark(phase: str) -> None:
@@ -328,10 +439,15 @@ def mark(phase: str) -> None:
 
 
 @contextlib.contextmanager
-def record_timeline():
-    """Records every allocation and free inside the block: ``with record_timeline() as tl``."""
-    tl = Timeline()
-    tl.events.append((0.0, _allocated, 0, "other", ""))
+def record_timeline(device=None):
+    """Records every allocation and free inside the block: ``with record_timeline() as tl``.
+
+    ``device`` as in :func:`allocated_bytes`: the host's tracked buffers, or the GPU
+    pool (needs the pool hook); without it, the GPU while the pool hook is on.
+    """
+    kind = _kind(device)
+    tl = Timeline(kind)
+    tl.events.append((0.0, allocated_bytes(kind), 0, "other", ""))
     _timelines.append(tl)
     try:
         yield tl
@@ -341,33 +457,191 @@ def record_timeline():
 
 # --- GPU ------------------------------------------------------------------------------
 
-def enable_gpu_hook():
-    """Counts CuPy pool allocations exactly (``malloc``/``free`` of the memory pool).
+class PoolCounter:
+    """Exact bytes in use in a GPU memory pool, fed by the pool's ``malloc``/``free`` callbacks.
 
-    CuPy's pool reports used and total bytes but no peak; this hook keeps the
-    high-water mark. Hooks are thread-local in CuPy: call this from the training thread.
+    Plain bookkeeping (no CuPy here, so it is tested without a GPU): :func:`enable_gpu_hook`
+    registers a CuPy ``MemoryHook`` whose ``malloc_postprocess``/``free_postprocess`` call
+    :meth:`malloc` and :meth:`free` with CuPy's ``mem_size`` (the request rounded up to
+    512 bytes, the size the pool hands out) and ``mem_ptr``.
+
+    Sizes are remembered per pointer, so a free is subtracted with the size that was
+    added, whatever thread frees it. A free of a pointer the counter never saw (memory
+    allocated before the hook, which ``baseline`` holds) comes out of the baseline. A
+    failed ``malloc`` (``mem_ptr`` 0) counts nothing. Callbacks may come from several
+    threads (a lock guards the state) and may nest (a malloc whose Python allocation runs
+    the garbage collector, which frees CuPy arrays): the lock is re-entrant.
+
+    Attributes:
+        allocated: bytes in use now (``MemoryPool.used_bytes()`` of a single-device,
+            single-threaded run).
+        peak: high-water mark of ``allocated`` since the last :meth:`reset_peak`.
+        baseline: bytes in use before counting started that are not yet freed.
+        mallocs, frees, unknown_frees: event counts (``unknown_frees``: frees of
+            pointers this counter never saw).
     """
-    global _gpu_hook
-    if _gpu_hook is not None:
-        return _gpu_hook
-    import cupy  # noqa: PLC0415
 
-    class _PoolHook(cupy.cuda.MemoryHook):
-        name = "inplace_lab_counter"
+    def __init__(self, baseline: int = 0):
+        if baseline < 0:
+            raise ValueError(f"baseline must be >= 0 bytes, got {baseline}")
+        self._lock = threading.RLock()
+        self._sizes: dict[int, int] = {}  # pointer -> bytes (CUDA pointers are unique per process)
+        self.baseline = int(baseline)
+        self.allocated = int(baseline)
+        self.peak = int(baseline)
+        self.mallocs = self.frees = self.unknown_frees = 0
 
-        def __init__(self):
-            self.allocated = 0
-            self.peak = 0
-            self.active = True
-
-        def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
-            self.allocated += mem_size
+    def malloc(self, mem_size: int, mem_ptr: int) -> int:
+        """Counts a block handed out by the pool; returns the change in bytes."""
+        if not mem_ptr or mem_size <= 0:
+            return 0  # malloc failed (CuPy passes pointer 0) or a zero-size array
+        with self._lock:
+            stale = self._sizes.get(mem_ptr)
+            delta = mem_size - (stale or 0)  # reused without our seeing its free: replace it
+            self._sizes[mem_ptr] = mem_size
+            self.allocated += delta
             if self.allocated > self.peak:
                 self.peak = self.allocated
+            self.mallocs += 1
+            return delta
 
-        def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
-            self.allocated -= mem_size
+    def free(self, mem_size: int, mem_ptr: int) -> int:
+        """Uncounts a block returned to the pool; returns the change in bytes (<= 0)."""
+        if not mem_ptr:
+            return 0
+        with self._lock:
+            size = self._sizes.pop(mem_ptr, None)
+            if size is None:
+                self.unknown_frees += 1
+                size = min(mem_size, self.baseline)
+                self.baseline -= size
+            self.allocated -= size
+            self.frees += 1
+            return -size
 
-    _gpu_hook = _PoolHook()
-    _gpu_hook.__enter__()
-    return _gpu_hook
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.allocated
+
+    def live_blocks(self) -> int:
+        """Blocks counted and not yet freed."""
+        return len(self._sizes)
+
+
+def _hook_event(delta: int) -> None:
+    if delta and _timelines and _gpu_counter is not None:
+        _record_event("cuda", _gpu_counter.allocated, delta, _default_category[-1] or "other")
+
+
+@functools.lru_cache(maxsize=None)
+def pool_hook_class(base):
+    """The pool hook as a subclass of ``base`` (``cupy.cuda.MemoryHook``).
+
+    CuPy calls the hook methods with keyword arguments only (``device_id``, ``size``,
+    ``mem_size``, ``mem_ptr``, ``pmem_id``); ``name`` is the key of the hook in CuPy's
+    thread-local hook table. Built from a parameter so tests can build it on a stand-in
+    base class without CuPy.
+    """
+
+    class PoolHook(base):
+        name = "inplace_lab_memory"
+
+        def __init__(self, counter: PoolCounter):
+            self.counter = counter
+
+        def malloc_postprocess(self, *, mem_size, mem_ptr, **_):
+            _hook_event(self.counter.malloc(mem_size, mem_ptr))
+
+        def free_postprocess(self, *, mem_size, mem_ptr, **_):
+            _hook_event(self.counter.free(mem_size, mem_ptr))
+
+    return PoolHook
+
+
+def _pool_in_use(cp) -> int:
+    """Bytes CuPy's current allocator has in use on the current device (0 if unknown)."""
+    pool = getattr(cp.cuda.get_allocator(), "__self__", None)
+    if not isinstance(pool, cp.cuda.MemoryPool):
+        warnings.warn(
+            "CuPy's allocator is not a cupy.cuda.MemoryPool (set_allocator was changed, or "
+            "MemoryAsyncPool is in use): memory hooks see no allocations, so GPU memory reads "
+            "as 0. Use the default pool to measure GPU memory.",
+            RuntimeWarning, stacklevel=3,
+        )
+        return 0
+    return int(pool.used_bytes())
+
+
+def enable_gpu_hook() -> PoolCounter:
+    """Counts GPU memory exactly: every ``malloc``/``free`` of CuPy's memory pool.
+
+    Registers a ``cupy.cuda.MemoryHook`` for the CALLING THREAD (CuPy keeps hooks in a
+    thread-local table: allocations in other threads are not seen until those threads
+    call this too; all threads feed one :class:`PoolCounter`). Idempotent per thread.
+    Call it after choosing the device and before allocating: memory already in use on
+    the current device (``MemoryPool.used_bytes()``) starts the count as its baseline.
+
+    While a hook is registered, :func:`allocated_bytes`, :func:`max_allocated_bytes`,
+    :func:`breakdown` and :func:`record_timeline` without a device report the GPU. Only
+    CuPy's pool is seen: device memory allocated around it (the CUDA context, whatever
+    a CUDA library allocates for itself) is not counted.
+
+    Returns:
+        The shared :class:`PoolCounter` (``.allocated``, ``.peak``).
+
+    Raises:
+        RuntimeError: CuPy is not installed or sees no GPU.
+    """
+    global _gpu_counter, _hook_threads
+    cp = backend.cupy_module()
+    if cp is None:
+        raise RuntimeError(
+            "the GPU memory hook needs CuPy and a CUDA device: install the GPU extra "
+            "(pip install -e '.[gpu]') on a machine with CUDA"
+        )
+    if getattr(_hook_local, "hook", None) is not None:
+        return _gpu_counter
+    if _gpu_counter is None:
+        _gpu_counter = PoolCounter(baseline=_pool_in_use(cp))
+        _gpu_peak_by_category.update(_gpu_by_category)
+    hook = pool_hook_class(cp.cuda.MemoryHook)(_gpu_counter)
+    hook.__enter__()
+    _hook_local.hook = hook
+    _hook_threads += 1
+    return _gpu_counter
+
+
+def disable_gpu_hook() -> None:
+    """Unregisters the calling thread's hook; when no thread has one, queries report the host again."""
+    global _gpu_counter, _hook_threads
+    hook = getattr(_hook_local, "hook", None)
+    if hook is None:
+        return
+    hook.__exit__(None, None, None)
+    _hook_local.hook = None
+    _hook_threads -= 1
+    if _hook_threads <= 0:
+        _hook_threads = 0
+        _gpu_counter = None
+
+
+def gpu_counter() -> "PoolCounter | None":
+    """The GPU pool counter while a hook is registered (in any thread), else None."""
+    return _gpu_counter
+
+
+def gpu_hook_enabled() -> bool:
+    """Whether the calling thread has registered the pool hook."""
+    return getattr(_hook_local, "hook", None) is not None
+
+
+@contextlib.contextmanager
+def gpu_hook():
+    """``with gpu_hook() as counter:`` the pool hook for the block (kept if it was already on)."""
+    was_on = gpu_hook_enabled()
+    counter = enable_gpu_hook()
+    try:
+        yield counter
+    finally:
+        if not was_on:
+            disable_gpu_hook()

@@ -76,7 +76,7 @@ class Field:
 SCHEMA: dict[str, Any] = {
     "experiment": Field("str", "default", "TensorBoard experiment folder: runs are written to `<logdir>/<experiment>/<run>`"),
     "seed":       Field("int", 0, "Random seed for parameter init, data order and synthetic data"),
-    "device":     Field("str", "cpu", "Where to compute",
+    "device":     Field("str", "cpu", "Where to compute: the CPU (NumPy) or a GPU (CuPy; `cuda` gives each MPI rank GPU local_rank % GPUs, `cuda:N` is GPU N)",
                         pattern=r"cpu|cuda(:[0-9]+)?", pattern_doc="cpu, cuda or cuda:N (e.g. cuda:0)"),
     "inplace":    Field("str", "on", "Inplace policy of every inplace site of the run",
                         choices=("on", "off", "auto"), from_bool={True: "on", False: "off"}),

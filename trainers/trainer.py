@@ -6,23 +6,32 @@ adds, InPlace-ABN, optimizer updates, gradient accumulation) follows it. Every
 ``log_every`` steps the trainer logs loss, accuracy, throughput and memory: the peak
 since the last log, the live bytes, and the floor of a step (parameters + gradients +
 optimizer state + the bytes autograd holds at the forward/backward boundary).
+
+On a GPU (``device: cuda`` or ``cuda:N``) the trainer makes the process's GPU CuPy's
+current device before anything is allocated (under MPI, ``cuda`` gives each rank GPU
+``local_rank % device count``), registers the pool hook of :mod:`framework.memory`, so
+every ``memory/*`` tag is GPU memory, copies each batch to the device once, and reads
+values back to the host only where it must: the loss once per step (a non-finite loss
+must stop training before the update), everything else at log points.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 import framework as fw
-from framework import memory
+from framework import backend, memory
 from framework.distributed.comm import get_world
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import Config, config_from_dict
+from .config import Config, ConfigError, config_from_dict
 from .data import DataLoader, load_dataset
 from .logging import Progress, RunLogger, default_run_name, format_summary, run_dir
 
@@ -111,15 +120,112 @@ def learning_rate(cfg: Config, step: int, total_steps: int) -> float:
 
 
 def clip_grad_norm_(params, max_norm: float) -> float:
-    """Scales gradients in place so their global L2 norm is at most ``max_norm``."""
+    """Scales gradients in place so their global L2 norm is at most ``max_norm``.
+
+    The squares are summed on the gradients' device and read back once (one device
+    synchronization per call on a GPU, not one per parameter).
+    """
     grads = [p.grad for p in params if p.grad is not None]
-    total = math.sqrt(sum(float((g._data.astype(np.float64) ** 2).sum()) for g in grads))
+    if not grads:
+        return 0.0
+    squares = [(g._data.astype(np.float64) ** 2).sum() for g in grads]
+    total = math.sqrt(float(to_host(grads[0].xp.stack(squares)).sum()))
     if total > max_norm:
         scale = max_norm / (total + 1e-6)
         with fw.no_grad():
             for g in grads:
                 g.mul_(scale)
     return total
+
+
+_CUDA_SPEC = re.compile(r"^cuda(?::(\d+))?$")
+
+
+def gpu_index(spec: str, local_rank: int, device_count: int) -> int:
+    """The GPU a process uses for ``device: cuda`` or ``cuda:N``.
+
+    ``cuda`` gives each process GPU ``local_rank % device_count``: under ``mpiexec -n 4``
+    on a node with 4 GPUs, ranks 0..3 use GPUs 0..3; with 2 GPUs, two ranks share each.
+    ``cuda:N`` is GPU N for every process (one process, or GPUs already split per rank
+    with ``CUDA_VISIBLE_DEVICES``).
+
+    Raises:
+        ConfigError: no GPU, ``N`` out of range, or not a cuda device string.
+    """
+    m = _CUDA_SPEC.match(str(spec).strip())
+    if m is None:
+        raise ConfigError(f"device {spec!r} is not a GPU: use 'cuda' or 'cuda:N'")
+    if device_count < 1:
+        raise ConfigError(f"device: {spec} asks for a GPU, but CUDA reports none; set device: cpu")
+    if m.group(1) is None:
+        return local_rank % device_count
+    index = int(m.group(1))
+    if index >= device_count:
+        raise ConfigError(
+            f"device: {spec}, but this machine has {device_count} GPU{'s' if device_count > 1 else ''} "
+            f"(cuda:0 to cuda:{device_count - 1}); use device: cuda to give each process its local GPU"
+        )
+    return index
+
+
+def no_gpu_message(spec: str) -> str:
+    """The one line a user sees when ``device: cuda`` cannot be had."""
+    if importlib.util.find_spec("cupy") is None:
+        why = "CuPy is not installed: pip install -e '.[gpu]' on a machine with CUDA"
+    else:
+        why = ("CuPy sees no usable GPU (no CUDA driver or device here: check nvidia-smi and "
+               "CUDA_VISIBLE_DEVICES)")
+    return f"device: {spec} needs CuPy and a CUDA GPU, but {why}; or set device: cpu"
+
+
+def select_device(spec: str, local_rank: int = 0):
+    """Parses ``spec`` and, for a GPU, makes it CuPy's current device and counts its memory.
+
+    Call before anything is allocated on the GPU: CuPy allocates on the current device,
+    and the pool hook (:func:`framework.memory.enable_gpu_hook`) counts from here on.
+
+    Returns:
+        ``Device("cpu")``, or ``Device("cuda", index)`` of the GPU chosen by :func:`gpu_index`.
+
+    Raises:
+        ConfigError: a GPU was asked for and none can be used (one line: what and how to fix).
+    """
+    dev = fw.device(spec)
+    if dev.type == "cpu":
+        return dev
+    cp = backend.cupy_module()
+    if cp is None:
+        raise ConfigError(no_gpu_message(spec))
+    index = gpu_index(spec, local_rank, cp.cuda.runtime.getDeviceCount())
+    cp.cuda.Device(index).use()
+    memory.enable_gpu_hook()
+    return backend.Device("cuda", index)
+
+
+def synchronize(device) -> None:
+    """Waits for the device's queued work (a no-op on the CPU): call before reading a clock."""
+    if device.type == "cuda":
+        backend.cupy_module().cuda.Device(device.index).synchronize()
+
+
+def to_host(value) -> np.ndarray:
+    """A NumPy array of a NumPy/CuPy array or scalar (a device value is copied: one sync)."""
+    if isinstance(value, (np.ndarray, np.generic, int, float)):
+        return np.asarray(value)
+    return backend.to_numpy(value)
+
+
+def host_state(obj):
+    """``obj`` with every tensor and device array replaced by a host NumPy array (checkpoints)."""
+    if isinstance(obj, fw.Tensor):
+        return backend.to_numpy(obj._data)
+    if isinstance(obj, dict):
+        return type(obj)((k, host_state(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_state(v) for v in obj)
+    if hasattr(obj, "shape") and hasattr(obj, "dtype") and not isinstance(obj, (np.ndarray, np.generic)):
+        return backend.to_numpy(obj)
+    return obj
 
 
 def limit_threads(threads: int, comm) -> None:
@@ -147,6 +253,11 @@ def _add_auto_stats(window: dict, before: dict, after: dict) -> None:
             if delta:
                 window[key] = window.get(key, 0) + delta
 
+def _new_window() -> dict:
+    """The sums of one logging window (``correct``: a device scalar, or None before the first)."""
+    return {"loss": 0.0, "correct": None, "seen": 0, "time": 0.0, "steps": 0, "peak": 0}
+
+
 class Trainer:
     """Trains the model a config describes. ``Trainer(cfg).fit()`` returns a :class:`RunResult`."""
 
@@ -155,7 +266,10 @@ class Trainer:
         self.comm = comm or get_world()
         limit_threads(cfg.threads, self.comm)
         fw.inplace.set_policy(cfg.inplace)
-        self.device = fw.device(cfg.device)
+        # The GPU first: CuPy allocates on its current device, and the pool hook must be
+        # registered before the model reaches the GPU for memory/* to be the GPU's.
+        self.device = select_device(cfg.device, self.comm.local_rank)
+        self.mem_device = self.device.type  # which memory counter the logs read
         fw.manual_seed(cfg.seed)
 
         self.train_set, self.test_set = build_data(cfg)
@@ -217,10 +331,15 @@ class Trainer:
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """Everything a resume needs, as host NumPy arrays (a GPU run copies its tensors to the host).
+
+        Loading puts them back on the trainer's device (``load_state_dict`` copies to
+        each parameter's device).
+        """
         return {
             "step": self.step,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": host_state(self.model.state_dict()),
+            "optimizer": host_state(self.optimizer.state_dict()),
             "rng": fw.random.get_state(),
             "loader": self.loader.state_dict(),
             "config": self.cfg.to_dict(),
@@ -298,7 +417,9 @@ class Trainer:
         self.optimizer.step()
         correct = None
         if self.classification:
-            correct = int((fw.argmax(out.detach(), dim=1) == y).sum().item())
+            # Left on the device: read at the next log point, not here (a GPU would wait
+            # for the whole step and lose the overlap of the next step's launch with it).
+            correct = (fw.argmax(out.detach(), dim=1) == y).sum()._data
         return loss_value, correct, saved
 
     def floor_bytes(self, saved: int) -> int:
@@ -307,12 +428,15 @@ class Trainer:
         ``saved`` excludes the weights nodes hold (they are counted as parameters).
         """
         params = sum(p.nbytes for p in self.params)
-        return 2 * params + memory.breakdown()["optimizer_state"] + saved
+        return 2 * params + memory.breakdown(self.mem_device)["optimizer_state"] + saved
 
     def evaluate(self) -> float:
-        """Test accuracy (classification) or mean squared error (regression)."""
+        """Test accuracy (classification) or mean squared error (regression).
+
+        The score is summed on the device and read back once, at the end.
+        """
         self.model.eval()
-        total, score = 0, 0.0
+        total, score = 0, None
         with fw.no_grad():
             for start in range(0, len(self.test_set), self.cfg.data.eval_batch_size):
                 xs = self.test_set.x[start : start + self.cfg.data.eval_batch_size]
@@ -320,12 +444,13 @@ class Trainer:
                 x, y = self._to_tensors(xs, ys)
                 out = self.model(x)
                 if self.classification:
-                    score += float((fw.argmax(out, dim=1) == y).sum().item())
+                    part = (fw.argmax(out, dim=1) == y).sum()._data.astype(np.float64)
                 else:
-                    score += float(((out - y) ** 2).mean().item()) * len(xs)
+                    part = ((out - y) ** 2).mean()._data.astype(np.float64) * len(xs)
+                score = part if score is None else score + part
                 total += len(xs)
         self.model.train()
-        return score / max(total, 1)
+        return (float(to_host(score)) if score is not None else 0.0) / max(total, 1)
 
     # --- the loop -------------------------------------------------------------------------------
     def fit(self) -> RunResult:
@@ -340,7 +465,9 @@ class Trainer:
                             log_every=cfg.train.log_every)
         eval_name = "accuracy" if self.classification else "mse"
         losses: list[float] = []
-        window = {"loss": 0.0, "correct": 0, "seen": 0, "time": 0.0, "steps": 0, "peak": 0}
+        window = _new_window()
+        if self.device.type == "cuda":
+            memory.enable_gpu_hook()  # CuPy's hooks are per thread: fit() may run in another one
         peak_run, floor = 0, 0
         # Throughput over the whole run, leaving out the first step (warm-up: caches, allocator).
         timed = {"time": 0.0, "samples": 0, "steps": 0}
@@ -353,27 +480,36 @@ class Trainer:
                 for xb, yb in self.loader:
                     if self.step >= self.total_steps:
                         break
-                    x, y = self._to_tensors(xb, yb)
                     lr = learning_rate(cfg, self.step, self.total_steps)
+                    log_now = (self.step + 1) % cfg.train.log_every == 0 or self.step + 1 == self.total_steps
+                    # The step's time includes copying its batch to the device (a host-to-GPU
+                    # copy also waits for the previous step's queued kernels).
+                    t0 = time.perf_counter()
+                    x, y = self._to_tensors(xb, yb)
                     # The peak of the training step alone: evaluation and checkpoints
                     # between steps (eval batches are larger) must not show up in it.
                     memory.reset_peak()
                     before = memory.stats()
-                    t0 = time.perf_counter()
                     if cfg.logging.timeline and self.step == timeline_step and timeline is None:
-                        with memory.record_timeline() as tl:
+                        with memory.record_timeline(self.mem_device) as tl:
                             loss, correct, saved = self._train_step(x, y, lr)
                         timeline = tl
                     else:
                         loss, correct, saved = self._train_step(x, y, lr)
+                    if log_now:
+                        # Queued GPU work belongs to the steps being timed: wait for it
+                        # before the clock closes the window (between log points, each
+                        # step's loss read waits for the step before it).
+                        synchronize(self.device)
                     dt = time.perf_counter() - t0
-                    window["peak"] = max(window["peak"], memory.max_allocated_bytes())
+                    window["peak"] = max(window["peak"], memory.max_allocated_bytes(self.mem_device))
                     del x, y
                     self.step += 1
                     losses.append(loss)
                     floor = max(floor, self.floor_bytes(saved))
                     window["loss"] += loss
-                    window["correct"] += correct or 0
+                    if correct is not None:  # summed on the device, read at the log point
+                        window["correct"] = correct if window["correct"] is None else window["correct"] + correct
                     window["seen"] += len(xb)
                     window["time"] += dt
                     window["steps"] += 1
@@ -384,7 +520,7 @@ class Trainer:
                         timed["time"] += dt
                         timed["samples"] += len(xb) * self.comm.size
                         timed["steps"] += 1
-                    if self.step % cfg.train.log_every == 0 or self.step == self.total_steps:
+                    if log_now:
                         peak = window["peak"]
                         peak_run = max(peak_run, peak)
                         metrics = self._window_metrics(window, peak, floor)
@@ -392,8 +528,7 @@ class Trainer:
                         progress.update(self.step, loss=metrics["train/loss"],
                                         samples_per_sec=metrics["perf/samples_per_sec"],
                                         peak_mb=metrics["memory/peak_mb"])
-                        window = {k: 0 if isinstance(v, int) else 0.0 for k, v in window.items()
-                                  if not k.startswith("auto_inplace")}
+                        window = _new_window()
                     if self.step % cfg.train.eval_every == 0 or self.step == self.total_steps:
                         eval_metric = self.evaluate()
                         logger.scalars(self.step, {f"eval/{eval_name}": eval_metric})
@@ -424,11 +559,12 @@ class Trainer:
             "perf/samples_per_sec": window["seen"] * self.comm.size / max(window["time"], 1e-9),
             "perf/step_ms": 1000 * window["time"] / n,
             "memory/peak_mb": peak / MB,
-            "memory/allocated_mb": memory.allocated_bytes() / MB,
+            "memory/allocated_mb": memory.allocated_bytes(self.mem_device) / MB,
             "memory/floor_mb": floor / MB,
         }
         if self.classification:
-            metrics["train/accuracy"] = window["correct"] / max(window["seen"], 1)
+            correct = 0 if window["correct"] is None else int(to_host(window["correct"]))
+            metrics["train/accuracy"] = correct / max(window["seen"], 1)
         # What policy auto did, per training step: ops it ran in place (in total and by
         # op or site) and the bytes they did not allocate. Zero under on and off.
         metrics["inplace/auto_ops_per_step"] = window.get("auto_inplace_ops", 0) / n
@@ -436,7 +572,9 @@ class Trainer:
         for key, count in window.items():
             if key.startswith("auto_inplace_ops."):
                 metrics["inplace/auto_ops_per_step/" + key[len("auto_inplace_ops."):]] = count / n
-        for name, nbytes in memory.breakdown().items():
+        # GPU runs: tracked CuPy arrays at their nbytes; their sum is a little below the
+        # pool's allocated_mb, which rounds blocks up and holds untracked temporaries.
+        for name, nbytes in memory.breakdown(self.mem_device).items():
             metrics[f"memory/{name}_mb"] = nbytes / MB
         if self.comm.size > 1:  # a collective: every rank computes its metrics
             peaks = self.comm.allgather_object(peak)

@@ -431,3 +431,340 @@ def test_saved_bytes_without_parameters_leaves_out_the_weights_nodes_hold():
     assert memory.saved_bytes() - base_all == x.nbytes + w.nbytes + y.nbytes
     assert memory.saved_bytes(parameters=False) - base_act == x.nbytes + y.nbytes
     del y
+
+
+# --- GPU accounting without a GPU ----------------------------------------------------------
+#
+# The GPU side has two parts that need no device: the pool counter (plain bookkeeping) and
+# the CuPy-array breakdown. A stand-in "cupy" module drives them the way CuPy does: its
+# MemoryHook base keeps hooks in a thread-local table keyed by ``name`` (registering the
+# same name twice in one thread raises KeyError), and its pool rounds requests up to 512
+# bytes and calls each hook of the CALLING thread with keyword arguments only, as
+# cupy/cuda/memory.pyx does (malloc_postprocess(device_id=, size=, mem_size=, mem_ptr=,
+# pmem_id=), free_postprocess(device_id=, mem_size=, mem_ptr=, pmem_id=)).
+
+import threading  # noqa: E402
+import types  # noqa: E402
+
+from framework import backend  # noqa: E402
+from framework.memory import PoolCounter  # noqa: E402
+
+UNIT = 512  # CuPy's pool allocation unit
+
+
+def _rounded(n: int) -> int:
+    return -(-n // UNIT) * UNIT
+
+
+class _FakeMemoryHook:
+    _local = threading.local()
+    name = "MemoryHook"
+
+    @classmethod
+    def table(cls) -> dict:
+        t = getattr(cls._local, "hooks", None)
+        if t is None:
+            t = cls._local.hooks = {}
+        return t
+
+    def __enter__(self):
+        t = self.table()
+        if self.name in t:
+            raise KeyError(f"memory hook {self.name} already exists")
+        t[self.name] = self
+        return self
+
+    def __exit__(self, *_):
+        del self.table()[self.name]
+
+
+class _FakePooledMemory:
+    def __init__(self, pool, ptr, size):
+        self.pool, self.ptr, self.size = pool, ptr, size
+
+    def __del__(self):
+        self.pool.free(self.ptr, self.size)
+
+
+class _FakePool:
+    def __init__(self):
+        self.next_ptr = 1 << 20
+        self.in_use: dict[int, int] = {}
+
+    def malloc(self, size):
+        mem_size = _rounded(size)
+        ptr, self.next_ptr = self.next_ptr, self.next_ptr + max(mem_size, UNIT)
+        self.in_use[ptr] = mem_size
+        for hook in list(_FakeMemoryHook.table().values()):
+            hook.malloc_postprocess(device_id=0, size=size, mem_size=mem_size, mem_ptr=ptr, pmem_id=ptr)
+        return _FakePooledMemory(self, ptr, mem_size)
+
+    def free(self, ptr, size):
+        del self.in_use[ptr]
+        for hook in list(_FakeMemoryHook.table().values()):
+            hook.free_postprocess(device_id=0, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
+
+    def used_bytes(self):
+        return sum(self.in_use.values())
+
+
+class _FakeData:
+    def __init__(self, mem, offset=0):
+        self.mem, self.ptr = mem, mem.ptr + offset
+
+
+class FakeGpuArray:
+    """Enough of cupy.ndarray for the accounting: base, nbytes, shape, data.mem.size."""
+
+    pool: _FakePool = None
+
+    def __init__(self, nbytes, base=None, data=None):
+        self.base = base
+        self.nbytes = nbytes
+        self.shape = (nbytes // 4,)
+        if data is not None:
+            self.data = data
+        elif base is not None:
+            self.data = base.data
+        else:
+            self.data = _FakeData(self.pool.malloc(nbytes))
+
+    def view(self):
+        return FakeGpuArray(self.nbytes, base=self)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """``backend._cupy`` replaced by a stand-in with a memory pool; hooks removed afterwards."""
+    pool = _FakePool()
+    monkeypatch.setattr(FakeGpuArray, "pool", pool)
+    module = types.SimpleNamespace(
+        ndarray=FakeGpuArray,
+        cuda=types.SimpleNamespace(MemoryHook=_FakeMemoryHook, MemoryPool=_FakePool, get_allocator=lambda: pool.malloc),
+    )
+    monkeypatch.setattr(backend, "_cupy", module)
+    yield module, pool
+    memory.disable_gpu_hook()
+    assert memory.gpu_counter() is None
+
+
+def test_pool_counter_counts_rounded_sizes_and_keeps_the_peak():
+    c = PoolCounter()
+    assert c.malloc(1024, 0x1000) == 1024
+    assert c.malloc(512, 0x2000) == 512
+    assert (c.allocated, c.peak) == (1536, 1536)
+    assert c.free(1024, 0x1000) == -1024
+    assert (c.allocated, c.peak) == (512, 1536)
+    c.reset_peak()
+    assert c.peak == 512
+    assert c.malloc(2048, 0x3000) == 2048 and c.peak == 2560
+    assert (c.mallocs, c.frees, c.live_blocks()) == (3, 1, 2)
+
+
+def test_pool_counter_ignores_failed_and_empty_mallocs():
+    c = PoolCounter()
+    assert c.malloc(512, 0) == 0  # CuPy reports mem_ptr 0 when malloc raised (out of memory)
+    assert c.malloc(0, 0x1000) == 0  # a zero-size array takes no pool memory
+    assert c.free(512, 0) == 0
+    assert (c.allocated, c.peak, c.mallocs, c.frees) == (0, 0, 0, 0)
+
+
+def test_pool_counter_frees_with_the_size_it_counted():
+    c = PoolCounter()
+    c.malloc(1024, 0x1000)
+    assert c.free(4096, 0x1000) == -1024  # the size of the malloc, whatever the free says
+    assert c.allocated == 0
+
+
+def test_pool_counter_baseline_absorbs_frees_of_memory_it_never_saw():
+    c = PoolCounter(baseline=3072)
+    assert (c.allocated, c.peak) == (3072, 3072)
+    c.malloc(512, 0x1000)
+    assert c.free(1024, 0x9000) == -1024  # allocated before counting started
+    assert (c.baseline, c.allocated, c.unknown_frees) == (2048, 2560, 1)
+    assert c.free(4096, 0x9100) == -2048  # never below zero: the rest was not ours
+    assert (c.baseline, c.allocated) == (0, 512)
+    with pytest.raises(ValueError, match="baseline"):
+        PoolCounter(baseline=-1)
+
+
+def test_pool_counter_replaces_a_pointer_handed_out_again():
+    """A pointer reused by the pool means its free happened where no hook saw it: the new
+    block replaces the old one instead of counting the memory twice."""
+    c = PoolCounter()
+    c.malloc(1024, 0x1000)
+    assert c.malloc(512, 0x1000) == -512
+    assert c.allocated == 512 and c.live_blocks() == 1
+
+
+def test_pool_counter_is_reentrant_and_thread_safe():
+    c = PoolCounter()
+    with c._lock:  # a callback that runs inside another one (GC during a malloc) must not deadlock
+        c.malloc(512, 0x1000)
+        c.free(512, 0x1000)
+
+    def churn(t):
+        for i in range(2000):
+            ptr = (t + 1) << 32 | (i + 1) * UNIT
+            c.malloc(UNIT, ptr)
+            c.free(UNIT, ptr)
+
+    threads = [threading.Thread(target=churn, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert c.allocated == 0 and c.live_blocks() == 0 and c.mallocs == c.frees == 8001
+    assert UNIT <= c.peak <= 4 * UNIT
+
+
+def test_enable_gpu_hook_without_cupy_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(backend, "cupy_module", lambda: None)
+    with pytest.raises(RuntimeError, match=r"needs CuPy and a CUDA device.*pip install"):
+        memory.enable_gpu_hook()
+    assert memory.gpu_counter() is None
+
+
+def test_gpu_queries_without_the_hook_raise_a_clear_error():
+    assert memory.gpu_counter() is None
+    for query in (memory.allocated_bytes, memory.max_allocated_bytes):
+        with pytest.raises(RuntimeError, match="enable_gpu_hook"):
+            query("cuda")
+    with pytest.raises(RuntimeError, match="enable_gpu_hook"), memory.record_timeline("cuda:0"):
+        pass
+    with pytest.raises(ValueError, match="unknown device"):
+        memory.allocated_bytes("tpu")
+    assert memory.allocated_bytes("cpu") == memory.allocated_bytes()  # no hook: the host
+
+
+def test_gpu_hook_registers_per_thread_and_reports_the_pool(fake_cupy):
+    cp, pool = fake_cupy
+    before = pool.malloc(1000)  # in use before the hook: the baseline
+    host = memory.allocated_bytes("cpu")
+    counter = memory.enable_gpu_hook()
+    assert memory.enable_gpu_hook() is counter  # idempotent in a thread (CuPy would raise KeyError)
+    assert list(_FakeMemoryHook.table()) == ["inplace_lab_memory"] and memory.gpu_hook_enabled()
+    assert counter.baseline == counter.allocated == UNIT * 2
+    a = FakeGpuArray(4000)
+    assert memory.allocated_bytes() == memory.allocated_bytes("cuda") == pool.used_bytes() == 2 * UNIT + 4096
+    assert memory.allocated_bytes("cpu") == host  # the host counter is separate
+    memory.reset_peak()
+    b = FakeGpuArray(10_000)
+    del b
+    assert memory.max_allocated_bytes() == pool.used_bytes() + _rounded(10_000)
+    del before  # allocated before the hook: comes out of the baseline
+    assert memory.allocated_bytes() == pool.used_bytes() == 4096 and counter.baseline == 0
+
+    # Another thread has no hook (CuPy's table is thread-local) until it registers one.
+    def other_thread(register, out):
+        if register:
+            memory.enable_gpu_hook()
+        keep = FakeGpuArray(UNIT)
+        out.append(memory.allocated_bytes("cuda"))
+        del keep
+        if register:
+            memory.disable_gpu_hook()
+
+    seen = []
+    for register in (False, True):
+        th = threading.Thread(target=other_thread, args=(register, seen))
+        th.start()
+        th.join()
+    assert seen == [4096, 4096 + UNIT]
+    assert memory.gpu_counter() is counter and memory.gpu_hook_enabled()  # still on in this thread
+    del a
+    memory.disable_gpu_hook()
+    assert _FakeMemoryHook.table() == {} and memory.gpu_counter() is None
+    assert memory.allocated_bytes() == memory.allocated_bytes("cpu")  # back to the host
+
+
+def test_gpu_hook_context_manager_and_foreign_allocator(fake_cupy, monkeypatch):
+    cp, pool = fake_cupy
+    with memory.gpu_hook() as counter:
+        with memory.gpu_hook() as inner:  # nested: same counter, the hook stays until the outer ends
+            assert inner is counter
+        assert memory.gpu_hook_enabled()
+    assert not memory.gpu_hook_enabled() and memory.gpu_counter() is None
+    monkeypatch.setattr(cp.cuda, "get_allocator", lambda: (lambda size: None))
+    with pytest.warns(RuntimeWarning, match="not a cupy.cuda.MemoryPool"):
+        counter = memory.enable_gpu_hook()
+    assert counter.baseline == 0
+
+
+def test_cupy_arrays_are_counted_by_category_at_nbytes(fake_cupy):
+    cp, pool = fake_cupy
+    counter = memory.enable_gpu_hook()
+    host0, gpu0 = memory.breakdown("cpu"), memory.breakdown("cuda")
+    assert memory.breakdown() == gpu0  # no device: the GPU while the hook is on
+    w = memory.track(FakeGpuArray(1000), "parameters")
+    x = memory.track(FakeGpuArray(3000))  # no category given: "other"
+    with memory.category("activations"):
+        y = memory.track(FakeGpuArray(2048))
+    assert memory.track(y.view()) is not None and memory.is_tracked(y.view())
+    assert _delta(memory.breakdown("cuda"), gpu0) == {"parameters": 1000, "other": 3000, "activations": 2048}
+    assert memory.breakdown("cpu") == host0  # nothing moved to the host breakdown
+    # The breakdown counts nbytes; the hook's total counts the pool's rounded blocks.
+    assert counter.allocated - counter.baseline == _rounded(1000) + _rounded(3000) + 2048
+    memory.retag(x, "optimizer_state")
+    assert _delta(memory.breakdown("cuda"), gpu0) == {"parameters": 1000, "optimizer_state": 3000,
+                                                      "activations": 2048}
+    memory.reset_peak()
+    with memory.category("workspace"):
+        tmp = memory.track(FakeGpuArray(5000))
+    del tmp
+    assert memory.peak_breakdown("cuda")["workspace"] == gpu0["workspace"] + 5000
+    assert memory.breakdown("cuda")["workspace"] == gpu0["workspace"]
+    del w, x, y
+    assert memory.breakdown("cuda") == gpu0  # freed arrays are uncounted
+    assert counter.allocated == counter.baseline
+
+
+def test_a_strided_cupy_view_without_base_never_counts_beyond_its_allocation(fake_cupy):
+    """CuPy's as_strided builds a view of another array's memory with no .base (conv windows)."""
+    memory.enable_gpu_hook()
+    buf = FakeGpuArray(4096)
+    windows = FakeGpuArray(9 * 4096, data=buf.data)  # a 3x3 window view, 9x the logical bytes
+    gpu0 = memory.breakdown("cuda")
+    memory.track(windows, "workspace")
+    assert _delta(memory.breakdown("cuda"), gpu0) == {"workspace": 4096}
+
+
+def test_saved_bytes_without_parameters_on_the_gpu(fake_cupy):
+    memory.enable_gpu_hook()
+    w = memory.track(FakeGpuArray(4096), "parameters")
+    x = FakeGpuArray(1024)
+    base_all, base_act = memory.saved_bytes(), memory.saved_bytes(parameters=False)
+    memory.note_saved(w)
+    memory.note_saved(x)
+    assert memory.saved_bytes() - base_all == 4096 + 1024
+    assert memory.saved_bytes(parameters=False) - base_act == 1024  # the weight is a parameter
+    assert memory.breakdown("cuda")["activations"] >= 1024  # note_saved tracks what it holds
+    memory.note_released(w)
+    memory.note_released(x)
+    assert memory.saved_bytes() == base_all
+
+
+def test_gpu_timeline_records_every_pool_event_and_not_the_host(fake_cupy):
+    memory.enable_gpu_hook()
+    keep = FakeGpuArray(UNIT)
+    start = memory.allocated_bytes()
+    with memory.record_timeline() as tl:
+        assert tl.device == "cuda"
+        memory.mark("forward")
+        with memory.category("activations"):
+            a = FakeGpuArray(1000)
+        host = fw.randn(1024)  # a host buffer is not GPU memory: not in this timeline
+        memory.mark("backward")
+        b = FakeGpuArray(2 * UNIT)
+        del a
+    del host, b, keep
+    assert tl.events[0][:3] == (0.0, start, 0)
+    assert [(e[2], e[3], e[4]) for e in tl.events[1:]] == [
+        (1024, "activations", "forward"), (2 * UNIT, "other", "backward"), (-1024, "other", "backward")]
+    assert [e[1] for e in tl.events] == [start, start + 1024, start + 2048, start + 1024]
+    assert tl.peak == start + 2048
+    with memory.record_timeline("cpu") as host_tl:
+        c = FakeGpuArray(UNIT)
+        h = fw.randn(256)
+    assert [e[2] for e in host_tl.events[1:]] == [1024]  # the host buffer only
+    del c, h

@@ -1,0 +1,150 @@
+"""benchmarks/bench_gpu.py: one clear line without a GPU, its report logic, its measurement path.
+
+The measurement path is the one bench_models.py uses (``Runner``), so it runs here on the
+CPU with tiny settings; the real run needs a GPU and is marked ``gpu``. No timing is
+checked, only the shape of the results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import bench_gpu, bench_models
+from framework import backend
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LINE = "error: bench_gpu.py needs CuPy and a CUDA GPU, and "
+
+
+@pytest.mark.skipif(backend.is_cuda_available(), reason="a GPU is available here")
+def test_without_a_gpu_the_script_fails_with_one_clear_line():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_gpu.py"), "--quick"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith(LINE), r.stderr
+    assert "nothing was measured" in r.stderr
+
+
+def test_main_reports_a_missing_gpu_before_measuring_anything(monkeypatch, capsys):
+    monkeypatch.setattr(backend, "is_cuda_available", lambda: False)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("measured without a GPU")
+
+    monkeypatch.setattr(bench_gpu, "measure_ours", boom)
+    assert bench_gpu.main(["--quick", "--no-torch"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(LINE) and err.count("\n") == 1
+
+
+def test_bad_options_exit_with_a_message():
+    with pytest.raises(SystemExit, match="MODEL=N"):
+        bench_gpu.main(["--batch", "resnet20=0"])
+    with pytest.raises(SystemExit, match="--rounds must be at least 1"):
+        bench_gpu.main(["--rounds", "0"])
+    with pytest.raises(SystemExit, match="cuda or cuda:N"):
+        bench_gpu.main(["--device", "cpu"])
+    assert bench_gpu.parse_batches(["mlp=64"]) == {"mlp": 64, "convnet": 256, "resnet20": 256}
+
+
+def test_variants_and_models_come_from_bench_models():
+    assert [v[0] for v in bench_gpu.variants()] == ["off", "on", "on+InPlaceABN"]
+    assert all(v in bench_models.VARIANTS for v in bench_gpu.variants())
+    assert set(bench_gpu.GPU_MODELS) <= set(bench_models.MODELS)
+    assert bench_gpu.BATCH["resnet20"] == 256
+
+
+def test_measurement_path_runs_on_the_cpu():
+    """measure_ours is bench_models' Runner plus synchronized rounds: run it tiny on the CPU."""
+    p = {"warmup": 1, "mem_steps": 1, "rounds": 2, "steps": 1}
+    syncs = []
+    row = bench_gpu.measure_ours("mlp", bench_gpu.variants()[2], "cpu", 16, p, lambda: syncs.append(1))
+    assert row["model"] == "mlp" and row["variant"] == "on+InPlaceABN" and row["batch"] == 16
+    assert row["peak_mb"] > 0 and row["floor_mb"] > 0 and row["samples_per_s"] > 0
+    assert len(row["round_seconds"]) == 2 and len(syncs) == 4  # before and after each round
+    assert row["step_ms"] == pytest.approx(1e3 * statistics.median(row["round_seconds"]) / p["steps"])
+
+
+def _rows(torch_peak=100.0, torch_speed=1000.0, batch=256):
+    rows = []
+    for variant, peak, speed in (("off", 150.0, 600.0), ("on", 140.0, 620.0), ("on+InPlaceABN", 90.0, 480.0)):
+        rows.append({"model": "resnet20", "batch": batch, "variant": variant, "framework": "ours", "peak_mb": peak,
+                     "samples_per_s": speed, "step_ms": 1e3 * batch / speed, "floor_mb": 50.0, "activation_mb": 80.0})
+    if torch_peak is not None:
+        rows.append({"model": "resnet20", "batch": batch, "variant": "PyTorch", "framework": "torch",
+                     "peak_mb": torch_peak, "samples_per_s": torch_speed, "step_ms": 1e3 * batch / torch_speed})
+    return rows
+
+
+def test_targets_compare_resnet20_with_pytorch():
+    t = bench_gpu.targets(_rows())
+    assert [x["target"] for x in t] == [
+        "ResNet-20 batch 256: peak GPU MB, on+InPlaceABN / PyTorch <= 1",
+        "ResNet-20 batch 256: samples/s, on / PyTorch >= 0.5",
+        "ResNet-20 batch 256: samples/s, on+InPlaceABN / PyTorch >= 0.5",
+    ]
+    assert [x["value"] for x in t] == pytest.approx([0.9, 0.62, 0.48])
+    assert [x["met"] for x in t] == [True, True, False]
+    t = bench_gpu.targets(_rows(torch_peak=80.0))
+    assert t[0]["met"] is False
+
+
+def test_targets_without_pytorch_are_not_checked_and_say_so():
+    results = {"rows": _rows(torch_peak=None)}
+    results["targets"] = bench_gpu.targets(results["rows"])
+    assert all(x["met"] is None and x["value"] is None for x in results["targets"])
+    text = bench_gpu.markdown(results)
+    assert "| - | not checked |" in text
+    assert bench_gpu.targets([]) == []
+    assert "(the target is set at 256)" in bench_gpu.targets(_rows(batch=128))[0]["target"]
+
+
+def test_markdown_table_has_a_row_per_variant_and_the_pytorch_ratios():
+    results = {"rows": _rows()}
+    results["targets"] = bench_gpu.targets(results["rows"])
+    lines = bench_gpu.markdown(results).splitlines()
+    rows = [line for line in lines if line.startswith("| resnet20 |")]
+    assert len(rows) == 4
+    abn = [c.strip() for c in rows[2].strip("|").split("|")]
+    assert abn[:7] == ["resnet20", "256", "on+InPlaceABN", "90.0", "0.90", "480", "0.48"]
+    torch_row = [c.strip() for c in rows[3].strip("|").split("|")]
+    assert torch_row[3:5] == ["100.0", "-"]
+    assert "| ResNet-20 batch 256: samples/s, on+InPlaceABN / PyTorch >= 0.5 | 0.48 | NO |" in lines
+
+
+@pytest.mark.parametrize("model", ["mlp", "convnet", "resnet20"])
+def test_pytorch_twins_have_the_same_parameters(model):
+    pytest.importorskip("torch")
+    from models import build_model
+
+    reg, kw, _, _, _ = bench_models.MODELS[model]
+    ours = sum(p.numel() for p in build_model(reg, **kw).parameters())
+    theirs = sum(p.numel() for p in bench_models.torch_model(model).parameters())
+    assert ours == theirs
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_quick_run_on_a_gpu(tmp_path, capsys):
+    from framework import memory
+
+    path = tmp_path / "gpu.json"
+    assert bench_gpu.main(["--quick", "--json", str(path)]) == 0
+    assert memory.gpu_counter() is None  # the hook is gone: later tests read host memory
+    out = capsys.readouterr().out
+    saved = json.loads(path.read_text())
+    ours = [r for r in saved["rows"] if r["framework"] == "ours"]
+    assert {(r["model"], r["variant"]) for r in ours} == {
+        (m, v) for m in bench_gpu.GPU_MODELS for v in bench_gpu.VARIANT_NAMES}
+    assert all(r["peak_mb"] > 0 and r["samples_per_s"] > 0 for r in ours)
+    assert saved["targets"] and "| target | value | met |" in out
+    if saved["torch_missing"] is None:
+        assert {r["model"] for r in saved["rows"] if r["framework"] == "torch"} == set(bench_gpu.GPU_MODELS)
