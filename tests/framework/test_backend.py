@@ -154,6 +154,21 @@ def test_get_array_module_finds_cupy_arrays_before_anything_asked_for_cuda():
 
 @pytest.mark.gpu
 @requires_gpu
+def test_tensor_from_a_cupy_array_and_back():
+    cp = backend.cupy_module()
+    g = cp.arange(6, dtype=cp.float32).reshape(2, 3)
+    t = fw.tensor(g, device="cuda")
+    assert t.dtype == np.float32 and t.device == Device("cuda", 0)
+    assert not cp.shares_memory(t._data, g)  # a copy, as fw.tensor always makes
+    c = fw.tensor(g)  # to the CPU
+    assert isinstance(c._data, np.ndarray)
+    np.testing.assert_array_equal(c.numpy(), g.get())
+    with pytest.raises(TypeError, match="not NumPy arrays"):
+        fw.ones(3, device="cuda") + g
+
+
+@pytest.mark.gpu
+@requires_gpu
 def test_to_device_between_two_gpus():
     cp = backend.cupy_module()
     if cp.cuda.runtime.getDeviceCount() < 2:
@@ -162,3 +177,5 @@ def test_to_device_between_two_gpus():
     b = backend.to_device(a, Device("cuda", 1))
     assert backend.device_of(b) == Device("cuda", 1) and b is not a
     np.testing.assert_array_equal(b.get(), [0.0, 1.0, 2.0])
+    t = fw.zeros(2, device="cuda:1")
+    assert t.device == Device("cuda", 1)
