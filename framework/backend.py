@@ -160,12 +160,31 @@ def reshape_view(array, shape):
             return np.reshape(array, shape, copy=False)
         except ValueError:
             return None
+    shape = _known_shape(tuple(shape), array.size)
+    if shape is None:
+        return None
     out = array.view()
     try:
         out.shape = shape
     except (AttributeError, ValueError):
         return None
     return out
+
+
+def _known_shape(shape: tuple, size: int):
+    """``shape`` with a -1 resolved against ``size``; None when no such shape holds ``size``
+    (the shape setter's documentation does not promise to resolve -1 itself)."""
+    known = 1
+    for n in shape:
+        if n != -1:
+            known *= n
+    if shape.count(-1) > 1 or (-1 not in shape and known != size):
+        return None
+    if -1 in shape:
+        if known == 0 or size % known:
+            return None
+        shape = tuple(size // known if n == -1 else n for n in shape)
+    return shape
 
 
 def scatter_add(array, index, values) -> None:

@@ -107,6 +107,17 @@ def test_reshape_view_is_a_view_or_none(backend):
     assert fw.backend.reshape_view(a, (5, 5)) is None  # wrong size
 
 
+@pytest.mark.parametrize("shape,size,expected", [
+    ((-1,), 24, (24,)), ((2, -1, 3), 24, (2, 4, 3)), ((6, 4), 24, (6, 4)), ((), 1, ()), ((0, 3), 0, (0, 3)),
+    ((5, -1), 24, None), ((-1, -1), 24, None), ((5, 5), 24, None), ((0, -1), 0, None),
+])
+def test_known_shape_resolves_minus_one_as_numpy_does(shape, size, expected):
+    # What reshape_view's CuPy branch hands to the shape setter (that branch needs a GPU).
+    assert backend._known_shape(shape, size) == expected
+    if expected is not None:
+        assert np.empty(size).reshape(shape).shape == expected
+
+
 def test_scatter_add_accumulates_repeated_indices(backend):
     xp = backend_module_for(backend)
     a = xp.zeros((4, 2))
