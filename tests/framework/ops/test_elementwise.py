@@ -143,23 +143,23 @@ SPECS = [
 
 
 @pytest.mark.parametrize("case", harness.cases(SPECS))
-def test_forward(case):
-    harness.check_forward(case)
+def test_forward(case, backend):
+    harness.check_forward(case, backend)
 
 
 @pytest.mark.parametrize("case", harness.cases(SPECS, need="grad"))
-def test_backward(case):
-    harness.check_backward(case)
+def test_backward(case, backend):
+    harness.check_backward(case, backend)
 
 
 @pytest.mark.parametrize("case", harness.cases(SPECS, need="inplace"))
-def test_inplace_matches_ordinary(case):
-    harness.check_inplace(case)
+def test_inplace_matches_ordinary(case, backend):
+    harness.check_inplace(case, backend)
 
 
 @pytest.mark.parametrize("case", harness.memory_cases(SPECS))
-def test_inplace_memory(case):
-    harness.check_inplace_memory(case)
+def test_inplace_memory(case, backend):
+    harness.check_inplace_memory(case, backend)
 
 
 def test_the_table_covers_every_inplace_op():
