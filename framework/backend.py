@@ -8,6 +8,7 @@ framework imports and its tests run on machines without it.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 
@@ -83,21 +84,46 @@ def xp_for(dev: Device):
     return cp
 
 
+def _cupy_if_array(obj):
+    """CuPy, when ``obj`` is a CuPy array (imports CuPy only for objects that may be one)."""
+    cp = _cupy
+    if cp is None and hasattr(obj, "__cuda_array_interface__"):
+        cp = cupy_module()  # a device array made before anything here asked for CuPy
+    if cp and isinstance(obj, cp.ndarray):
+        return cp
+    return None
+
+
 def get_array_module(array):
     """The array module of an array (NumPy for NumPy arrays and scalars)."""
-    if isinstance(array, np.ndarray) or _cupy is None or _cupy is False:
+    if isinstance(array, np.ndarray):
         return np
-    return _cupy.get_array_module(array)
+    return _cupy_if_array(array) or np
+
+
+def is_array(obj) -> bool:
+    """True for a NumPy or CuPy array (not for scalars, lists or tensors)."""
+    return isinstance(obj, np.ndarray) or _cupy_if_array(obj) is not None
 
 
 def device_of(array) -> Device:
     """The device an array lives on."""
     if isinstance(array, np.ndarray):
         return CPU
-    cp = cupy_module()
-    if cp is not None and isinstance(array, cp.ndarray):
+    if _cupy_if_array(array) is not None:
         return Device("cuda", array.device.id)
     return CPU
+
+
+def device_context(dev: Device):
+    """A context in which new arrays are allocated on ``dev`` (nothing to do on the CPU).
+
+    CuPy allocates on its *current* device, so creating an array for ``cuda:1`` needs
+    ``cupy.cuda.Device(1)`` around the call.
+    """
+    if dev.type == "cpu":
+        return contextlib.nullcontext()
+    return xp_for(dev).cuda.Device(dev.index)
 
 
 def to_device(array, dev: Device):
@@ -108,9 +134,97 @@ def to_device(array, dev: Device):
         return array.get()
     cp = xp_for(dev)
     with cp.cuda.Device(dev.index):
+        if isinstance(array, cp.ndarray):
+            # Another GPU: cupy.asarray would return the array itself (it does not move
+            # arrays between devices); ndarray.copy() copies to the current device.
+            return array.copy()
         return cp.asarray(array)
 
 
 def to_numpy(array) -> np.ndarray:
     """A NumPy array with the same values (copies from the GPU when needed)."""
     return array if isinstance(array, np.ndarray) else array.get()
+
+
+# --- calls that differ between NumPy and CuPy ------------------------------------------
+
+def reshape_view(array, shape):
+    """``array`` reshaped WITHOUT copying, or None when its strides do not allow it.
+
+    NumPy: ``np.reshape(copy=False)`` raises instead of copying. CuPy's ``reshape``
+    silently copies (its ``copy=False`` exists only in recent versions), but its ``shape``
+    setter reshapes in place or raises, in every version.
+    """
+    if isinstance(array, np.ndarray):
+        try:
+            return np.reshape(array, shape, copy=False)
+        except ValueError:
+            return None
+    shape = _known_shape(tuple(shape), array.size)
+    if shape is None:
+        return None
+    out = array.view()
+    try:
+        out.shape = shape
+    except (AttributeError, ValueError):
+        return None
+    return out
+
+
+def _known_shape(shape: tuple, size: int):
+    """``shape`` with a -1 resolved against ``size``; None when no such shape holds ``size``
+    (the shape setter's documentation does not promise to resolve -1 itself)."""
+    known = 1
+    for n in shape:
+        if n != -1:
+            known *= n
+    if shape.count(-1) > 1 or (-1 not in shape and known != size):
+        return None
+    if -1 in shape:
+        if known == 0 or size % known:
+            return None
+        shape = tuple(size // known if n == -1 else n for n in shape)
+    return shape
+
+
+def scatter_add(array, index, values) -> None:
+    """``array[index] += values`` where repeated indices ADD up (``np.add.at``), in place.
+
+    CuPy's equivalent is ``cupyx.scatter_add`` (documented to behave identically to
+    ``numpy.add.at``, with int/bool arrays, slices, ellipsis and newaxis in ``index``).
+    """
+    if isinstance(array, np.ndarray):
+        np.add.at(array, index, values)
+        return
+    import cupyx  # noqa: PLC0415  (present wherever CuPy is)
+
+    cupyx.scatter_add(array, index, values)
+
+
+def index_like(item, array):
+    """An index item (a list, or a NumPy or CuPy array of ints or bools) on ``array``'s device.
+
+    NumPy takes lists and NumPy arrays as they are; a CuPy array is indexed with CuPy
+    arrays on its own device (as PyTorch moves a CPU index tensor to the indexed tensor's
+    device).
+    """
+    if isinstance(array, np.ndarray):
+        return item
+    return to_device(item if is_array(item) else np.asarray(item), device_of(array))
+
+
+def index_bounds_checked(array) -> bool:
+    """Whether indexing ``array`` with an out-of-bounds integer array raises by itself.
+
+    NumPy raises IndexError; CuPy wraps the index around silently (see "Out-of-bounds
+    indices" in CuPy's differences from NumPy), so callers check such indices themselves.
+    """
+    return isinstance(array, np.ndarray)
+
+
+def rng_key(xp):
+    """The key of ``xp``'s random generator: one per array module, and per GPU for CuPy
+    (a CuPy generator keeps its state on the device that was current when it was made)."""
+    if xp is np:
+        return "numpy"
+    return f"{xp.__name__}:{xp.cuda.runtime.getDevice()}"

@@ -29,9 +29,9 @@ def _infer_dtype(data):
 
     NumPy arrays and NumPy scalars (``np.float64(1.0)``) keep their dtype, as in PyTorch.
     """
+    if isinstance(data, np.generic) or backend.is_array(data):
+        return data.dtype  # (np.asarray would refuse a CuPy array: no implicit copies)
     arr = np.asarray(data)
-    if isinstance(data, (np.ndarray, np.generic)):
-        return arr.dtype
     if arr.dtype.kind == "f":
         return float32
     if arr.dtype.kind in "iu":
@@ -42,15 +42,19 @@ def _infer_dtype(data):
 def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A new tensor holding a COPY of ``data`` (nested lists, scalars, arrays, tensors)."""
     if isinstance(data, Tensor):
-        data = backend.to_numpy(data._data)
+        data = data._data
     dev = backend.device(device)
     xp = backend.xp_for(dev)
     dtype = np.dtype(dtype) if dtype is not None else _infer_dtype(data)
     if dev.type == "cpu":
+        if not isinstance(data, np.ndarray) and backend.is_array(data):
+            data = backend.to_numpy(data)  # from a GPU: the copy is the transfer
         array = np.array(data, dtype=dtype, copy=True)
     else:
-        with xp.cuda.Device(dev.index):
-            array = xp.array(data, dtype=dtype)
+        if not isinstance(data, np.ndarray) and backend.is_array(data):
+            data = backend.to_device(data, dev)  # from another GPU (host data: xp.array below)
+        with backend.device_context(dev):
+            array = xp.array(data, dtype=dtype)  # a copy (cupy.array copies by default)
     return _new(array, requires_grad)
 
 
@@ -70,7 +74,8 @@ def _size(size):
 def _filled(fill, size, dtype, device, requires_grad):
     dev = backend.device(device)
     xp = backend.xp_for(dev)
-    array = fill(xp, _size(size), np.dtype(dtype) if dtype is not None else DEFAULT_DTYPE)
+    with backend.device_context(dev):
+        array = fill(xp, _size(size), np.dtype(dtype) if dtype is not None else DEFAULT_DTYPE)
     return _new(array, requires_grad)
 
 
@@ -105,13 +110,17 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
         start, end = 0, start
     if dtype is None:
         dtype = int64 if all(isinstance(v, (int, np.integer)) for v in (start, end, step)) else float32
-    xp = backend.xp_for(backend.device(device))
-    return _new(xp.arange(start, end, step, dtype=np.dtype(dtype)), requires_grad)
+    dev = backend.device(device)
+    xp = backend.xp_for(dev)
+    with backend.device_context(dev):
+        return _new(xp.arange(start, end, step, dtype=np.dtype(dtype)), requires_grad)
 
 
 def eye(n, m=None, dtype=None, device=None, requires_grad=False) -> Tensor:
-    xp = backend.xp_for(backend.device(device))
-    return _new(xp.eye(n, m, dtype=np.dtype(dtype) if dtype is not None else DEFAULT_DTYPE), requires_grad)
+    dev = backend.device(device)
+    xp = backend.xp_for(dev)
+    with backend.device_context(dev):
+        return _new(xp.eye(n, m, dtype=np.dtype(dtype) if dtype is not None else DEFAULT_DTYPE), requires_grad)
 
 
 def _like(fill, t: Tensor, dtype, requires_grad):

@@ -1,8 +1,16 @@
-"""The framework's random generators: one seeded stream per array module."""
+"""The framework's random generators: one seeded stream per array module (per GPU for CuPy).
+
+NumPy's stream is ``numpy.random.default_rng(seed)``; on a GPU, ``cupy.random.default_rng(seed)``
+draws on the device itself (cuRAND), so dropout masks and initial weights of a CUDA tensor
+never pass through host memory. The two streams differ: the same seed gives reproducible
+values on each device, not the same values on both.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+
+from . import backend
 
 _generators: dict = {}
 _seed = None
@@ -16,11 +24,13 @@ def manual_seed(seed: int) -> None:
 
 
 def generator(xp=np):
-    """The seeded generator of an array module (``numpy.random.Generator`` or CuPy's)."""
-    gen = _generators.get(xp.__name__)
+    """The seeded generator of an array module (``numpy.random.Generator`` or CuPy's, for
+    the current GPU)."""
+    key = "numpy" if xp is np else backend.rng_key(xp)
+    gen = _generators.get(key)
     if gen is None:
         gen = xp.random.default_rng(_seed)
-        _generators[xp.__name__] = gen
+        _generators[key] = gen
     return gen
 
 

@@ -400,7 +400,7 @@ def _apply(cls, inputs, params, inplace):
         result = cls.forward(ctx, *arrays, **params)
     except (ValueError, TypeError) as e:
         if inplace:
-            raise RuntimeError(f"{cls.inplace_name}: {e}") from None
+            raise RuntimeError(f"{cls.inplace_name}: {_refused_inplace(e, arrays)}") from None
         raise
     if isinstance(result, np.generic):
         result = _as_array(result)
@@ -457,6 +457,26 @@ def _apply(cls, inputs, params, inplace):
         else:
             out._grad_fn = ctx
     return out
+
+
+def _refused_inplace(error, arrays) -> str:
+    """Why an inplace kernel refused to run, naming the shapes on every array module.
+
+    NumPy says "non-broadcastable output operand with shape (3,) doesn't match the
+    broadcast shape (2,3)" when the result would not fit the written tensor; CuPy says
+    only "Out shape is mismatched". Its message is replaced by NumPy's wording then.
+    """
+    msg = str(error)
+    if "broadcast" in msg:
+        return msg
+    target = arrays[0]
+    try:
+        full = np.broadcast_shapes(*(getattr(a, "shape", ()) for a in arrays))
+    except ValueError:
+        return msg
+    if full == target.shape:
+        return msg
+    return f"non-broadcastable output operand with shape {target.shape} doesn't match the broadcast shape {full}"
 
 
 def _compose_view_fn(src, cls, rest, params):

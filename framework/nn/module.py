@@ -445,7 +445,9 @@ class Module:
                     continue
                 value = state_dict[k]
                 if not isinstance(value, Tensor):
-                    value = _wrap(np.asarray(value))
+                    # an array of any device as it is (np.asarray refuses CuPy arrays);
+                    # copy_ moves it to the target's device
+                    value = _wrap(value if backend.is_array(value) else np.asarray(value))
                 target.copy_(value)
         return _IncompatibleKeys(missing, unexpected)
 

@@ -11,6 +11,7 @@ from collections import namedtuple
 
 import numpy as np
 
+from .. import backend as _backend
 from .. import inplace as _inplace
 from .. import random as _random
 from ..tensor import Tensor, _wrap
@@ -36,7 +37,7 @@ def _operand(x, other):
         elif isinstance(x, Tensor) and other.dtype.kind in "biu" and x.dtype.kind == "f":
             other = cast(other, x.dtype)
         return x, other
-    if isinstance(other, np.ndarray):
+    if _backend.is_array(other):
         raise TypeError("mix tensors with tensors or Python scalars, not NumPy arrays: wrap it with fw.tensor()")
     if isinstance(other, float) and isinstance(x, Tensor) and x.dtype.kind in "biu":
         x = cast(x, _DEFAULT_FLOAT)
@@ -407,10 +408,15 @@ def narrow(x, dim, start, length):
     return V.GetItem.apply(x, index=index)
 
 
-def _normalize_index(index):
-    """Index with tensors replaced by arrays; tells basic (view) from advanced (copy) indexing."""
+def _normalize_index(index, x):
+    """Index with tensors replaced by arrays; tells basic (view) from advanced (copy) indexing.
+
+    Index arrays (from tensors, lists or NumPy arrays) go to ``x``'s device, as PyTorch
+    moves a CPU index tensor to a CUDA tensor's device.
+    """
     items = index if isinstance(index, tuple) else (index,)
     out, advanced = [], False
+    data = x._data
     for it in items:
         if isinstance(it, Tensor):
             it = it._data
@@ -418,18 +424,67 @@ def _normalize_index(index):
                 it = int(it)
         if isinstance(it, (list, np.ndarray)) or (hasattr(it, "dtype") and hasattr(it, "shape")):
             advanced = True
+            it = _backend.index_like(it, data)
         elif isinstance(it, bool):
             advanced = True
         elif not (isinstance(it, (int, np.integer, slice)) or it is None or it is Ellipsis):
             raise IndexError(f"unsupported index {it!r}: use ints, slices, None, ..., or integer/bool tensors")
         out.append(it)
+    if advanced and not _backend.index_bounds_checked(data):
+        _check_index_bounds(data, out)
     if not advanced and Ellipsis not in out:
         out.append(Ellipsis)  # keeps a full integer index a 0-d VIEW instead of a NumPy scalar
     return tuple(out), advanced
 
 
+def _index_dims(shape, items):
+    """``(item, size of the dim it indexes)`` for each integer index array in ``items``."""
+    def consumed(it):
+        if it is None or it is Ellipsis:
+            return 0
+        if hasattr(it, "dtype") and it.dtype.kind == "b":
+            return it.ndim
+        return 1
+
+    found = []
+    cut = next((k for k, it in enumerate(items) if it is Ellipsis), None)  # not `in`: == on arrays
+    head, tail = (items, []) if cut is None else (items[:cut], items[cut + 1:])
+    d = 0
+    for it in head:
+        if hasattr(it, "dtype") and it.dtype.kind in "iu" and d < len(shape):
+            found.append((it, shape[d]))
+        d += consumed(it)
+    d = len(shape)
+    for it in reversed(tail):
+        d -= consumed(it)
+        if hasattr(it, "dtype") and it.dtype.kind in "iu" and 0 <= d < len(shape):
+            found.append((it, shape[d]))
+    return found
+
+
+def _check_index_bounds(data, items):
+    """Raises IndexError for an out-of-bounds integer index array, as NumPy does.
+
+    For array modules that do not check by themselves (CuPy wraps such indices around
+    silently): one host sync for all the index arrays of an indexing call.
+    """
+    found = [(it, n) for it, n in _index_dims(data.shape, items) if it.size]
+    if not found:
+        return
+    outside = [((it < -n) | (it >= n)).any() for it, n in found]
+    bad = outside[0]
+    for b in outside[1:]:
+        bad = bad | b
+    if bool(bad):
+        n = next(n for (_, n), b in zip(found, outside) if bool(b))
+        raise IndexError(
+            f"index out of bounds: an index array holds a value outside [{-n}, {n - 1}] for a "
+            f"dimension of size {n} (tensor of shape {tuple(data.shape)})"
+        )
+
+
 def getitem(x, index):
-    idx, advanced = _normalize_index(index)
+    idx, advanced = _normalize_index(index, x)
     if advanced:
         return V.IndexGet.apply(x, index=idx)
     return V.GetItem.apply(x, index=idx)
@@ -437,7 +492,7 @@ def getitem(x, index):
 
 def setitem(x, index, value):
     """``x[index] = value``: in place; gradients flow to the kept part of x and to value."""
-    idx, advanced = _normalize_index(index)
+    idx, advanced = _normalize_index(index, x)
     if isinstance(value, Tensor) and value.device != x.device:
         value = to_device(value, x.device)
     if advanced:

@@ -10,7 +10,7 @@ inplace change of the logits after the loss is caught by the version check.
 
 from __future__ import annotations
 
-from .. import memory
+from .. import backend, memory
 from ..autograd.function import Function
 from ..backend import get_array_module
 from ..tensor import Tensor
@@ -60,8 +60,10 @@ def _check_class_inputs(fn, x, target, log_probs_name):
     if target.shape[0] and target.device != x.device:
         raise RuntimeError(f"{fn}: input is on {x.device} but target is on {target.device}")
     if target.shape[0]:
-        xp = target.xp
-        lo, hi = int(xp.min(target._data)), int(xp.max(target._data))
+        # Needed on a GPU too: CuPy wraps an out-of-range index around instead of raising.
+        # Both bounds come back in one transfer (one host sync per loss call).
+        xp, t = target.xp, target._data
+        lo, hi = (int(v) for v in backend.to_numpy(xp.stack((xp.min(t), xp.max(t)))))
         c = x.shape[1]
         if lo < 0 or hi >= c:
             bad = lo if lo < 0 else hi

@@ -39,7 +39,7 @@ from numbers import Real
 
 import numpy as np
 
-from .. import memory
+from .. import backend, memory
 from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..backend import get_array_module
@@ -107,13 +107,16 @@ def _global_moments(x, comm, stats, xp):
     may hold different batch sizes (the count is reduced with the sums). Used by
     SyncBatchNorm (framework.distributed.sync_batchnorm); ``comm`` is any object with
     ``allreduce_(buf, op)``.
+
+    The buffer is host memory (the communicators reduce NumPy arrays); on a GPU the sums
+    are copied to it and the statistics back to the device, 2 x C values each way.
     """
     c = x.shape[1]
     r = _rows(x, xp)
     buf = np.empty(2 * c + 1, dtype=np.float64)
     buf[0] = _count(x.shape)
-    buf[1:c + 1] = xp.einsum("ncs->c", r, dtype=np.float64)
-    buf[c + 1:] = xp.einsum("ncs,ncs->c", r, r, dtype=np.float64)
+    buf[1:c + 1] = backend.to_numpy(xp.einsum("ncs->c", r, dtype=np.float64))
+    buf[c + 1:] = backend.to_numpy(xp.einsum("ncs,ncs->c", r, r, dtype=np.float64))
     comm.allreduce_(buf, "sum")
     m = int(round(buf[0]))
     if m <= 1:
@@ -123,6 +126,7 @@ def _global_moments(x, comm, stats, xp):
         )
     mean = buf[1:c + 1] / m
     var = np.maximum(buf[c + 1:] / m - mean * mean, 0.0)
+    mean, var = xp.asarray(mean), xp.asarray(var)  # back on x's device (NumPy: the same arrays)
     if stats is not None:
         stats["mean"], stats["var"], stats["count"] = mean, var, m
     return mean, var, m
@@ -131,11 +135,12 @@ def _global_moments(x, comm, stats, xp):
 def _global_sums(comm, *per_channel):
     """The per-channel arrays summed over every rank: one float64 buffer reduced in place."""
     c = per_channel[0].shape[0]
-    buf = np.empty(len(per_channel) * c, dtype=np.float64)
+    xp = get_array_module(per_channel[0])
+    buf = np.empty(len(per_channel) * c, dtype=np.float64)  # host memory, as _global_moments
     for k, a in enumerate(per_channel):
-        buf[k * c:(k + 1) * c] = a
+        buf[k * c:(k + 1) * c] = backend.to_numpy(a)
     comm.allreduce_(buf, "sum")
-    return [buf[k * c:(k + 1) * c] for k in range(len(per_channel))]
+    return [xp.asarray(buf[k * c:(k + 1) * c]) for k in range(len(per_channel))]
 
 
 def _leaky_relu_inplace(z, slope, xp):

@@ -9,23 +9,13 @@ with integer or boolean tensors returns a copy, as in PyTorch; writing with them
 
 from __future__ import annotations
 
-import numpy as np
-
-from .. import memory
+from .. import backend, memory
 from ..autograd.function import Function
 from ..backend import get_array_module
 from .broadcast import sum_to
 
-
-def reshape_view(array, shape):
-    """``array`` reshaped WITHOUT copying, or None when its strides do not allow it."""
-    if isinstance(array, np.ndarray):
-        try:
-            return np.reshape(array, shape, copy=False)
-        except ValueError:
-            return None
-    out = array.reshape(shape)  # CuPy: a view when possible, else a copy
-    return out if out.data.ptr == array.data.ptr or array.size == 0 else None
+# ``array`` reshaped without copying, or None (NumPy and CuPy need different calls).
+reshape_view = backend.reshape_view
 
 
 class View(Function):
@@ -61,7 +51,7 @@ class Permute(Function):
     is_view = True
 
     def forward(ctx, x, dims=None):
-        ctx.inverse = tuple(np.argsort(dims))
+        ctx.inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))  # argsort, in Python ints
         return x.transpose(dims)
 
     def backward(ctx, g):
@@ -102,9 +92,8 @@ class IndexGet(Function):
         return x[index]
 
     def backward(ctx, g):
-        xp = get_array_module(g)
-        gx = memory.zeros(ctx.shape, ctx.dtype, xp, "gradients")
-        xp.add.at(gx, ctx.index, g)
+        gx = memory.zeros(ctx.shape, ctx.dtype, get_array_module(g), "gradients")
+        backend.scatter_add(gx, ctx.index, g)  # np.add.at; cupyx.scatter_add on a GPU
         return gx
 
 

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
-
+from .. import backend
 from .. import inplace as _inplace
 from .. import memory
 from ..autograd.function import call_site
@@ -262,12 +261,10 @@ class Optimizer:
 def _cast_state(value, p: Tensor, key: str):
     if isinstance(value, Tensor):
         array = value._data
-    elif isinstance(value, np.ndarray):
+    elif backend.is_array(value):  # a NumPy or CuPy array
         array = value
     else:
         return copy.deepcopy(value)
-    from .. import backend  # noqa: PLC0415
-
     array = backend.to_device(array, p.device)
     if array.dtype.kind == "f" and key != "step":
         array = array.astype(p.dtype, copy=False)

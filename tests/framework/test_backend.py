@@ -6,6 +6,7 @@ import pytest
 import framework as fw
 from framework import backend
 from framework.backend import Device
+from framework.testing import to_numpy
 from tests.conftest import requires_gpu
 
 
@@ -91,3 +92,101 @@ def test_gpu_transfers_round_trip():
     assert isinstance(back, np.ndarray)
     np.testing.assert_array_equal(back, a)
     assert backend.to_device(g, Device("cuda", 0)) is g
+
+
+# --- the calls that differ between NumPy and CuPy (backend.py decides) ---------------------------
+
+def test_reshape_view_is_a_view_or_none(backend):
+    xp = backend_module_for(backend)
+    a = fw.arange(24, device=backend)._data.reshape(2, 3, 4)
+    v = fw.backend.reshape_view(a, (6, 4))
+    assert v is not None and v.shape == (6, 4) and xp.shares_memory(v, a)
+    t = a.transpose(2, 0, 1)  # (4, 2, 3), not contiguous
+    assert fw.backend.reshape_view(t, (4, 6)) is not None  # merging the last two dims keeps strides
+    assert fw.backend.reshape_view(t, (24,)) is None  # would need a copy
+    assert fw.backend.reshape_view(a, (5, 5)) is None  # wrong size
+
+
+@pytest.mark.parametrize("shape,size,expected", [
+    ((-1,), 24, (24,)), ((2, -1, 3), 24, (2, 4, 3)), ((6, 4), 24, (6, 4)), ((), 1, ()), ((0, 3), 0, (0, 3)),
+    ((5, -1), 24, None), ((-1, -1), 24, None), ((5, 5), 24, None), ((0, -1), 0, None),
+])
+def test_known_shape_resolves_minus_one_as_numpy_does(shape, size, expected):
+    # What reshape_view's CuPy branch hands to the shape setter (that branch needs a GPU).
+    assert backend._known_shape(shape, size) == expected
+    if expected is not None:
+        assert np.empty(size).reshape(shape).shape == expected
+
+
+def test_scatter_add_accumulates_repeated_indices(backend):
+    xp = backend_module_for(backend)
+    a = xp.zeros((4, 2))
+    index = fw.backend.index_like(np.array([0, 2, 0, 0]), a)
+    fw.backend.scatter_add(a, index, xp.ones((4, 2)))
+    np.testing.assert_array_equal(fw.backend.to_numpy(a), [[3, 3], [0, 0], [1, 1], [0, 0]])
+    mask = fw.backend.index_like(np.array([True, False, True, False]), a)
+    fw.backend.scatter_add(a, (mask, 1), xp.asarray([10.0, 20.0]))
+    np.testing.assert_array_equal(fw.backend.to_numpy(a)[:, 1], [13, 0, 21, 0])
+
+
+def test_index_like_puts_index_arrays_on_the_arrays_device(backend):
+    a = fw.zeros(3, device=backend)._data
+    for item in ([2, 0], np.array([2, 0]), fw.tensor([2, 0], device=backend)._data):
+        moved = fw.backend.index_like(item, a)
+        if backend == "cpu":
+            assert moved is item  # NumPy takes lists and arrays as they are
+        else:
+            assert fw.backend.device_of(moved) == fw.backend.device_of(a)
+        np.testing.assert_array_equal(to_numpy(moved), [2, 0])
+
+
+def test_is_array_and_bounds_checking_per_module(backend):
+    a = fw.zeros(2, device=backend)._data
+    assert fw.backend.is_array(a)
+    assert not any(fw.backend.is_array(v) for v in (1.0, [1.0], fw.zeros(2), np.float32(1)))
+    assert fw.backend.index_bounds_checked(a) == (backend == "cpu")
+
+
+def test_device_context_and_rng_key(backend):
+    dev = fw.device(backend)
+    with fw.backend.device_context(dev):
+        t = fw.zeros(2, device=backend)
+    assert t.device == dev
+    xp = backend_module_for(backend)
+    key = fw.backend.rng_key(xp)
+    assert (key == "numpy") if backend == "cpu" else key.startswith("cupy:")
+
+
+def test_get_array_module_finds_cupy_arrays_before_anything_asked_for_cuda():
+    # A CuPy array made by the user directly: get_array_module must not say NumPy.
+    assert backend.get_array_module(1.0) is np and backend.get_array_module([1.0]) is np
+    assert not backend.is_array(np.float64(1.0))
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_tensor_from_a_cupy_array_and_back():
+    cp = backend.cupy_module()
+    g = cp.arange(6, dtype=cp.float32).reshape(2, 3)
+    t = fw.tensor(g, device="cuda")
+    assert t.dtype == np.float32 and t.device == Device("cuda", 0)
+    assert not cp.shares_memory(t._data, g)  # a copy, as fw.tensor always makes
+    c = fw.tensor(g)  # to the CPU
+    assert isinstance(c._data, np.ndarray)
+    np.testing.assert_array_equal(c.numpy(), g.get())
+    with pytest.raises(TypeError, match="not NumPy arrays"):
+        fw.ones(3, device="cuda") + g
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_to_device_between_two_gpus():
+    cp = backend.cupy_module()
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    a = backend.to_device(np.arange(3.0), Device("cuda", 0))
+    b = backend.to_device(a, Device("cuda", 1))
+    assert backend.device_of(b) == Device("cuda", 1) and b is not a
+    np.testing.assert_array_equal(b.get(), [0.0, 1.0, 2.0])
+    t = fw.zeros(2, device="cuda:1")
+    assert t.device == Device("cuda", 1)

@@ -107,3 +107,21 @@ def test_seeded_and_zero_element_warning():
         init.kaiming_uniform_(fw.empty(0, 3))
     with pytest.raises(TypeError, match="expect a Tensor"):
         init.zeros_(np.zeros(3))
+
+
+@pytest.mark.parametrize("fill,check", [
+    (lambda t: init.uniform_(t, -0.5, 0.5), lambda a: a.min() >= -0.5 and a.max() <= 0.5 and abs(a.mean()) < 0.02),
+    (lambda t: init.normal_(t, 1.0, 0.1), lambda a: abs(a.mean() - 1) < 0.01 and abs(a.std() - 0.1) < 0.01),
+    (lambda t: init.kaiming_uniform_(t, a=math.sqrt(5)), lambda a: np.abs(a).max() <= 1 / math.sqrt(100)),
+    (init.xavier_normal_, lambda a: abs(a.std() - math.sqrt(2 / 300)) < 0.01),
+], ids=["uniform_", "normal_", "kaiming_uniform_", "xavier_normal_"])
+def test_random_init_on_backend_draws_on_the_device(fill, check, backend):
+    w = nn.Parameter(fw.empty(200, 100, device=backend))
+    out = fill(w)
+    assert out is w and w.device == fw.device(backend) and w._version == 1
+    assert check(w.detach().numpy().astype(np.float64))
+    fw.manual_seed(0)
+    a = fill(fw.empty(200, 100, device=backend)).numpy()
+    fw.manual_seed(0)
+    b = fill(fw.empty(200, 100, device=backend)).numpy()
+    np.testing.assert_array_equal(a, b)  # fw.manual_seed reseeds the device's stream too

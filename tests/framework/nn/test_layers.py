@@ -468,3 +468,121 @@ def test_inplace_relu_buffer_is_freed_by_backward_like_out_of_place():
         x.grad = None
         del loss
     assert kept["on"] == kept["off"]
+
+
+# --- every layer type on the test's backend against the same layer on the CPU ----------------------
+# (the ``backend`` fixture: "cpu", and "cuda" where CuPy sees a GPU; skipped cleanly elsewhere)
+
+def _values(shape, seed):
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, shape)
+
+
+def _target(kind, shape):
+    if kind == "classes":  # (N,) class indices for (N, C) logits
+        return np.random.default_rng(5).integers(0, shape[1], shape[0])
+    return _values(shape, 6)  # a float target of the input's shape
+
+
+def _leaky_abn(n):
+    return nn.InPlaceABN(n, negative_slope=0.1)
+
+
+def _small_convnet():
+    return nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(3 * 2 * 3, 4), nn.Tanh(), nn.Linear(4, 2))
+
+
+# (id, layer factory, input shape, train mode, target kind or None)
+BACKEND_LAYERS = [
+    ("Linear", lambda: nn.Linear(4, 3), (2, 5, 4), True, None),
+    ("Linear(bias=False)", lambda: nn.Linear(4, 3, bias=False), (3, 4), True, None),
+    ("Conv2d(s2,p1)", lambda: nn.Conv2d(2, 3, 3, stride=2, padding=1), (2, 2, 6, 5), True, None),
+    ("Conv2d(1x3,nobias)", lambda: nn.Conv2d(2, 4, (1, 3), bias=False), (1, 2, 4, 5), True, None),
+    ("BatchNorm1d", lambda: nn.BatchNorm1d(3), (6, 3), True, None),
+    ("BatchNorm1d(NCL,momentum=None)", lambda: nn.BatchNorm1d(3, momentum=None), (4, 3, 5), True, None),
+    ("BatchNorm2d", lambda: nn.BatchNorm2d(3), (4, 3, 4, 5), True, None),
+    ("BatchNorm2d.eval", lambda: nn.BatchNorm2d(3), (4, 3, 4, 5), False, None),
+    ("InPlaceABN", lambda: _leaky_abn(3), (4, 3, 4, 4), True, None),
+    ("InPlaceABN.eval", lambda: _leaky_abn(3), (4, 3, 4, 4), False, None),
+    ("ReLU", nn.ReLU, (4, 5), True, None),
+    ("LeakyReLU(0.2)", lambda: nn.LeakyReLU(0.2), (4, 5), True, None),
+    ("Sigmoid", nn.Sigmoid, (4, 5), True, None),
+    ("Tanh", nn.Tanh, (4, 5), True, None),
+    ("Softmax(1)", lambda: nn.Softmax(dim=1), (4, 5), True, None),
+    ("LogSoftmax(-1)", lambda: nn.LogSoftmax(dim=-1), (4, 5), True, None),
+    ("MaxPool2d(2)", lambda: nn.MaxPool2d(2), (2, 3, 6, 7), True, None),
+    ("MaxPool2d(3,s2,p1)", lambda: nn.MaxPool2d(3, stride=2, padding=1), (2, 3, 6, 7), True, None),
+    ("AvgPool2d(2)", lambda: nn.AvgPool2d(2), (2, 3, 6, 7), True, None),
+    ("AdaptiveAvgPool2d((2,3))", lambda: nn.AdaptiveAvgPool2d((2, 3)), (2, 3, 6, 7), True, None),
+    ("AdaptiveAvgPool2d(1)", lambda: nn.AdaptiveAvgPool2d(1), (2, 3, 6, 7), True, None),
+    ("Flatten", nn.Flatten, (2, 3, 4), True, None),
+    ("Identity", nn.Identity, (2, 3), True, None),
+    ("Sequential convnet", _small_convnet, (2, 2, 4, 6), True, None),
+    ("CrossEntropyLoss(smoothing)", lambda: nn.CrossEntropyLoss(label_smoothing=0.1), (5, 4), True, "classes"),
+    ("NLLLoss(sum)", lambda: nn.NLLLoss(reduction="sum"), (5, 4), True, "classes"),
+    ("MSELoss(none)", lambda: nn.MSELoss(reduction="none"), (5, 4), True, "values"),
+]
+
+
+def _run_layer(make, shape, training, target, device):
+    """Forward and backward of a float64 layer on ``device``; everything back on the host.
+
+    The layer is built (and initialised) on the CPU and moved with ``Module.to``, so both
+    devices start from the same weights.
+    """
+    fw.manual_seed(0)
+    layer = make().double().to(device)
+    layer.train(training)
+    x = fw.tensor(_values(shape, 4), dtype=fw.float64, device=device, requires_grad=True)
+    args = () if target is None else (fw.tensor(_target(target, shape), device=device),)
+    if target == "values":
+        args = (args[0].double(),)
+    out = layer(x * 1, *args)  # a non-leaf input: InPlaceABN and inplace sites may write it
+    assert out.device == fw.device(device)
+    w = fw.tensor(np.random.default_rng(7).standard_normal(out.shape), dtype=fw.float64, device=device)
+    (out * w).sum().backward()
+    return {
+        "out": out.detach().numpy(),
+        "x.grad": x.grad.numpy(),
+        **{f"{k}.grad": p.grad.numpy() for k, p in layer.named_parameters()},
+        **{k: b.numpy() for k, b in layer.named_buffers()},
+    }
+
+
+@pytest.mark.parametrize(
+    "make,shape,training,target", [pytest.param(*c[1:], id=c[0]) for c in BACKEND_LAYERS]
+)
+def test_layer_on_backend_matches_the_cpu(make, shape, training, target, backend):
+    got = _run_layer(make, shape, training, target, backend)
+    want = _run_layer(make, shape, training, target, "cpu")
+    assert got.keys() == want.keys()
+    for key in want:
+        # float64 on both: only the order of operations differs (GPU reductions, FMA)
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+def test_the_backend_layer_table_covers_every_layer_type():
+    tested = {type(c[1]()).__name__ for c in BACKEND_LAYERS} | {"Dropout", "Module", "ModuleList"}
+    tested |= {type(m).__name__ for m in _small_convnet().modules()}
+    assert set(nn.layers.__all__) <= tested, set(nn.layers.__all__) - tested
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_dropout_on_backend_matches_its_mask(inplace, backend):
+    # The two devices draw different random streams: check the layer against its own mask,
+    # recomputed on the host from the input (the mask itself is the device's draw).
+    p = 0.3
+    fw.manual_seed(0)
+    x = fw.tensor(_values((40, 50), 4), dtype=fw.float64, device=backend, requires_grad=True)
+    y = nn.Dropout(p, inplace=inplace)(x * 1)
+    assert y.device == fw.device(backend)
+    w = np.random.default_rng(7).standard_normal(y.shape)
+    (y * fw.tensor(w, device=backend)).sum().backward()
+    xs, ys = x.detach().numpy(), y.detach().numpy()
+    keep = ys != 0
+    assert 0.6 < keep.mean() < 0.8  # P(keep) = 0.7 over 2000 values
+    np.testing.assert_allclose(ys, np.where(keep, xs / (1 - p), 0.0), rtol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), np.where(keep, w / (1 - p), 0.0), rtol=1e-12)
+    fw.manual_seed(0)
+    again = nn.Dropout(p)(fw.tensor(_values((40, 50), 4), dtype=fw.float64, device=backend))
+    np.testing.assert_array_equal(again.numpy() != 0, keep)  # seeded: the same mask on this device

@@ -16,13 +16,25 @@ memory layout of the inputs (contiguous, transposed, strided slice):
   ``framework.memory`` and to tracemalloc's NumPy domain.
 
 Each input is a view (in the layout) of a contiguous leaf, its "storage"; gradients are
-taken with respect to the storages. A test file is a table of specs plus one-line tests::
+taken with respect to the storages. A test file is a table of specs plus one-line tests
+that take the ``backend`` fixture of ``tests/conftest.py``::
 
     SPECS = [OpSpec("exp", fw.exp, np.exp, UNARY, inplace=lambda x: x.exp_(), memory="free")]
 
     @pytest.mark.parametrize("case", harness.cases(SPECS))
-    def test_forward(case):
-        harness.check_forward(case)
+    def test_forward(case, backend):
+        harness.check_forward(case, backend)
+
+Every check then runs on ``"cpu"`` (NumPy) and on ``"cuda"`` (CuPy), the GPU leg marked
+``gpu`` and skipped where :func:`framework.backend.is_cuda_available` is False. On the GPU
+the inputs hold the same values as on the CPU, and each check compares with the NumPy
+reference or with the CPU result, never only with the GPU itself: forward against the
+float64 NumPy reference; backward against finite differences AND against the CPU's
+gradients; the inplace form against the CPU's ordinary form. Memory is measured with
+what applies on each device: on the CPU ``framework.memory``'s buffer counter and
+tracemalloc's NumPy domain; on the GPU ``framework.memory``'s CuPy pool hook (which counts
+allocations rounded up to the pool's 512-byte unit) and the ``inplace_copy_bytes``
+event counter; tracemalloc sees no GPU memory.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ import numpy as np
 import pytest
 
 import framework as fw
+from framework import backend as fw_backend
 from framework import memory
 from framework.autograd import grad as autograd_grad
 from framework.testing import assert_close, gradcheck
@@ -148,11 +161,11 @@ class Case:
     def layout_of(self, i: int) -> str:
         return _fit(self.layout, len(self.shapes[i]))
 
-    def storages(self, dtype, requires_grad: bool):
+    def storages(self, dtype, requires_grad: bool, device: str = "cpu"):
         """Contiguous leaf tensors holding each input (plus the gaps a strided view skips).
 
         Values are drawn uniformly from the spec's domain with a seed derived from the
-        case id, so a failure reproduces.
+        case id, so a failure reproduces, and are the same on every device.
         """
         rng = np.random.default_rng(zlib.crc32(self.id.encode()))
         leaves = []
@@ -160,7 +173,7 @@ class Case:
             low, high = self.spec.domain[min(i, len(self.spec.domain) - 1)]
             lay = self.layout_of(i)
             values = np.asarray(rng.uniform(low, high, size=_storage_shape(shape, lay)))
-            leaves.append(fw.tensor(values, dtype=dtype, requires_grad=requires_grad))
+            leaves.append(fw.tensor(values, dtype=dtype, device=device, requires_grad=requires_grad))
         return leaves
 
     def views(self, storages):
@@ -208,18 +221,27 @@ def memory_cases(specs):
 
 # --- the checks -----------------------------------------------------------------------------
 
+# Gradients computed on a GPU against the CPU's, both float64: only the order of the
+# floating point operations differs (GPU reductions, fused multiply-adds).
+CROSS_DEVICE_RTOL, CROSS_DEVICE_ATOL = 1e-8, 1e-10
+
+
 def _arrays(tensors):
-    return [t.detach().numpy().copy() for t in tensors]
+    return [t.detach().numpy().copy() for t in tensors]  # host copies, from any device
 
 
 def _reference(case: Case, inputs):
     return np.asarray(case.spec.ref(*[a.astype(np.float64) for a in _arrays(inputs)]))
 
 
-def check_forward(case: Case) -> None:
+def _shares_memory(a, b) -> bool:
+    return bool(fw_backend.get_array_module(a).shares_memory(a, b))
+
+
+def check_forward(case: Case, device: str = "cpu") -> None:
     """float32 forward against the float64 reference; inputs stay untouched."""
     spec = case.spec
-    storages = case.storages(np.float32, requires_grad=True)
+    storages = case.storages(np.float32, requires_grad=True, device=device)
     inputs = case.views(storages)
     before = _arrays(inputs)
     expected = _reference(case, inputs)
@@ -229,30 +251,31 @@ def check_forward(case: Case) -> None:
     want_dtype = np.dtype(np.float32) if expected.dtype.kind == "f" else expected.dtype
     assert out.dtype == want_dtype, f"{case.id}: dtype {out.dtype}, expected {want_dtype}"
     assert out.shape == expected.shape, f"{case.id}: shape {out.shape}, expected {expected.shape}"
+    assert out.device == fw.device(device), f"{case.id}: output on {out.device}, inputs on {device}"
     assert_close(out, expected, rtol=spec.rtol, atol=spec.atol, msg=case.id)
     for i, (t, b) in enumerate(zip(inputs, before)):
         np.testing.assert_array_equal(t.detach().numpy(), b, err_msg=f"{case.id}: input {i} was modified")
     if spec.view is True:
-        assert np.shares_memory(out._data, inputs[0]._data), f"{case.id}: a view must share memory"
+        assert _shares_memory(out._data, inputs[0]._data), f"{case.id}: a view must share memory"
         assert out._vc is inputs[0]._vc, f"{case.id}: a view must share the version counter"
     elif spec.view is False and out.numel():
         for i, t in enumerate(inputs):
-            assert not np.shares_memory(out._data, t._data), f"{case.id}: output aliases input {i}"
+            assert not _shares_memory(out._data, t._data), f"{case.id}: output aliases input {i}"
     if spec.grad:
         assert out.requires_grad and out.grad_fn is not None, f"{case.id}: no history recorded"
     else:
         assert not out.requires_grad and out.grad_fn is None, f"{case.id}: no gradient, no history"
 
 
-def check_backward(case: Case) -> None:
+def check_backward(case: Case, device: str = "cpu") -> None:
     """float64 gradients of every input (through its layout) against finite differences,
-    and the same gradients under policies ``on`` and ``off``.
+    the same gradients under policies ``on`` and ``off``, and on a GPU against the CPU's.
 
     Under ``on`` the engine lets a backward write over a dead incoming gradient; ``off``
     takes every backward's allocating path (where NumPy returns scalars for 0-d results),
     so both paths are checked: equal values, and arrays, never NumPy scalars.
     """
-    storages = case.storages(np.float64, requires_grad=True)
+    storages = case.storages(np.float64, requires_grad=True, device=device)
     gradcheck(lambda *s: case.spec.fn(*case.views(s)), storages)
     grads = {}
     for name in ("on", "off"):
@@ -262,30 +285,43 @@ def check_backward(case: Case) -> None:
         assert (on is None) == (off is None), f"{case.id}: input {i} has a gradient under one policy only"
         if on is not None:
             for name, g in (("on", on), ("off", off)):
-                assert isinstance(g._data, np.ndarray), f"{case.id}: {name} gave a {type(g._data).__name__}"
+                assert fw.backend.is_array(g._data), f"{case.id}: {name} gave a {type(g._data).__name__}"
             np.testing.assert_array_equal(off.numpy(), on.numpy(), err_msg=f"{case.id}: input {i}, off vs on")
+    if device == "cpu":
+        return
+    cpu = case.storages(np.float64, requires_grad=True)
+    want = _grads(case.spec.fn(*case.views(cpu)), cpu)
+    for i, (g, w) in enumerate(zip(grads["on"], want)):
+        assert (g is None) == (w is None), f"{case.id}: input {i} gradient presence differs from the CPU"
+        if g is not None:
+            assert g.device == fw.device(device), f"{case.id}: gradient of input {i} on {g.device}"
+            assert_close(g, w, rtol=CROSS_DEVICE_RTOL, atol=CROSS_DEVICE_ATOL,
+                         msg=f"{case.id}: gradient of input {i} on {device} against the CPU")
 
 
-def _weights(shape, seed=1):
-    return fw.tensor(np.random.default_rng(seed).standard_normal(shape), dtype=fw.float64)
+def _weights(shape, seed=1, device="cpu"):
+    return fw.tensor(np.random.default_rng(seed).standard_normal(shape), dtype=fw.float64, device=device)
 
 
 def _grads(out, storages):
-    loss = (out * _weights(out.shape)).sum()
+    loss = (out * _weights(out.shape, device=out.device)).sum()
     return autograd_grad(loss, storages, allow_unused=True)
 
 
-def check_inplace(case: Case) -> None:
-    """The inplace form against the ordinary one, on a non-leaf (a clone, in the layout).
+def check_inplace(case: Case, device: str = "cpu") -> None:
+    """The inplace form on ``device`` against the ordinary one on the CPU, on a non-leaf
+    (a clone, in the layout).
 
     Where the ordinary result is bigger than the written tensor (broadcasting would need
     to grow it), the inplace form must raise a RuntimeError and change nothing.
     """
     spec = case.spec
+    on_cpu = device == "cpu"
     # Values, identity and version, in float32.
-    storages = case.storages(np.float32, requires_grad=True)
+    cpu = case.storages(np.float32, requires_grad=True)
+    expected = spec.fn(*case.views(cpu))
+    storages = cpu if on_cpu else case.storages(np.float32, requires_grad=True, device=device)
     inputs = case.views(storages)
-    expected = spec.fn(*inputs)
     target = case.input(0, storages[0].clone())
     version, values = target._version, target.detach().numpy().copy()
 
@@ -300,31 +336,45 @@ def check_inplace(case: Case) -> None:
     assert out is target, f"{case.id}: the inplace form must return the tensor it wrote"
     assert target._version == version + 1, f"{case.id}: version went {version} -> {target._version}"
     assert out.dtype == expected.dtype and out.shape == expected.shape
+    assert out.device == fw.device(device)
     assert_close(out, expected, rtol=spec.rtol, atol=spec.atol, msg=case.id)
 
-    # Gradients, in float64: d/d(every storage) through the ordinary and the inplace form.
-    storages = case.storages(np.float64, requires_grad=True)
+    # Gradients, in float64: d/d(every storage) through the ordinary form on the CPU and
+    # the inplace form on the device.
+    cpu = case.storages(np.float64, requires_grad=True)
+    want = _grads(spec.fn(*case.views(cpu)), cpu)
+    storages = cpu if on_cpu else case.storages(np.float64, requires_grad=True, device=device)
     inputs = case.views(storages)
-    want = _grads(spec.fn(*inputs), storages)
     target = case.input(0, storages[0].clone())
     got = _grads(spec.inplace(target, *inputs[1:]), storages)
+    rtol, atol = (1e-10, 1e-12) if on_cpu else (CROSS_DEVICE_RTOL, CROSS_DEVICE_ATOL)
     for i, (g, w) in enumerate(zip(got, want)):
         assert (g is None) == (w is None), f"{case.id}: input {i} gradient presence differs"
         if g is not None:
-            assert_close(g, w, rtol=1e-10, atol=1e-12, msg=f"{case.id}: gradient of input {i}")
+            assert_close(g, w, rtol=rtol, atol=atol, msg=f"{case.id}: gradient of input {i}")
 
 
 # --- memory ----------------------------------------------------------------------------------
+
+# CuPy's memory pool hands out blocks in multiples of 512 bytes, and framework.memory's
+# pool hook counts those block sizes (``mem_size``; cupy.cuda.memory._round_size).
+GPU_POOL_UNIT = 512
+
+
+def gpu_pool_bytes(nbytes: int) -> int:
+    """What the CuPy pool hook counts for an array of ``nbytes``."""
+    return -(-nbytes // GPU_POOL_UNIT) * GPU_POOL_UNIT
+
 
 @dataclasses.dataclass
 class Allocations:
     """Net bytes allocated (and still alive) inside an :func:`allocations` block."""
 
-    framework: int = 0  # memory.allocated_bytes()
+    framework: int = 0  # memory.allocated_bytes() (on a GPU: the CuPy pool hook's count)
     framework_peak: int = 0  # memory.max_allocated_bytes() over the block
-    numpy: int = 0  # tracemalloc, NumPy's domain
-    inplace_copies: int = 0  # memory.breakdown()["inplace_copies"]
-    inplace_copy_bytes: int = 0  # memory.stats()["inplace_copy_bytes"]
+    numpy: int = 0  # tracemalloc, NumPy's domain (CPU only: 0 on a GPU, where nothing is traced)
+    inplace_copies: int = 0  # memory.breakdown()["inplace_copies"] (CPU buffers only)
+    inplace_copy_bytes: int = 0  # memory.stats()["inplace_copy_bytes"] (any device)
 
 
 def _numpy_traced_bytes() -> int:
@@ -333,26 +383,54 @@ def _numpy_traced_bytes() -> int:
 
 
 @contextlib.contextmanager
-def allocations():
-    """``with allocations() as a: ...``; then ``a.numpy`` etc. hold the block's net bytes."""
+def _gpu_pool_counting():
+    """framework.memory's CuPy pool hook, counting for the block only.
+
+    While active it replaces the CPU buffer counter in ``memory.allocated_bytes()``, so it
+    is switched off (and unregistered, if this block registered it) afterwards: the CPU
+    tests that follow read the CPU counter again.
+    """
+    registered_before = memory._gpu_hook is not None
+    hook = memory.enable_gpu_hook()
+    was_active = hook.active
+    hook.active = True
+    try:
+        yield hook
+    finally:
+        hook.active = was_active
+        if not registered_before:
+            hook.__exit__(None, None, None)
+            memory._gpu_hook = None
+
+
+@contextlib.contextmanager
+def allocations(device: str = "cpu"):
+    """``with allocations() as a: ...``; then ``a.numpy`` etc. hold the block's net bytes.
+
+    On ``"cuda"`` the framework numbers are the CuPy pool's and ``a.numpy`` stays 0.
+    """
+    on_cpu = device == "cpu"
     gc_was_on = gc.isenabled()
     gc.disable()  # no collection of older garbage in the middle of the measurement
-    started = not tracemalloc.is_tracing()
+    started = on_cpu and not tracemalloc.is_tracing()
     if started:
         tracemalloc.start()
     a = Allocations()
-    fw_before = memory.allocated_bytes()
-    memory.reset_peak()
-    copies_before = memory.breakdown()["inplace_copies"]
-    stat_before = memory.stats().get("inplace_copy_bytes", 0)
-    np_before = _numpy_traced_bytes()
     try:
-        yield a
-        a.numpy = _numpy_traced_bytes() - np_before
-        a.framework = memory.allocated_bytes() - fw_before
-        a.framework_peak = memory.max_allocated_bytes() - fw_before
-        a.inplace_copies = memory.breakdown()["inplace_copies"] - copies_before
-        a.inplace_copy_bytes = memory.stats().get("inplace_copy_bytes", 0) - stat_before
+        with contextlib.ExitStack() as stack:
+            if not on_cpu:
+                stack.enter_context(_gpu_pool_counting())
+            fw_before = memory.allocated_bytes()
+            memory.reset_peak()
+            copies_before = memory.breakdown()["inplace_copies"]
+            stat_before = memory.stats().get("inplace_copy_bytes", 0)
+            np_before = _numpy_traced_bytes() if on_cpu else 0
+            yield a
+            a.numpy = _numpy_traced_bytes() - np_before if on_cpu else 0
+            a.framework = memory.allocated_bytes() - fw_before
+            a.framework_peak = memory.max_allocated_bytes() - fw_before
+            a.inplace_copies = memory.breakdown()["inplace_copies"] - copies_before
+            a.inplace_copy_bytes = memory.stats().get("inplace_copy_bytes", 0) - stat_before
     finally:
         if started:
             tracemalloc.stop()
@@ -360,7 +438,7 @@ def allocations():
             gc.enable()
 
 
-def assert_inplace_cost(run, target, expect: str, what: str = "") -> None:
+def assert_inplace_cost(run, target, expect: str, what: str = "", device: str = "cpu", gpu_slack: int = 0) -> None:
     """Runs ``run()`` (an inplace op on ``target``) and checks what its forward allocates.
 
     ``expect="free"``: zero bytes per framework.memory (live and peak) and per tracemalloc.
@@ -368,33 +446,57 @@ def assert_inplace_cost(run, target, expect: str, what: str = "") -> None:
     ``inplace_copies`` category.
     ``expect="workspace"``: nothing stays allocated and nothing is copied, but the kernel
     needs one counted temporary of ``target``'s size while it runs (``leaky_relu_``).
+
+    On ``"cuda"`` the pool hook sees every allocation in 512-byte blocks, the framework's
+    counted buffers and small uncounted temporaries alike (``add_(y, alpha=2)`` scales
+    ``y`` first). So: what stays allocated is exact (nothing, or one block-rounded copy),
+    ``inplace_copy_bytes`` is exact, and what comes and goes is at least the workspace and
+    at most the workspace plus ``gpu_slack`` bytes (room for temporaries of the other
+    operands, never of the target when it is larger than a block).
     """
     nbytes = target.nbytes if expect == "copy" else 0
-    with allocations() as a:
+    with allocations(device) as a:
         out = run()
     assert out is target
     got = dataclasses.asdict(a)
-    want = {k: nbytes for k in got}
-    if expect == "workspace":
-        want["framework_peak"] = target.nbytes
-    assert got == want, f"{what}: inplace forward allocated {got}, expected {want}"
+    if device == "cpu":
+        want = {k: nbytes for k in got}
+        if expect == "workspace":
+            want["framework_peak"] = target.nbytes
+        assert got == want, f"{what}: inplace forward allocated {got}, expected {want}"
+        return
+    live, transient = a.framework, a.framework_peak - a.framework
+    low = gpu_pool_bytes(target.nbytes) if expect == "workspace" else 0
+    msg = f"{what} on {device}: inplace forward allocated {got} (pool bytes)"
+    assert live == gpu_pool_bytes(nbytes), f"{msg}; expected {gpu_pool_bytes(nbytes)} to stay allocated"
+    assert a.inplace_copy_bytes == nbytes, f"{msg}; expected {nbytes} inplace_copy_bytes"
+    assert low <= transient <= low + gpu_slack, f"{msg}; expected {low}..{low + gpu_slack} bytes to come and go"
 
 
-def check_inplace_memory(case: Case) -> None:
+def _slack(others) -> int:
+    return sum(gpu_pool_bytes(t.nbytes) for t in others if isinstance(t, fw.Tensor))
+
+
+def check_inplace_memory(case: Case, device: str = "cpu") -> None:
     """The declared cost of the inplace form, with grad; and no copy at all without grad."""
     spec = case.spec
-    storages = case.storages(np.float32, requires_grad=True)
+    storages = case.storages(np.float32, requires_grad=True, device=device)
     target = storages[0] * 1  # a non-leaf that autograd lets us overwrite
-    assert_inplace_cost(lambda: spec.inplace(target, *storages[1:]), target, spec.memory, case.id)
+    assert_inplace_cost(lambda: spec.inplace(target, *storages[1:]), target, spec.memory, case.id, device,
+                        _slack(storages[1:]))
     if len(case.shapes[0]) >= 2:
         # The same through a transposed view of a non-leaf (the base's history is rewritten).
         t_case = dataclasses.replace(case, layout="transposed")
-        storages = t_case.storages(np.float32, requires_grad=True)
+        storages = t_case.storages(np.float32, requires_grad=True, device=device)
         inputs = t_case.views(storages)
         target = t_case.input(0, storages[0] * 1)
         assert target._base is not None and not target.is_contiguous()
-        assert_inplace_cost(lambda: spec.inplace(target, *inputs[1:]), target, spec.memory, t_case.id)
+        assert_inplace_cost(lambda: spec.inplace(target, *inputs[1:]), target, spec.memory, t_case.id, device,
+                            _slack(inputs[1:]))
     # Nothing needs a gradient: nothing is saved, so nothing is copied.
-    plain = [s.detach() for s in case.storages(np.float32, requires_grad=False)]
+    plain = [s.detach() for s in case.storages(np.float32, requires_grad=False, device=device)]
     no_grad_cost = "workspace" if spec.memory == "workspace" else "free"
-    assert_inplace_cost(lambda: spec.inplace(plain[0], *plain[1:]), plain[0], no_grad_cost, case.id + " without grad")
+    assert_inplace_cost(
+        lambda: spec.inplace(plain[0], *plain[1:]), plain[0], no_grad_cost, case.id + " without grad", device,
+        _slack(plain[1:]),
+    )

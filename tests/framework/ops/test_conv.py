@@ -113,13 +113,13 @@ CONV_SPECS = [
 
 
 @pytest.mark.parametrize("case", harness.cases(CONV_SPECS))
-def test_conv2d_forward(case):
-    harness.check_forward(case)
+def test_conv2d_forward(case, backend):
+    harness.check_forward(case, backend)
 
 
 @pytest.mark.parametrize("case", harness.cases(CONV_SPECS))
-def test_conv2d_backward(case):
-    harness.check_backward(case)
+def test_conv2d_backward(case, backend):
+    harness.check_backward(case, backend)
 
 
 @pytest.mark.parametrize("limit", [None, 0], ids=["whole-batch", "one-image-chunks"])
@@ -544,13 +544,13 @@ POOL_SPECS = (
 
 
 @pytest.mark.parametrize("case", harness.cases(POOL_SPECS))
-def test_pool_forward(case):
-    harness.check_forward(case)
+def test_pool_forward(case, backend):
+    harness.check_forward(case, backend)
 
 
 @pytest.mark.parametrize("case", harness.cases(POOL_SPECS))
-def test_pool_backward(case):
-    harness.check_backward(case)
+def test_pool_backward(case, backend):
+    harness.check_backward(case, backend)
 
 
 def test_max_pool_saves_one_byte_per_output_and_not_the_input():

@@ -11,10 +11,12 @@ from framework.testing import assert_close, gradcheck
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.8])
-def test_statistics_and_scaling(p):
+def test_statistics_and_scaling(p, backend):
     fw.manual_seed(0)
-    x = fw.ones(200, 500)
-    y = dropout(x, p).numpy()
+    x = fw.ones(200, 500, device=backend)
+    out = dropout(x, p)
+    assert out.device == x.device  # the mask is drawn on the tensor's device
+    y = out.numpy()
     n = y.size
     zero = y == 0
     # Fraction dropped within 5 standard deviations of p.

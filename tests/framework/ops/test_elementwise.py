@@ -143,23 +143,23 @@ SPECS = [
 
 
 @pytest.mark.parametrize("case", harness.cases(SPECS))
-def test_forward(case):
-    harness.check_forward(case)
+def test_forward(case, backend):
+    harness.check_forward(case, backend)
 
 
 @pytest.mark.parametrize("case", harness.cases(SPECS, need="grad"))
-def test_backward(case):
-    harness.check_backward(case)
+def test_backward(case, backend):
+    harness.check_backward(case, backend)
 
 
 @pytest.mark.parametrize("case", harness.cases(SPECS, need="inplace"))
-def test_inplace_matches_ordinary(case):
-    harness.check_inplace(case)
+def test_inplace_matches_ordinary(case, backend):
+    harness.check_inplace(case, backend)
 
 
 @pytest.mark.parametrize("case", harness.memory_cases(SPECS))
-def test_inplace_memory(case):
-    harness.check_inplace_memory(case)
+def test_inplace_memory(case, backend):
+    harness.check_inplace_memory(case, backend)
 
 
 def test_the_table_covers_every_inplace_op():
@@ -256,9 +256,9 @@ def test_inplace_that_would_change_an_int_tensor_to_float_raises_and_keeps_it():
         (operator.iadd, "add_"),
     ],
 )
-def test_inplace_broadcast_that_would_grow_the_tensor_raises_and_leaves_it_unchanged(op, name):
-    x = fw.tensor([1.0, 2.0, 3.0], requires_grad=True) * 1
-    y = fw.tensor(np.full((2, 3), 2.0), requires_grad=True)
+def test_inplace_broadcast_that_would_grow_the_tensor_raises_and_leaves_it_unchanged(op, name, backend):
+    x = fw.tensor([1.0, 2.0, 3.0], device=backend, requires_grad=True) * 1
+    y = fw.tensor(np.full((2, 3), 2.0), device=backend, requires_grad=True)
     before = x.detach().numpy().copy()
     with pytest.raises(RuntimeError) as info:
         op(x, y)
@@ -267,6 +267,19 @@ def test_inplace_broadcast_that_would_grow_the_tensor_raises_and_leaves_it_uncha
     np.testing.assert_array_equal(x.detach().numpy(), before)
     assert x._version == 0
     x.sum().backward()  # the graph is intact too
+
+
+def test_a_refused_inplace_kernel_names_the_shapes_whatever_the_array_module_said():
+    from framework.autograd.function import _refused_inplace
+
+    # CuPy's words for a result that does not fit the written array:
+    got = _refused_inplace(ValueError("Out shape is mismatched"), [np.zeros(3), np.zeros((2, 3))])
+    assert got == "non-broadcastable output operand with shape (3,) doesn't match the broadcast shape (2, 3)"
+    # NumPy's words, and errors that are not about the result's shape, pass unchanged:
+    numpy_words = "non-broadcastable output operand with shape (3,) doesn't match the broadcast shape (2,3)"
+    assert _refused_inplace(ValueError(numpy_words), [np.zeros(3), np.zeros((2, 3))]) == numpy_words
+    assert _refused_inplace(TypeError("bad cast"), [np.zeros(3), 2.0]) == "bad cast"
+    assert _refused_inplace(ValueError("x"), [np.zeros(3), np.zeros(4)]) == "x"
 
 
 def test_inplace_on_a_leaf_that_requires_grad_raises_before_writing():

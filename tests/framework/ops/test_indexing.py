@@ -117,13 +117,13 @@ SPECS = [
 
 
 @pytest.mark.parametrize("case", harness.cases(SPECS))
-def test_forward(case):
-    harness.check_forward(case)
+def test_forward(case, backend):
+    harness.check_forward(case, backend)
 
 
 @pytest.mark.parametrize("case", harness.cases(SPECS, need="grad"))
-def test_backward(case):
-    harness.check_backward(case)
+def test_backward(case, backend):
+    harness.check_backward(case, backend)
 
 
 # --- getitem: views versus copies -------------------------------------------------------------
@@ -179,6 +179,40 @@ def test_bad_index_raises():
         fw.randn(3)["a"]
     with pytest.raises(IndexError):
         fw.randn(3)[5]
+
+
+@pytest.mark.parametrize("index", [
+    fw.tensor([0, 3]),
+    fw.tensor([0, -4]),
+    (slice(None), fw.tensor([2, 2, 4])),
+    (Ellipsis, fw.tensor([[0], [5]])),
+    (fw.tensor([1]), None, fw.tensor([4])),
+], ids=["3 in dim of 3", "-4 in dim of 3", "dim 1", "after ...", "around None"])
+def test_out_of_bounds_index_arrays_raise_on_every_device(index, backend):
+    # NumPy raises by itself; CuPy would wrap the index around: the framework checks.
+    x = fw.zeros(3, 4, device=backend, requires_grad=True) * 1
+    with pytest.raises(IndexError, match="out of bounds"):
+        x[index]
+    with pytest.raises(IndexError, match="out of bounds"):
+        x[index] = 1.0
+    assert x[fw.tensor([-3, 2])].shape == (2, 4)  # negative indices within bounds are fine
+
+
+def test_index_dims_map_each_index_array_to_its_dimension():
+    # The bounds check that runs where the array module does not check (CuPy).
+    from framework.ops import _check_index_bounds, _index_dims
+
+    a = np.zeros((2, 3, 4, 5))
+    i, b = np.array([1]), np.ones((2, 3), dtype=bool)
+    assert [n for _, n in _index_dims(a.shape, (i, slice(None), i))] == [2, 4]
+    assert [n for _, n in _index_dims(a.shape, (b, i))] == [4]  # the mask takes two dims
+    assert [n for _, n in _index_dims(a.shape, (None, i, Ellipsis, i))] == [2, 5]
+    assert [n for _, n in _index_dims(a.shape, (Ellipsis, i, None))] == [5]
+    _check_index_bounds(a, (np.array([1, -2]), Ellipsis, np.array([4, -5])))
+    with pytest.raises(IndexError, match=r"outside \[-5, 4\] for a dimension of size 5"):
+        _check_index_bounds(a, (Ellipsis, np.array([5])))
+    with pytest.raises(IndexError, match=r"outside \[-3, 2\]"):
+        _check_index_bounds(a, (0, np.array([-4]), Ellipsis))
 
 
 # --- setitem --------------------------------------------------------------------------------

@@ -143,6 +143,16 @@ def test_mse_loss_float32_keeps_dtype():
 
 
 @pytest.mark.parametrize("fn", [cross_entropy, nll_loss])
+@pytest.mark.parametrize("bad", [4, -1])
+def test_out_of_range_targets_raise_on_every_device(fn, bad, backend):
+    # CuPy would wrap such an index around silently: the loss checks the targets itself.
+    x = fw.tensor(_logits(), device=backend, requires_grad=True)
+    target = fw.tensor(np.array([0, bad, 1, 2, 3]), device=backend)
+    with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
+        fn(x, target)
+
+
+@pytest.mark.parametrize("fn", [cross_entropy, nll_loss])
 def test_class_loss_errors(fn):
     x = _t(_logits())
     with pytest.raises(IndexError, match="Target 4 is out of bounds"):

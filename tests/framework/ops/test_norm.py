@@ -536,3 +536,39 @@ def test_nn_inplace_abn_passes_the_residual():
     mean, var, _ = ref_batch_stats(x)
     z = ref_bn(x, mean, var, np.ones(3) + abn.eps, np.zeros(3)) + r
     assert_close(out, np.where(z > 0, z, 0.1 * z), rtol=1e-12, atol=1e-12)
+
+
+# --- SyncBatchNorm's arithmetic on the test's backend: host buffers for the communicator ------------
+
+class _TwinRanks:
+    """A communicator whose reductions double every sum, as if a second rank held the same batch.
+
+    Its buffers are host NumPy arrays (like MPI's), so on a GPU the statistics travel
+    device -> host -> device.
+    """
+
+    def allreduce_(self, buf, op="sum"):
+        assert isinstance(buf, np.ndarray) and op == "sum"
+        buf *= 2
+        return buf
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_batch_norm_with_a_communicator_on_backend_matches_the_cpu(shape, backend):
+    from framework.distributed.sync_batchnorm import sync_batch_norm
+
+    def run(device):
+        rng = np.random.default_rng(3)
+        c = shape[1]
+        x = fw.tensor(rng.standard_normal(shape) * 2 + 1, device=device, requires_grad=True)
+        w = fw.tensor(rng.uniform(0.5, 1.5, c), device=device, requires_grad=True)
+        b = fw.tensor(rng.standard_normal(c), device=device, requires_grad=True)
+        rm, rv = fw.zeros(c, dtype=fw.float64, device=device), fw.ones(c, dtype=fw.float64, device=device)
+        out = sync_batch_norm(x * 1, rm, rv, w, b, momentum=0.3, comm=_TwinRanks())
+        g = fw.tensor(rng.standard_normal(shape), device=device)
+        (out * g).sum().backward()
+        assert out.device == rm.device == x.grad.device == fw.device(device)
+        return [t.detach().numpy() for t in (out, x.grad, w.grad, b.grad, rm, rv)]
+
+    for got, want in zip(run(backend), run("cpu")):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)

@@ -82,13 +82,13 @@ SPECS = [
 
 
 @pytest.mark.parametrize("case", harness.cases(SPECS))
-def test_forward(case):
-    harness.check_forward(case)
+def test_forward(case, backend):
+    harness.check_forward(case, backend)
 
 
 @pytest.mark.parametrize("case", harness.cases(SPECS, need="grad"))
-def test_backward(case):
-    harness.check_backward(case)
+def test_backward(case, backend):
+    harness.check_backward(case, backend)
 
 
 # --- reshape: a view when the strides allow one, a copy otherwise ----------------------------

@@ -345,3 +345,86 @@ def test_step_with_closure():
 
     assert opt.step(closure).item() == 4.0
     assert w.item() == 1.0  # 2 - 0.25 * 4
+
+
+# --- every optimizer on the test's backend against the CPU ------------------------------------------
+# (the ``backend`` fixture: "cpu", and "cuda" where CuPy sees a GPU; skipped cleanly elsewhere)
+
+def run_on(device, opt_cls, kwargs, policy, steps=4):
+    """``steps`` updates of two float64 parameters on ``device`` with given gradients; the
+    parameter and state values after each step, on the host."""
+    fw.inplace.set_policy(policy)
+    rng = np.random.default_rng(1)
+    p0 = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
+    grads = [[rng.standard_normal(a.shape) for _ in range(steps)] for a in p0]
+    params = [nn.Parameter(fw.tensor(a, dtype=fw.float64, device=device)) for a in p0]
+    opt = opt_cls(params, **kwargs)
+    history = []
+    for k in range(steps):
+        for p, g in zip(params, grads):
+            p.grad = fw.tensor(g[k], dtype=fw.float64, device=device)
+        opt.step()
+        for p in params:
+            assert p.device == fw.device(device)
+            history.append(p.detach().numpy().copy())
+            for name, s in sorted(opt.state[p].items()):
+                if isinstance(s, fw.Tensor):
+                    assert s.device == fw.device(device), name
+                    history.append(s.numpy().copy())
+                else:
+                    history.append(np.asarray(s))
+    return history
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize(
+    "cls,kwargs", [(optim.SGD, k) for k in SGD_CASES] + [(c, k) for c, k, _ in ADAM_CASES]
+)
+def test_optimizer_on_backend_matches_the_cpu(cls, kwargs, policy, backend):
+    got = run_on(backend, cls, kwargs, policy)
+    want = run_on("cpu", cls, kwargs, policy)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        # float64 on both: only the order of operations differs (FMA on the GPU)
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("cls,kwargs", OPTIMIZERS)
+def test_training_on_backend_matches_the_cpu(cls, kwargs, backend):
+    def run(device):
+        fw.manual_seed(11)
+        model = make_model().double().to(device)
+        opt = cls(model.parameters(), **kwargs)
+        x, y = (t.double().to(device) for t in regression_data())
+        losses = train(model, opt, 5, (x, y))
+        return losses, [p.detach().numpy() for p in model.parameters()], [b.numpy() for b in model.buffers()]
+
+    got, want = run(backend), run("cpu")
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-9)
+    for a, b in zip(got[1] + got[2], want[1] + want[2]):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls,kwargs", [OPTIMIZERS[0], OPTIMIZERS[2]])
+def test_state_dict_moves_to_the_parameters_device(cls, kwargs, backend):
+    # Saved on the CPU, loaded into the same model on the backend: it continues identically.
+    data = [t.double() for t in regression_data()]
+    fw.manual_seed(2)
+    model = make_model().double()
+    opt = cls(model.parameters(), **kwargs)
+    train(model, opt, 3, data)
+    saved_model = pickle.loads(pickle.dumps(model.state_dict()))
+    saved_opt = pickle.loads(pickle.dumps(opt.state_dict()))
+    expected = train(model, opt, 3, data)
+
+    fw.manual_seed(99)
+    model2 = make_model().double().to(backend)
+    opt2 = cls(model2.parameters(), lr=123.0)
+    model2.load_state_dict(saved_model)
+    opt2.load_state_dict(saved_opt)
+    for p in model2.parameters():
+        for s in opt2.state[p].values():
+            if isinstance(s, fw.Tensor):
+                assert s.device == fw.device(backend)
+    got = train(model2, opt2, 3, [t.to(backend) for t in data])
+    np.testing.assert_allclose(got, expected, rtol=1e-9)
