@@ -138,21 +138,7 @@ def track(array, category: str | None = None, fallback: str = "other"):
     nbytes = root.nbytes
     if not nbytes:
         return array
-    cat = category or _default_category[-1] or fallback
-    if cat not in _by_category:
-        raise _bad_category(cat)  # a bad fallback (the block's name was checked on entry)
-    # Creating the weakref may run the cyclic GC, which may free other buffers and run
-    # _on_free: read the counters only after it, so no decrement is overwritten.
-    ref = _BufferRef(root, _on_free)
-    ref.key = key
-    ref.nbytes = nbytes
-    ref.category = cat
-    ref.gpu = False
-    _live[key] = ref
-    in_cat = _by_category[cat] + nbytes
-    _by_category[cat] = in_cat
-    if in_cat > _peak_by_category[cat]:
-        _peak_by_category[cat] = in_cat
+    cat = _register(root, key, nbytes, category or _default_category[-1] or fallback, False)
     total = _allocated + nbytes
     _allocated = total
     if total > _peak:
@@ -186,20 +172,28 @@ def _track_gpu(array, category, fallback):
         nbytes = size
     if not nbytes:
         return array
-    cat = category or _default_category[-1] or fallback
-    if cat not in _gpu_by_category:
-        raise _bad_category(cat)
+    _register(root, key, nbytes, category or _default_category[-1] or fallback, True)
+    return array
+
+
+def _register(root, key: int, nbytes: int, cat: str, gpu: bool) -> str:
+    """Starts counting buffer ``root`` in category ``cat`` (host or GPU breakdown); returns ``cat``."""
+    counts, peaks = (_gpu_by_category, _gpu_peak_by_category) if gpu else (_by_category, _peak_by_category)
+    if cat not in counts:
+        raise _bad_category(cat)  # a bad fallback (the block's name was checked on entry)
+    # Creating the weakref may run the cyclic GC, which may free other buffers and run
+    # _on_free: read the counters only after it, so no decrement is overwritten.
     ref = _BufferRef(root, _on_free)
     ref.key = key
     ref.nbytes = nbytes
     ref.category = cat
-    ref.gpu = True
+    ref.gpu = gpu
     _live[key] = ref
-    in_cat = _gpu_by_category[cat] + nbytes
-    _gpu_by_category[cat] = in_cat
-    if in_cat > _gpu_peak_by_category[cat]:
-        _gpu_peak_by_category[cat] = in_cat
-    return array
+    in_cat = counts[cat] + nbytes
+    counts[cat] = in_cat
+    if in_cat > peaks[cat]:
+        peaks[cat] = in_cat
+    return cat
 
 
 def retag(array, category: str) -> None:
