@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import os
 import platform
 import statistics
@@ -66,12 +65,9 @@ def variants():
 
 def no_gpu_line() -> str | None:
     """The one error line when no GPU can be used here, else None."""
-    if backend.is_cuda_available():
+    why = backend.cuda_unavailable_reason()
+    if why is None:
         return None
-    if importlib.util.find_spec("cupy") is None:
-        why = "CuPy is not installed (pip install -e '.[gpu]' on a machine with CUDA)"
-    else:
-        why = "CuPy sees no usable GPU (no CUDA driver or device: check nvidia-smi and CUDA_VISIBLE_DEVICES)"
     return f"error: bench_gpu.py needs CuPy and a CUDA GPU, and {why}; nothing was measured"
 
 

@@ -234,12 +234,6 @@ class TorchRunner:
         return loss.item() if read_loss else None
 
 
-class TorchResNet20(TorchRunner):
-    """The same ResNet-20 step in PyTorch (option-A shortcuts, SGD momentum 0.9)."""
-
-    def __init__(self, batch: int, seed: int = 0, device: str = "cpu"):
-        super().__init__("resnet20", batch, seed=seed, device=device)
-
 
 def timed(step) -> float:
     t0 = time.perf_counter()
@@ -262,7 +256,7 @@ def run(models, rounds: int, warmup: int, with_torch: bool = True) -> dict:
     torch_runner = None
     if with_torch and "resnet20" in models:
         try:
-            torch_runner = TorchResNet20(MODELS["resnet20"][4])
+            torch_runner = TorchRunner("resnet20")
             results["env"]["torch"] = torch_runner.torch.__version__
             results["env"]["torch_threads"] = torch_runner.torch.get_num_threads()
         except ImportError:

@@ -71,6 +71,18 @@ def is_cuda_available() -> bool:
     return cupy_module() is not None
 
 
+def cuda_unavailable_reason() -> str | None:
+    """Why CuPy cannot run here (a clause for an error message), or None when it can."""
+    if is_cuda_available():
+        return None
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec("cupy") is None:
+        return "CuPy is not installed: pip install -e '.[gpu]' on a machine with CUDA"
+    return ("CuPy sees no usable GPU (no CUDA driver or device here: check nvidia-smi and "
+            "CUDA_VISIBLE_DEVICES)")
+
+
 def xp_for(dev: Device):
     """The array module for a device: NumPy for ``cpu``, CuPy for ``cuda``."""
     if dev.type == "cpu":

@@ -17,7 +17,6 @@ must stop training before the update), everything else at log points.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import re
@@ -170,12 +169,7 @@ def gpu_index(spec: str, local_rank: int, device_count: int) -> int:
 
 def no_gpu_message(spec: str) -> str:
     """The one line a user sees when ``device: cuda`` cannot be had."""
-    if importlib.util.find_spec("cupy") is None:
-        why = "CuPy is not installed: pip install -e '.[gpu]' on a machine with CUDA"
-    else:
-        why = ("CuPy sees no usable GPU (no CUDA driver or device here: check nvidia-smi and "
-               "CUDA_VISIBLE_DEVICES)")
-    return f"device: {spec} needs CuPy and a CUDA GPU, but {why}; or set device: cpu"
+    return f"device: {spec} needs CuPy and a CUDA GPU, but {backend.cuda_unavailable_reason()}; or set device: cpu"
 
 
 def select_device(spec: str, local_rank: int = 0):

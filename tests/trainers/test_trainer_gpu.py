@@ -7,6 +7,7 @@ point). Tests marked ``gpu`` train on CuPy and are skipped cleanly without a dev
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import subprocess
@@ -102,7 +103,7 @@ def test_select_device_cpu_never_touches_cupy(monkeypatch):
 ])
 def test_cuda_without_a_usable_gpu_is_one_config_error(monkeypatch, installed, fragment):
     monkeypatch.setattr(backend, "cupy_module", lambda: None)
-    monkeypatch.setattr(trainer_mod.importlib.util, "find_spec",
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name: object() if installed else None)
     with pytest.raises(ConfigError) as info:
         select_device("cuda:0")
