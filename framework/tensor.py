@@ -13,6 +13,7 @@ import numpy as np
 
 from . import backend, memory
 from .autograd.grad_mode import no_grad, state
+from .inplace.consumed import ConsumedData
 
 _FLOAT_KINDS = ("f",)
 
@@ -93,19 +94,28 @@ class Tensor:
         return self._data.shape[0]
 
     # --- conversion ------------------------------------------------------------------
+    def _live(self):
+        """The array, after checking that no inplace site consumed this tensor."""
+        data = self._data
+        if type(data) is ConsumedData:
+            raise data.error()
+        return data
+
     def numpy(self) -> np.ndarray:
         """The values as a NumPy array (shares memory on the CPU, like PyTorch)."""
+        data = self._live()
         if self.requires_grad:
             raise RuntimeError("Can't call numpy() on a Tensor that requires grad. Use tensor.detach().numpy() instead.")
-        return backend.to_numpy(self._data)
+        return backend.to_numpy(data)
 
     def item(self):
-        if self._data.size != 1:
-            raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be converted to a Python scalar")
-        return self._data.reshape(()).item()
+        data = self._live()
+        if data.size != 1:
+            raise RuntimeError(f"a Tensor with {data.size} elements cannot be converted to a Python scalar")
+        return data.reshape(()).item()
 
     def tolist(self):
-        return backend.to_numpy(self._data).tolist()
+        return backend.to_numpy(self._live()).tolist()
 
     def __float__(self):
         return float(self.item())
@@ -124,8 +134,19 @@ class Tensor:
         return int(self.item())
 
     def __array__(self, dtype=None, copy=None):
-        arr = backend.to_numpy(self._data)
-        return arr if dtype is None else arr.astype(dtype)
+        """NumPy 2's protocol: ``np.array(t)`` and ``np.asarray(t, copy=True)`` get a copy,
+        so writing into them cannot reach the tensor (or a parameter behind autograd's
+        back); ``copy=None`` (``np.asarray``) shares memory when no conversion is needed,
+        as NumPy does for its own arrays; ``copy=False`` raises if a copy is needed."""
+        arr = backend.to_numpy(self._live())
+        needs_copy = arr is self._data and copy is True
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            if copy is False:
+                raise ValueError(f"converting a {arr.dtype} tensor to {np.dtype(dtype)} needs a copy (copy=False)")
+            return arr.astype(dtype)
+        if copy is False and arr is not self._data:
+            raise ValueError("this tensor is not in host memory: converting it to NumPy needs a copy (copy=False)")
+        return arr.copy() if needs_copy else arr
 
     def to(self, device=None, dtype=None) -> "Tensor":
         """A copy on another device and/or dtype (``self`` when nothing changes).
@@ -291,11 +312,12 @@ class Tensor:
         """Accumulates d(self)/d(leaf) into every leaf's ``.grad`` (see :func:`autograd.backward`)."""
         from .autograd import engine  # noqa: PLC0415
 
+        self._live()
         engine.backward([self], [gradient], retain_graph=retain_graph, inputs=inputs)
 
     def detach(self) -> "Tensor":
         """Same values and version counter, no history (inplace on it is seen by autograd)."""
-        t = _wrap(self._data)
+        t = _wrap(self._live())
         t._vc = self._vc
         return t
 
@@ -312,7 +334,7 @@ class Tensor:
 
         Changes made through ``.data`` are invisible to autograd, as in PyTorch.
         """
-        return _wrap(self._data)
+        return _wrap(self._live())
 
     @data.setter
     def data(self, value: "Tensor") -> None:
@@ -322,6 +344,9 @@ class Tensor:
 
     # --- printing --------------------------------------------------------------------
     def __repr__(self) -> str:
+        if type(self._data) is ConsumedData:
+            d = self._data
+            return f"tensor({d!r}, shape={tuple(d.shape)}, dtype={d.dtype})"
         arr = backend.to_numpy(self._data)
         body = np.array2string(arr, separator=", ", precision=4, prefix="tensor(")
         extras = []
@@ -343,7 +368,23 @@ class Tensor:
 
     def __reduce__(self):
         # Pickle values only (checkpoints, MPI objects); history is not pickled.
-        return (_from_numpy_copy, (backend.to_numpy(self._data), self._requires_grad))
+        return (_from_numpy_copy, (backend.to_numpy(self._live()), self._requires_grad))
+
+    # --- inplace sites ---------------------------------------------------------------
+    def _consume(self, site: str, where, policy: str) -> "Tensor":
+        """Hands this tensor's storage and history to a new tensor object, which an inplace
+        SITE returns as its result, and leaves this object consumed (any use raises).
+
+        The new object is what a fresh output of the site would be: same values, version
+        counter and ``grad_fn``, no ``.grad``, hooks or ``retain_grad`` of its own. Sites
+        only consume tensors that own their memory alone, so no view of it exists.
+        """
+        new = _wrap(self._data)
+        new._vc = self._vc
+        new._requires_grad = self._requires_grad
+        new._grad_fn = self._grad_fn
+        self._data = ConsumedData(new._data, site, where, policy)
+        return new
 
 
 def _from_numpy_copy(array, requires_grad):

@@ -24,19 +24,17 @@ tensors with their versions.
 from __future__ import annotations
 
 import inspect
-import os
-import sys
 import traceback
 
 import numpy as np
 
 from .. import inplace as _inplace
 from .. import memory
+from ..callsite import call_site
+from ..inplace.consumed import ConsumedData as _Consumed
 from .grad_mode import state
 
-_FRAMEWORK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _FREED = object()
-_AUTO_SITE = ("<policy auto>", 0)
 
 
 def _as_array(a):
@@ -67,14 +65,6 @@ class VersionCounter:
             writes.append((self.value, op_name, site))
             if len(writes) > 8:
                 del writes[0]
-
-
-def call_site():
-    """``(file, line)`` of the first frame outside the framework (the user's call)."""
-    f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.startswith(_FRAMEWORK_DIR):
-        f = f.f_back
-    return (f.f_code.co_filename, f.f_lineno) if f is not None else ("<unknown>", 0)
 
 
 def _describe(array) -> str:
@@ -361,41 +351,93 @@ _NO_NEEDS = tuple((False,) * n for n in range(8))
 
 
 def _apply(cls, inputs, params, inplace):
-    # This runs for every op call: the common cases are kept short and flat.
-    auto = False
-    if not inplace and cls.auto_inplace and _inplace._policy == "auto":
-        # First, before this frame holds more references to the inputs than it must.
-        auto = inplace = _inplace.auto_target(cls, inputs, params)
-    grad_on = state.enabled
-    arrays = [a._data if isinstance(a, Tensor) else a for a in inputs]
-    any_needs = False
-    if grad_on and cls.differentiable:
-        needs = []
-        for a in inputs:
-            r = isinstance(a, Tensor) and (
-                a._grad_fn is not None or a._requires_grad or (a._base is not None and a.requires_grad)
-            )
-            needs.append(r)
-            any_needs = any_needs or r
-        needs = tuple(needs)
-    else:
-        n = len(inputs)
-        needs = _NO_NEEDS[n] if n < 8 else (False,) * n
+    """Runs one call of op ``cls``: the one path every op takes, in the order the inplace
+    rules need.
 
+    1. ``auto`` decides, before anything else holds the inputs, whether an ordinary call
+       runs in place (:func:`framework.inplace.auto_target`);
+    2. read the inputs: their arrays (a consumed tensor raises here) and which need grad;
+    3. check the inplace target, before the kernel can change anything;
+    4. keep what backward needs (a copy where the kernel would overwrite it);
+    5. run the kernel;
+    6. the output: the target with its version bumped, or a new tensor (a view shares
+       its input's storage);
+    7. record the history (the node's edges and saved tensors; a view's base gets
+       ``CopySlices``).
+
+    An ``auto`` rewrite hands the input's storage to a new tensor object, which the op
+    then runs in place on, and leaves the input consumed (see :mod:`framework.inplace`).
+    """
+    where = None
+    if not inplace and cls.auto_inplace and _inplace._policy == "auto":
+        where = _inplace.auto_target(cls, inputs, params)
+        if where is not None:
+            # Consumed before the kernel runs: if it raised half way, the old object could
+            # still be read with half-written values.
+            inputs = (inputs[0]._consume(cls.inplace_name[:-1] + " (run in place by policy auto)", where, "auto"),
+                      ) + inputs[1:]
+            inplace = True
+    grad_on = state.enabled
+    arrays, needs, any_needs = _read_inputs(cls, inputs, grad_on)
     ctx = cls.__new__(cls)
     ctx.needs_input_grad = needs
-    target = None
     if inplace:
-        target = inputs[0]
-        _check_inplace_target(cls, target, grad_on, any_needs)
+        _check_inplace_target(cls, inputs[0], grad_on, any_needs)
         ctx.out = arrays[0]
-    saved, copied = (None, 0)
+    saved = None
+    copied = 0
     if any_needs:
         if cls._save_plan:
             saved, copied = _save_inputs(ctx, cls, inputs, arrays, needs, inplace)
         if state.anomaly:
             ctx._trace = traceback.format_stack()[:-2]
+    result = _run_kernel(ctx, cls, arrays, params, inplace)
+    if inplace:
+        out = _write_target(ctx, cls, inputs[0], result, copied, where)
+    else:
+        out = _new_output(cls, inputs, params, result, grad_on)
+    if any_needs:
+        _record_history(ctx, cls, inputs, needs, out, saved, inplace)
+    return out
 
+
+def _read_inputs(cls, inputs, grad_on):
+    """The inputs' arrays, which inputs need a gradient, and whether any does.
+
+    Every tensor input is checked here: a tensor an inplace site consumed raises
+    :class:`framework.inplace.ConsumedTensorError` (one check per input, beside the
+    version check of saved tensors).
+    """
+    arrays = []
+    if not (grad_on and cls.differentiable):
+        for a in inputs:
+            if isinstance(a, Tensor):
+                a = a._data
+                if type(a) is _Consumed:
+                    raise a.error()
+            arrays.append(a)
+        n = len(inputs)
+        return arrays, (_NO_NEEDS[n] if n < 8 else (False,) * n), False
+    needs = []
+    any_needs = False
+    for a in inputs:
+        if isinstance(a, Tensor):
+            d = a._data
+            if type(d) is _Consumed:
+                raise d.error()
+            arrays.append(d)
+            r = a._grad_fn is not None or a._requires_grad or (a._base is not None and a.requires_grad)
+            any_needs = any_needs or r
+            needs.append(r)
+        else:
+            arrays.append(a)
+            needs.append(False)
+    return arrays, tuple(needs), any_needs
+
+
+def _run_kernel(ctx, cls, arrays, params, inplace):
+    """``cls.forward`` on the arrays; an inplace kernel that cannot write into its target
+    (the result would be bigger, or of another dtype) raises a RuntimeError naming both."""
     try:
         result = cls.forward(ctx, *arrays, **params)
     except (ValueError, TypeError) as e:
@@ -404,59 +446,70 @@ def _apply(cls, inputs, params, inplace):
         raise
     if isinstance(result, np.generic):
         result = _as_array(result)
+    return result
 
-    if inplace:
-        if copied:  # counted once the op has run: a refused op copied for nothing
-            memory.count("inplace_copy_bytes", copied)
-        out_arr = ctx.out
-        ctx.out = None  # the node must not keep the target's buffer alive after forward
-        if result is not out_arr:
-            # Kernels should write through ctx.out; this keeps any other one correct.
-            out_arr[...] = result
-        out = target
-        # An auto rewrite needs no call site: its tensor was dead, so no saved copy can
-        # go stale and no version error can ever name this write.
-        target._vc.bump(cls.inplace_name, _AUTO_SITE if auto else call_site())
-        memory.count("inplace_ops")
+
+def _write_target(ctx, cls, target, result, copied, where):
+    """An inplace kernel ran: makes sure the result is in the target's buffer and bumps
+    the version, remembering the op and the call site for version errors."""
+    if copied:  # counted once the op has run: a refused op copied for nothing
+        memory.count("inplace_copy_bytes", copied)
+    out_arr = ctx.out
+    ctx.out = None  # the node must not keep the target's buffer alive after forward
+    if result is not out_arr:
+        # Kernels should write through ctx.out; this keeps any other one correct.
+        out_arr[...] = result
+    # An auto rewrite's tensor was dead: no saved copy can go stale, so no version error
+    # can ever name this write, and the call site is the one the proof already found.
+    target._vc.bump(cls.inplace_name, where if where is not None else call_site())
+    memory.count("inplace_ops")
+    return target
+
+
+def _new_output(cls, inputs, params, result, grad_on):
+    """A new tensor around ``result``: a view shares its input's storage and version
+    counter and remembers how to replay itself from its base; anything else is new memory."""
+    out = _wrap(result)
+    if cls.is_view:
+        src = inputs[0]
+        out._vc = src._vc
+        base = src._base if src._base is not None else src
+        out._base = base
+        if grad_on:
+            out._view_fn = _compose_view_fn(src, cls, inputs[1:], params)
+            out._view_base_fn = base._grad_fn
     else:
-        out = _wrap(result)
-        if cls.is_view:
-            src = inputs[0]
-            out._vc = src._vc
-            base = src._base if src._base is not None else src
-            out._base = base
-            if grad_on:
-                out._view_fn = _compose_view_fn(src, cls, inputs[1:], params)
-                out._view_base_fn = base._grad_fn
-        else:
-            memory.track(result, None, "activations")
-
-    if any_needs:
-        edges = []
-        for t, n in zip(inputs, needs):
-            if n:
-                fn = t._grad_fn if t._base is None else t.grad_fn
-                edges.append(t if fn is None else fn)
-            else:
-                edges.append(None)
-        ctx.next = tuple(edges)
-        for name, idx, when in cls._save_plan:
-            if idx < 0 and (when is None or any(needs[i] for i in when)):
-                if saved is None:
-                    saved = {}
-                saved[name] = SavedTensor(out._data, out._vc, name)
-        if saved:
-            kept = ctx.__dict__.get("_saved")  # what forward passed to ctx.keep()
-            if kept:
-                saved.update(kept)
-            ctx._saved = saved
-        if inplace and target._base is not None:
-            base = target._base
-            base._grad_fn = CopySlices(base, target._view_fn, ctx)
-            # target's own grad_fn is regenerated from the base's new history on access
-        else:
-            out._grad_fn = ctx
+        memory.track(result, None, "activations")
     return out
+
+
+def _record_history(ctx, cls, inputs, needs, out, saved, inplace):
+    """Makes ``ctx`` the node of ``out``: its edges to the inputs' nodes (or leaves), its
+    saved tensors with their versions; an inplace op on a view rewrites its base's history
+    (``CopySlices``), and the view regenerates its own from it when asked."""
+    edges = []
+    for t, n in zip(inputs, needs):
+        if n:
+            fn = t._grad_fn if t._base is None else t.grad_fn
+            edges.append(t if fn is None else fn)
+        else:
+            edges.append(None)
+    ctx.next = tuple(edges)
+    for name, idx, when in cls._save_plan:
+        if idx < 0 and (when is None or any(needs[i] for i in when)):
+            if saved is None:
+                saved = {}
+            saved[name] = SavedTensor(out._data, out._vc, name)
+    if saved:
+        kept = ctx.__dict__.get("_saved")  # what forward passed to ctx.keep()
+        if kept:
+            saved.update(kept)
+        ctx._saved = saved
+    if inplace and out._base is not None:
+        base = out._base
+        base._grad_fn = CopySlices(base, out._view_fn, ctx)
+    else:
+        out._grad_fn = ctx
 
 
 def _refused_inplace(error, arrays) -> str:

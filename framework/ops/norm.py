@@ -435,7 +435,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return out
 
 
-def _check_residual(input, residual):
+def _check_residual(input, residual, inplace=True):
     if residual is None:
         return
     if not isinstance(residual, Tensor):
@@ -450,7 +450,7 @@ def _check_residual(input, residual):
     if residual.device != input.device:
         raise ValueError(f"inplace_abn: residual is on {residual.device}, the input on {input.device}")
     xp = get_array_module(input._data)
-    if xp.may_share_memory(residual._data, input._data):
+    if inplace and xp.may_share_memory(residual._data, input._data):
         raise ValueError(
             "inplace_abn: residual shares memory with input, which is overwritten (and backward needs "
             "the residual): pass residual.clone()"
@@ -458,11 +458,14 @@ def _check_residual(input, residual):
 
 
 def inplace_abn(input, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5,
-                negative_slope=0.01, residual=None):
+                negative_slope=0.01, residual=None, inplace=True):
     """BatchNorm + leaky ReLU (after an optional residual add) computed over the input's buffer.
 
     ``y = leaky_relu((x - mean) / sqrt(var + eps) * (|weight| + eps) + bias [+ residual],
     negative_slope)`` is written into ``input``, which is returned (its version bumps).
+    With ``inplace=False`` the same function writes a new tensor instead: bitwise the same
+    values and gradients (backward still rebuilds everything from ``y``), one more buffer
+    while it runs. That is the out-of-place path of the policy site in ``models``.
     Backward keeps only ``y`` and rebuilds the normalized input from it, so the BN input
     is not kept alive. Statistics and running-stat updates are those of :func:`batch_norm`.
 
@@ -481,9 +484,10 @@ def inplace_abn(input, running_mean, running_var, weight, bias, training=False, 
         negative_slope: leaky ReLU slope, > 0 (ReLU cannot be inverted).
         residual: None, or a tensor of exactly the input's shape, dtype and device (no
             broadcasting) that does not share memory with ``input``.
+        inplace: write over ``input`` (True) or into a new tensor.
 
     Returns:
-        ``input`` itself, now holding the activation.
+        ``input`` itself, now holding the activation (a new tensor when not ``inplace``).
 
     Raises:
         RuntimeError: ``input`` is a leaf that requires grad (or a view of one).
@@ -500,14 +504,15 @@ def inplace_abn(input, running_mean, running_var, weight, bias, training=False, 
             f"inplace_abn: negative_slope must be > 0 so that backward can invert the activation, "
             f"got {negative_slope!r} (use batch_norm + relu for a plain ReLU)"
         )
-    _check_residual(input, residual)
+    _check_residual(input, residual, inplace)
+    apply = InPlaceABN.apply_ if inplace else InPlaceABN.apply
     use_batch = training or running_mean is None or running_var is None
     if not use_batch:
-        return InPlaceABN.apply_(input, weight, bias, residual, mean=running_mean._data, var=running_var._data,
-                                 eps=eps, negative_slope=negative_slope)
+        return apply(input, weight, bias, residual, mean=running_mean._data, var=running_var._data,
+                     eps=eps, negative_slope=negative_slope)
     _check_batch("inplace_abn", input)
     stats = {}
-    out = InPlaceABN.apply_(input, weight, bias, residual, eps=eps, negative_slope=negative_slope, stats=stats)
+    out = apply(input, weight, bias, residual, eps=eps, negative_slope=negative_slope, stats=stats)
     if training:
         _update_running(running_mean, running_var, stats, momentum)
     return out

@@ -182,7 +182,7 @@ def test_auto_policy_logs_what_it_ran_in_place(tmp_path):
     assert result.run_dir.endswith("inplace-auto_np1")
     scalars = read_scalars(result.run_dir)
     assert [v for _, v in scalars["inplace/auto_ops_per_step"]] == [1.0] * 4
-    assert [v for _, v in scalars["inplace/auto_ops_per_step/ReLU.forward"]] == [1.0] * 4
+    assert [v for _, v in scalars["inplace/auto_ops_per_step/ReLU"]] == [1.0] * 4
     relu_mb = 32 * 16 * 4 / 2**20  # batch 32 x 16 hidden units, float32
     assert scalars["inplace/auto_saved_mb_per_step"][-1][1] == pytest.approx(relu_mb)
     assert result.auto_ops_per_step == 1.0
