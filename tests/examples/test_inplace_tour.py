@@ -1,4 +1,4 @@
-"""examples/inplace_tour.py keeps printing what the articles' scenarios really do.
+"""The inplace tour (examples/inplace_tour.py and its two modules) keeps printing what the articles do.
 
 Every row each scenario records on this framework is checked against the value or the
 error it must show; where PyTorch is installed, the same scenarios run on it and every
@@ -19,9 +19,12 @@ import pytest
 
 import framework as fw
 from examples import inplace_tour as tour
+from examples import tour_experiment as experiment
+from examples import tour_scenarios as scenarios
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOUR = os.path.abspath(inspect.getsourcefile(tour))
+SCENARIOS_FILE = os.path.abspath(inspect.getsourcefile(scenarios))
 
 LEAF = "RuntimeError: a leaf Variable that requires grad is being used in an in-place operation ({})."
 VIEW_OF_LEAF = "RuntimeError: a view of a leaf Variable that requires grad is being used in an in-place operation ({})."
@@ -35,7 +38,7 @@ def line_of(fn, statement: str, nth: int = 0) -> str:
     lines, first = inspect.getsourcelines(fn)
     hits = [first + i for i, line in enumerate(lines) if line.strip() == statement]
     assert len(hits) > nth, (statement, hits)
-    return f"{TOUR}:{hits[nth]}"
+    return f"{SCENARIOS_FILE}:{hits[nth]}"
 
 
 class StartsWith(str):
@@ -57,7 +60,7 @@ EXPECTED = {
             "b.grad_fn": "CopySlices(FillBackward)",
             "b.sum().backward()": StartsWith(VERSION.format(
                 shape="(3,)", what="the output of ExpBackward", op="fill_",
-                where=line_of(tour.version_counter, "b[0] = 1000")))},
+                where=line_of(scenarios.version_counter, "b[0] = 1000")))},
     "3.2": {"a[:] = 0": StartsWith(VIEW_OF_LEAF.format("fill_")), "a (unchanged)": "[1.0, 2.0, 3.0]",
             "a.is_leaf": "True", "a.grad_fn": "None", "a._version": "0"},
     "3.3": {"a.add_(10.)": StartsWith(LEAF.format("add_")), "a._version": "0"},
@@ -69,10 +72,10 @@ EXPECTED = {
             "b.detach().fill_(0.): b._version": "1",
             "z.sum().backward()": StartsWith(VERSION.format(
                 shape="(3,)", what="input 'x' of SinBackward", op="fill_",
-                where=line_of(tour.data_is_unchecked, "b.detach().fill_(0.0)")))},
+                where=line_of(scenarios.data_is_unchecked, "b.detach().fill_(0.0)")))},
     "3.6": {"after: f.sum().backward()": StartsWith(VERSION.format(
                 shape="(1, 2)", what="input 'x' of MatmulBackward", op="fill_",
-                where=line_of(tour.write_before_or_after_use, "d[:] = 1", nth=0))),
+                where=line_of(scenarios.write_before_or_after_use, "d[:] = 1", nth=0))),
             "d.grad_fn": "CopySlices(FillBackward)", "before: f.sum().backward()": "no error",
             "w1.grad": "[[0.0, 0.0], [0.0, 0.0]]", "w2.grad": "[[1.0, 1.0], [1.0, 1.0]]"},
     "4.1": {"z is x": "False", "x.add_(y) is x": "True", "x == z after add_": "True"},
@@ -81,16 +84,16 @@ EXPECTED = {
     "4.3": {"y.sum().backward()  (y = h + 1)": "no error", "x.grad": "[1.0, 1.0, 1.0]",
             "z.sum().backward()  (z = g * g)": StartsWith(VERSION.format(
                 shape="(3,)", what="input 'x' of MulBackward", op="add_",
-                where=line_of(tour.error_only_when_read, "g.add_(5.0)")))},
+                where=line_of(scenarios.error_only_when_read, "g.add_(5.0)")))},
 }
 
 
 def test_every_scenario_is_checked():
-    assert [sc.number for sc in tour.SCENARIOS] == list(EXPECTED)
+    assert [sc.number for sc in scenarios.SCENARIOS] == list(EXPECTED)
 
 
 @pytest.mark.parametrize("policy", fw.inplace.POLICIES)
-@pytest.mark.parametrize("sc", tour.SCENARIOS, ids=lambda sc: sc.number)
+@pytest.mark.parametrize("sc", scenarios.SCENARIOS, ids=lambda sc: sc.number)
 def test_scenario_shows_what_it_must(sc, policy):
     # The scenarios' explicit inplace ops mean the same under every policy.
     fw.inplace.set_policy(policy)
@@ -107,7 +110,7 @@ def test_scenario_shows_what_it_must(sc, policy):
 
 def test_differences_from_pytorch_are_the_ones_the_tour_explains():
     torch = pytest.importorskip("torch")
-    for sc in tour.SCENARIOS:
+    for sc in scenarios.SCENARIOS:
         ours, theirs = sc.run(fw), sc.run(torch)
         assert tour.unexplained_differences(sc, ours, theirs) == [], sc.number
 
@@ -123,7 +126,7 @@ def test_comparable_keeps_what_must_agree():
 
 
 def test_an_unexplained_difference_is_reported(capsys):
-    sc = tour.SCENARIOS[0]
+    sc = scenarios.SCENARIOS[0]
     ours = sc.run(fw)
     theirs = [(key, "something else") for key, _ in ours]
     problems = tour.print_scenario(sc, ours, theirs)
@@ -132,7 +135,7 @@ def test_an_unexplained_difference_is_reported(capsys):
 
 
 def test_printed_without_pytorch(capsys):
-    sc = next(s for s in tour.SCENARIOS if s.number == "3.1")
+    sc = next(s for s in scenarios.SCENARIOS if s.number == "3.1")
     assert tour.print_scenario(sc, sc.run(fw)) == []
     out = capsys.readouterr().out
     assert "torch" not in out.replace("PyTorch", "")
@@ -145,9 +148,9 @@ OBJECTS = 64 * 1024  # tracemalloc also sees the Python objects of the loop: far
 
 def test_experiment_bytes_are_exact():
     n_ops = 3
-    memory = tour.measure_memory(1000, n_ops)
+    memory = experiment.measure_memory(1000, n_ops)
     assert not tracemalloc.is_tracing()  # started and stopped by the measurement
-    inplace, dropped, kept, auto = (memory[v] for v in tour.VARIANTS)
+    inplace, dropped, kept, auto = (memory[v] for v in experiment.VARIANTS)
     assert (inplace["allocated"], inplace["peak"], inplace["live"]) == (0, 0, 0)
     assert 0 <= inplace["traced_peak"] < OBJECTS
     assert (dropped["allocated"], dropped["peak"], dropped["live"]) == (n_ops * MB4, MB4, 0)
@@ -161,18 +164,18 @@ def test_experiment_bytes_are_exact():
 
 def test_out_of_place_variants_stay_out_of_place_under_policy_auto():
     fw.inplace.set_policy("auto")
-    memory = tour.measure_memory(1000, 2)
-    assert memory[tour.DROPPED]["allocated"] == memory[tour.KEPT]["allocated"] == 2 * MB4
+    memory = experiment.measure_memory(1000, 2)
+    assert memory[experiment.DROPPED]["allocated"] == memory[experiment.KEPT]["allocated"] == 2 * MB4
 
 
 def test_timings_and_faults_have_one_entry_per_repeat():
-    seconds, faults = tour.time_variants(fw, 10, 2, 2)
-    assert list(seconds) == list(faults) == list(tour.VARIANTS)
+    seconds, faults = experiment.time_variants(fw, 10, 2, 2)
+    assert list(seconds) == list(faults) == list(experiment.VARIANTS)
     assert all(len(s) == 2 and min(s) > 0 for s in seconds.values())
     assert all(len(f) == 2 and min(f) >= 0 for f in faults.values())
     torch = pytest.importorskip("torch")
-    seconds, faults = tour.time_variants(torch, 10, 2, 1)
-    assert list(seconds) == list(faults) == list(tour.TORCH_VARIANTS)
+    seconds, faults = experiment.time_variants(torch, 10, 2, 1)
+    assert list(seconds) == list(faults) == list(experiment.TORCH_VARIANTS)
 
 
 def test_script_runs_end_to_end(tmp_path):
@@ -181,10 +184,10 @@ def test_script_runs_end_to_end(tmp_path):
                        text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     out = " ".join(r.stdout.split())  # the tour wraps long values
-    for sc in tour.SCENARIOS:
+    for sc in scenarios.SCENARIOS:
         assert f"[{sc.number}] {sc.title}" in out
     assert "UNEXPECTED" not in out
-    assert f"It was modified by fill_ at {line_of(tour.version_counter, 'b[0] = 1000')} (version 1)" in out
+    assert f"It was modified by fill_ at {line_of(scenarios.version_counter, 'b[0] = 1000')} (version 1)" in out
     assert "5. The measured experiment: 10 additions on a 1000x1000 float32 tensor (4.0 MB)" in out
     assert "x = x + y 40.0 4.0 4.0 0.0" in out  # allocated, peak (counter), peak (tracemalloc), live
     assert "Inplace saves allocation and memory bandwidth, not arithmetic." in out
