@@ -68,7 +68,7 @@ EXPECTED = {
             "a.detach().fill_(11.): a": "[11.0, 11.0, 11.0]", "a.detach().fill_(11.): a._version": "1",
             "no_grad: a[:] = 12.: a": "[12.0, 12.0, 12.0]", "no_grad: a[:] = 12.: a._version": "2",
             "a.is_leaf, a.requires_grad": "(True, True)"},
-    "3.5": {"a.data.fill_(0.): a._version": "0", "a.grad (cos(a) = [0.88, 0.54, 0.07]?)": "[1.0, 1.0, 1.0]",
+    "3.5": {"a.data.fill_(0.): a._version": "0", "a.grad (cos(a) would be right)": "[1.0, 1.0, 1.0]",
             "b.detach().fill_(0.): b._version": "1",
             "z.sum().backward()": StartsWith(VERSION.format(
                 shape="(3,)", what="input 'x' of SinBackward", op="fill_",
