@@ -78,8 +78,11 @@ SCHEMA: dict[str, Any] = {
     "seed":       Field("int", 0, "Random seed for parameter init, data order and synthetic data"),
     "device":     Field("str", "cpu", "Where to compute: the CPU (NumPy) or a GPU (CuPy; `cuda` gives each MPI rank GPU local_rank % GPUs, `cuda:N` is GPU N)",
                         pattern=r"cpu|cuda(:[0-9]+)?", pattern_doc="cpu, cuda or cuda:N (e.g. cuda:0)"),
-    "inplace":    Field("str", "on", "Inplace policy of every inplace site of the run",
-                        choices=("on", "off", "auto"), from_bool={True: "on", False: "off"}),
+    "inplace":    Field("str", "auto", "Inplace policy of every inplace site of the run: `off` (the "
+                        "reference), `auto` (in place only where the input is provably dead: the "
+                        "numbers of `off`, bit for bit) or `on` (every site in place; reading an "
+                        "overwritten input stops the run with an error naming the site)",
+                        choices=("off", "auto", "on"), from_bool={True: "on", False: "off"}),
     "threads":    Field("int", 0, "Threads per process for NumPy's BLAS (0: the library's default, "
                         "or cores / processes under MPI); small models run fastest on 1", min=0),
     "data": {

@@ -24,9 +24,9 @@ What each path keeps for backward (``memory.saved_bytes()`` sees all of it):
   version-checked: modifying it in place before backward raises.
 
 Running statistics follow PyTorch: in training they move toward the batch mean and the
-UNBIASED batch variance with ``momentum``, in place under ``no_grad`` (one ``copy_`` per
-buffer and call, so each buffer's version bumps by exactly 1, as in PyTorch); the
-output is normalized with the BIASED variance.
+UNBIASED batch variance with ``momentum``, in place under ``no_grad`` (one inplace op
+per buffer and call, allocating nothing, so each buffer's version bumps by exactly 1, as
+in PyTorch); the output is normalized with the BIASED variance.
 
 Per-channel reductions use ``einsum`` over an (N, C, rest) view: no full-size temporary
 (3x faster than ``(d * d).sum(axes)`` on NumPy, and as accurate as pairwise sums).
@@ -391,19 +391,39 @@ def _check_batch(name, input):
         )
 
 
-def _update_running(running_mean, running_var, stats, momentum):
-    """``r = (1 - momentum) * r + momentum * batch``, written into ``r`` under no_grad.
+class RunningStatUpdate(Function):
+    """``r = (1 - momentum) * r + momentum * scale * batch``, written over ``r``'s buffer.
 
-    One inplace op (``copy_``) per buffer: its version bumps once per call, as in PyTorch.
+    Allocates nothing (three passes over the C values: scale, add, scale back), so the
+    update is inplace for the allocator as well as for the version counter. Not
+    differentiable: running statistics are buffers, updated under ``no_grad``.
     """
+
+    differentiable = False
+    inplace_name = "running_stat_update_"
+
+    def forward(ctx, r, batch, momentum=0.1, scale=1.0):
+        xp = get_array_module(r)
+        out = ctx.out if ctx.out is not None else memory.empty(r.shape, r.dtype, xp)
+        w = momentum * scale
+        if w == 0:
+            xp.multiply(r, 1.0 - momentum, out=out)
+            return out
+        xp.multiply(r, (1.0 - momentum) / w, out=out)
+        xp.add(out, batch, out=out, casting="same_kind")
+        xp.multiply(out, w, out=out)
+        return out
+
+
+def _update_running(running_mean, running_var, stats, momentum):
+    """Moves the running statistics toward the batch mean and UNBIASED variance, in place
+    under no_grad: one inplace op per buffer, so its version bumps once per call (PyTorch)."""
     m = stats["count"]
-    unbiased = stats["var"] * (m / (m - 1))
     with no_grad():
-        for r, batch in ((running_mean, stats["mean"]), (running_var, unbiased)):
-            if r is not None:
-                new = r._data * (1.0 - momentum)
-                new += batch.astype(r.dtype, copy=False) * momentum
-                r.copy_(_wrap(new))
+        if running_mean is not None:
+            RunningStatUpdate.apply_(running_mean, stats["mean"], momentum=momentum)
+        if running_var is not None:
+            RunningStatUpdate.apply_(running_var, stats["var"], momentum=momentum, scale=m / (m - 1))
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):

@@ -44,9 +44,9 @@ def assert_one_line_error(r, code, *fragments):
 def test_train_succeeds_and_prints_the_summary(tmp_path):
     r = run(tmp_path, "train.py", "--config", config(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "inplace-on_np1" in r.stdout and "peak MB" in r.stdout and "floor MB" in r.stdout
-    assert os.path.isdir(tmp_path / "runs" / "cli" / "inplace-on_np1")
-    assert os.path.isfile(tmp_path / "checkpoints" / "cli" / "inplace-on_np1" / "step_00000004.ckpt")
+    assert "inplace-auto_np1" in r.stdout and "peak MB" in r.stdout and "floor MB" in r.stdout
+    assert os.path.isdir(tmp_path / "runs" / "cli" / "inplace-auto_np1")
+    assert os.path.isfile(tmp_path / "checkpoints" / "cli" / "inplace-auto_np1" / "step_00000004.ckpt")
 
 
 @pytest.mark.parametrize(

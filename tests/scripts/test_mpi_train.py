@@ -36,7 +36,7 @@ def train(tmp_path, nprocs, batch, *overrides, timeout=120, config=CONFIG):
     return code, out, err
 
 
-@pytest.mark.parametrize("policy", ["on", "off"])
+@pytest.mark.parametrize("policy", ["on", "auto", "off"])
 def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(tmp_path, policy):
     code, out2, err2 = train(tmp_path, 2, 32, "--set", f"inplace={policy}")
     assert code == 0, err2
@@ -75,8 +75,8 @@ def test_sync_bn_makes_a_batchnorm_model_match_one_process(tmp_path):
     assert code == 0, err
     code, _, err = train(tmp_path, 1, 64, config=config)
     assert code == 0, err
-    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-on_np2" / "step_00000010.ckpt"))["model"]
-    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-on_np1" / "step_00000010.ckpt"))["model"]
+    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np2" / "step_00000010.ckpt"))["model"]
+    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np1" / "step_00000010.ckpt"))["model"]
     for name in one:
         np.testing.assert_allclose(np.asarray(two[name]), np.asarray(one[name]), rtol=1e-4, atol=1e-5, err_msg=name)
 

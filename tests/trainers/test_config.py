@@ -63,7 +63,7 @@ def test_empty_file_gives_all_defaults(tmp_path):
     cfg = load_config(write(tmp_path / "empty.yaml"))
     assert cfg == config_from_dict({})
     expected = {
-        "experiment": "default", "seed": 0, "device": "cpu", "inplace": "on",
+        "experiment": "default", "seed": 0, "device": "cpu", "inplace": "auto",
         "data.name": "digits", "data.batch_size": 64, "data.eval_batch_size": 512,
         "data.drop_last": True, "data.test_fraction": 0.2, "model.name": "mlp", "model.args": {},
         "optim.name": "sgd", "optim.lr": 0.1, "optim.momentum": 0.9, "optim.nesterov": False,
@@ -262,7 +262,7 @@ def test_valid_devices(tmp_path, device):
     ("train: {max_steps: 0}\n", ["train.max_steps must be >= 1"]),
     ("optim: {betas: [0.9, 1.5]}\n", ["optim.betas must be >= 0 and < 1", "1.5"]),
     ("optim: {name: sgdd}\n", ["optim.name must be one of sgd, adam, adamw", "did you mean 'sgd'?"]),
-    ("inplace: maybe\n", ["inplace must be one of on, off, auto", "'maybe'"]),
+    ("inplace: maybe\n", ["inplace must be one of off, auto, on", "'maybe'"]),
     ("device: gpu\n", ["device must be cpu, cuda or cuda:N", "'gpu'"]),
     ("device: 'cuda:'\n", ["device must be cpu, cuda or cuda:N"]),
     # file-level problems
@@ -302,7 +302,7 @@ def test_error_in_base_names_the_base_file(tmp_path):
     ("optim.lr=-1", ["optim.lr must be > 0", "override"]),
     ("optim.lr.x=1", ["optim.lr is a value, not a section"]),
     ("optim.lr=[1", ["bad value in override 'optim.lr=[1'"]),
-    ("inplace=sometimes", ["inplace must be one of on, off, auto"]),
+    ("inplace=sometimes", ["inplace must be one of off, auto, on"]),
 ])
 def test_override_errors(tmp_path, override, expected):
     msg = error_of(load_config, write(tmp_path / "c.yaml"), [override])

@@ -52,7 +52,7 @@ def tiny_config(tmp_path, *overrides):
 
 def test_run_writes_the_documented_tensorboard_layout(tmp_path):
     result = Trainer(tiny_config(tmp_path)).fit()
-    assert result.run_dir == str(tmp_path / "runs" / "tiny" / "inplace-on_np1")
+    assert result.run_dir == str(tmp_path / "runs" / "tiny" / "inplace-auto_np1")
     scalars = read_scalars(result.run_dir)
     for tag in ("train/loss", "train/accuracy", "perf/samples_per_sec", "perf/step_ms",
                 "memory/peak_mb", "memory/allocated_mb", "memory/floor_mb", "memory/parameters_mb",
@@ -69,7 +69,7 @@ def test_run_writes_the_documented_tensorboard_layout(tmp_path):
     assert all(v > 0 for _, v in scalars["perf/samples_per_sec"])
     files = os.listdir(result.run_dir)
     assert "config.yaml" in files and "timeline.png" in files
-    assert sorted(os.listdir(tmp_path / "runs" / "tiny")) == ["inplace-on_np1"]  # hparams made no extra run
+    assert sorted(os.listdir(tmp_path / "runs" / "tiny")) == ["inplace-auto_np1"]  # hparams made no extra run
     assert result.peak_mb > 0 and result.floor_mb > 0 and result.samples_per_sec > 0
 
 
@@ -82,7 +82,7 @@ def test_policies_log_the_same_losses_into_separate_runs(tmp_path):
 
 def test_resume_continues_exactly(tmp_path):
     full = Trainer(tiny_config(tmp_path)).fit()
-    ckpts = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-on_np1"))
+    ckpts = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))
     assert [s for s, _ in ckpts] == [4, 8]
     state = load_checkpoint(ckpts[0][1])
     assert state["step"] == 4 and state["loader"] == {"epoch": 0, "batch": 4}
@@ -104,7 +104,7 @@ def test_resume_auto_picks_the_latest_and_starts_fresh_without_one(tmp_path):
 
 def test_resume_refuses_a_checkpoint_of_another_model(tmp_path):
     Trainer(tiny_config(tmp_path)).fit()
-    path = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-on_np1"))[-1][1]
+    path = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))[-1][1]
     with pytest.raises(TrainingError, match="different 'model' config"):
         Trainer(tiny_config(tmp_path, "model.args.hidden=[8]"), resume=path)
 
@@ -118,7 +118,7 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
     msg = str(info.value)
     bad_step = trainer.step
     assert f"at step {bad_step} " in msg and "Lower optim.lr" in msg
-    ckpts = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-on_np1"))
+    ckpts = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))
     assert ckpts and ckpts[-1][0] == bad_step  # nothing was saved after the bad step
     assert f"the last good checkpoint is {ckpts[-1][1]}" in msg
     params = load_checkpoint(ckpts[-1][1])["model"]

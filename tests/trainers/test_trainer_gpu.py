@@ -163,7 +163,7 @@ def test_host_state_turns_tensors_into_numpy_arrays_everywhere():
 
 def test_checkpoints_hold_host_numpy_arrays_only(tmp_path):
     result = Trainer(tiny_config(tmp_path, "model.args.dropout=0.0")).fit()
-    path = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-on_np1"))[-1][1]
+    path = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))[-1][1]
     state = load_checkpoint(path)
 
     def arrays(obj):
@@ -288,7 +288,7 @@ def test_gpu_run_logs_the_pool_hook_peak_and_a_sensible_breakdown(tmp_path, gpu_
 def test_gpu_checkpoint_is_host_numpy_and_resume_loads_onto_the_device(tmp_path, gpu_run):
     cfg = ("device=cuda", "model.args.dropout=0.0")  # dropout masks come from CuPy's stream: not in checkpoints
     full = Trainer(tiny_config(tmp_path, *cfg)).fit()
-    first = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-on_np1"))[0][1]
+    first = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))[0][1]
     state = load_checkpoint(first)
     assert all(type(v) is np.ndarray for v in state["model"].values())
     resumed = Trainer(tiny_config(tmp_path, *cfg), resume=first)
