@@ -375,14 +375,17 @@ class Tensor:
         """Hands this tensor's storage and history to a new tensor object, which an inplace
         SITE returns as its result, and leaves this object consumed (any use raises).
 
-        The new object is what a fresh output of the site would be: same values, version
-        counter and ``grad_fn``, no ``.grad``, hooks or ``retain_grad`` of its own. Sites
-        only consume tensors that own their memory alone, so no view of it exists.
+        The new object is what a fresh output of the site would be: same values and
+        version counter, ``grad_fn`` (none under ``no_grad``), no ``.grad``, hooks or
+        ``retain_grad`` of its own. Sites only consume tensors that own their memory
+        alone, so no view of it exists.
         """
         new = _wrap(self._data)
         new._vc = self._vc
-        new._requires_grad = self._requires_grad
-        new._grad_fn = self._grad_fn
+        if state.enabled:
+            new._requires_grad = self._requires_grad
+            new._grad_fn = self._grad_fn
+        # else: under no_grad the site's out-of-place result would have no history either
         self._data = ConsumedData(new._data, site, where, policy)
         return new
 

@@ -130,7 +130,7 @@ _instructions: dict = {}  # code -> list of its instructions
 
 # Names through which code can read its own frame's locals (it could then hold the dict
 # that _local_is clears, or read a value the proof considers gone).
-_DYNAMIC_NAMES = frozenset({"locals", "vars", "eval", "exec", "_getframe", "currentframe", "stack"})
+_DYNAMIC_NAMES = frozenset({"locals", "vars", "eval", "exec", "_getframe", "currentframe"})
 _LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_FAST_LOAD_FAST"})
 _STORES = frozenset({"STORE_FAST", "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST"})
 _CALLS_310 = {"CALL_FUNCTION": "call", "CALL_METHOD": "call", "CALL_FUNCTION_KW": "call_kw"}
