@@ -186,11 +186,12 @@ class Tensor:
     @property
     def requires_grad(self) -> bool:
         """True for leaves marked so, tensors with history, and (as in PyTorch) every
-        view of a tensor that requires grad, even one made under ``no_grad``."""
+        view of a tensor that requires grad, even one made under ``no_grad``. (A view
+        of an inference tensor is not a view for autograd, as in PyTorch.)"""
         if self._requires_grad or self._grad_fn is not None:
             return True
         base = self._base
-        return base is not None and base.requires_grad
+        return base is not None and base.requires_grad and self._vc.__class__ is not InferenceVersionCounter
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:

@@ -303,27 +303,26 @@ def _wrap_outputs(ctx, args, outputs, record):
         if not differentiable:
             if not o.requires_grad:
                 if is_input and not is_dirty:
-                    outs[i] = _alias(o)  # a distinct tensor object, as PyTorch returns
+                    o = outs[i] = _alias(o)  # a distinct tensor object, as PyTorch returns
             elif is_input:
-                outs[i] = o.detach()
+                o = outs[i] = o.detach()
             elif o._base is None:
                 o.detach_()
-            continue
-        if is_dirty:
+        elif is_dirty:
             if not is_input:
                 _dirty_non_input(o)
                 o._grad_fn = node_for(i)
-                continue
-            _rebase_dirty(ctx, args, o, node_for(i), len(tensor_positions))
+            else:
+                _rebase_dirty(ctx, args, o, node_for(i), len(tensor_positions))
         elif is_input:
-            view = _alias(o)
-            view._grad_fn = node_for(i)
-            _forbid_inplace(view, ctx, i)
-            outs[i] = view
+            o = outs[i] = _alias(o)
+            o._grad_fn = node_for(i)
         else:
             o._grad_fn = node_for(i)
-            if o._base is not None:
-                _forbid_inplace(o, ctx, i)
+        if o._base is not None and not (is_input and is_dirty):
+            _forbid_inplace(o, ctx, i)  # recorded or not, as in PyTorch
+    ctx.__dict__.pop("_dirty", None)  # the node must not keep its outputs alive
+    ctx.__dict__.pop("_non_differentiable", None)
     if record:
         _save(ctx, inputs, dirty, outs)
     return tuple(outs) if is_tuple else outs[0]

@@ -317,8 +317,33 @@ def _shape_arg(shape):
     return tuple(int(s) for s in shape)
 
 
+def _infer_size(shape, numel, op):
+    """``shape`` with its -1 resolved, or PyTorch's error (``infer_size``)."""
+    known, infer = 1, None
+    for d, n in enumerate(shape):
+        if n == -1:
+            if infer is not None:
+                raise RuntimeError("only one dimension can be inferred")
+            infer = d
+        elif n < 0:
+            raise RuntimeError(f"invalid shape dimension {n}")
+        else:
+            known *= n
+    if numel == known or (infer is not None and known > 0 and numel % known == 0):
+        if infer is None:
+            return shape
+        if known == 0:
+            raise RuntimeError(
+                f"cannot reshape tensor of 0 elements into shape {list(shape)} because the unspecified "
+                "dimension size -1 can be any value and is ambiguous"
+            )
+        return shape[:infer] + (numel // known,) + shape[infer + 1 :]
+    hint = ": the view size does not match the input's size" if op == "view" else ""
+    raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}{hint}")
+
+
 def view(x, *shape):
-    return V.View.apply(x, shape=_shape_arg(shape))
+    return V.View.apply(x, shape=_infer_size(_shape_arg(shape), x.numel(), "view"))
 
 
 def view_as(x, other):
@@ -333,7 +358,7 @@ def reshape_as(x, other):
 
 def reshape(x, *shape):
     """A view when the strides allow one, a copy otherwise (as in PyTorch)."""
-    shape = _shape_arg(shape)
+    shape = _infer_size(_shape_arg(shape), x.numel(), "reshape")
     if V.reshape_view(x._data, shape) is not None:
         return V.View.apply(x, shape=shape)
     return V.ReshapeCopy.apply(x, shape=shape)
@@ -428,6 +453,11 @@ def expand(x, *sizes):
     lead = len(sizes) - x.ndim
     if lead < 0:
         raise RuntimeError(f"expand: the number of sizes ({len(sizes)}) must be >= the number of dimensions ({x.ndim})")
+    for i, n in enumerate(sizes[:lead]):
+        if n < 0:
+            raise RuntimeError(
+                f"The expanded size of the tensor ({n}) isn't allowed in a leading, non-existing dimension {i}"
+            )
     shape = tuple(x.shape[i - lead] if (n == -1 and i >= lead) else n for i, n in enumerate(sizes))
     for i, n in enumerate(x.shape):
         if n != 1 and shape[i + lead] != n:

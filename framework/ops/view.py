@@ -66,16 +66,24 @@ class Permute(Function):
 
 
 def broadcast_view(x, shape):
-    """``x`` broadcast to ``shape`` as a view that can be written.
+    """``x`` expanded to ``shape``: a view with PyTorch's strides that can be written.
 
     NumPy marks a broadcast read-only; PyTorch lets a write through an expanded tensor
     reach one element (``t.expand(5, 5)[2, 2] = 0`` writes the shared element). Writes
     that would hit one memory location twice are refused by the inplace check first.
+    The strides are PyTorch's (``inferExpandGeometry``): 0 only where a dim is
+    repeated; a new dim of size 1 gets the stride it would have if contiguous.
     """
-    out = get_array_module(x).broadcast_to(x, shape)
-    if isinstance(out, np.ndarray) and not out.flags.writeable and x.flags.writeable:
-        out = np.lib.stride_tricks.as_strided(x, out.shape, out.strides)
-    return out
+    shape = tuple(shape)
+    strides = [0] * len(shape)
+    lead = len(shape) - x.ndim
+    for i in reversed(range(len(shape))):
+        d = i - lead
+        if d >= 0:
+            strides[i] = 0 if x.shape[d] != shape[i] else x.strides[d]
+        else:
+            strides[i] = 0 if shape[i] != 1 else (shape[i + 1] * strides[i + 1] if i + 1 < len(shape) else x.itemsize)
+    return get_array_module(x).lib.stride_tricks.as_strided(x, shape, tuple(strides))
 
 
 class Expand(Function):
