@@ -273,7 +273,7 @@ class Tensor:
         keep.retains_grad = True
         node = self.grad_fn
         _attach_retain_hook(node, keep)
-        _retained[self] = [keep, node]
+        _retained[self] = [keep, weakref.ref(node)]
 
     def register_hook(self, hook):
         """``hook(grad) -> Tensor | None`` runs when this tensor's gradient is computed.
@@ -450,8 +450,9 @@ def _numpy_array(t: Tensor, dtype, copy):
     return arr
 
 
-# Tensors that retain their gradient, with [hook, the node the hook sits on]. Weak: a
-# tensor that is gone retains nothing.
+# Tensors that retain their gradient, with [hook, weak reference to the node the hook
+# sits on]. Weak both ways: a tensor that is gone retains nothing, and an old node is not
+# kept alive for its hook.
 _retained: "weakref.WeakKeyDictionary[Tensor, list]" = weakref.WeakKeyDictionary()
 
 
@@ -479,7 +480,8 @@ def _follow_retained_grads() -> None:
     if not _retained:
         return
     for t, entry in list(_retained.items()):
-        hook, node = entry
+        hook, node_ref = entry
+        node = node_ref() if node_ref is not None else None
         try:
             current = t.grad_fn
         except RuntimeError:
@@ -490,7 +492,7 @@ def _follow_retained_grads() -> None:
             hooks = node.__dict__.get("_pre_hooks")
             if hooks and hook in hooks:
                 hooks.remove(hook)
-        entry[1] = current
+        entry[1] = weakref.ref(current) if current is not None else None
         if current is not None:
             _attach_retain_hook(current, hook)
 
