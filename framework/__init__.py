@@ -9,7 +9,15 @@ from . import backend, memory
 from . import inplace
 from .tensor import Tensor
 from . import autograd
-from .autograd import detect_anomaly, enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .autograd import (
+    detect_anomaly,
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 from .creation import (
     DEFAULT_DTYPE,
     arange,
@@ -38,9 +46,12 @@ from .backend import device, is_cuda_available
 from .ops import (
     abs,
     add,
+    allclose,
     amax,
     argmax,
+    as_strided,
     cat,
+    chunk,
     clamp,
     clone,
     cos,
@@ -55,27 +66,39 @@ from .ops import (
     maximum,
     mean,
     mul,
+    narrow,
     neg,
     permute,
     pow,
     relu,
     reshape,
+    select,
     sigmoid,
     sin,
     softmax,
+    split,
+    split_with_sizes,
     sqrt,
     squeeze,
     stack,
     sub,
     sum,
+    swapaxes,
+    swapdims,
     tanh,
     transpose,
+    unbind,
     unsqueeze,
     var,
     where,
 )
 
 bool = bool_  # noqa: A001  (fw.bool, as torch.bool)
+
+
+def is_inference(t: Tensor):
+    """True for a tensor made inside :class:`inference_mode`."""
+    return t.is_inference()
 
 from . import nn, optim  # noqa: E402  (they build on everything above)
 from . import random  # noqa: E402,F401

@@ -9,10 +9,12 @@ PyTorch's names: ``requires_grad``, ``grad``, ``grad_fn``, ``is_leaf``, ``_versi
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from . import backend, memory
-from .autograd.grad_mode import no_grad, state
+from .autograd.grad_mode import InferenceVersionCounter, no_grad, state
 from .inplace.consumed import ConsumedData
 
 _FLOAT_KINDS = ("f",)
@@ -102,10 +104,13 @@ class Tensor:
         return data
 
     def numpy(self) -> np.ndarray:
-        """The values as a NumPy array (shares memory on the CPU, like PyTorch)."""
+        """The values as a NumPy array (shares memory on the CPU, like PyTorch).
+
+        As in PyTorch, refused for a tensor that requires grad while grad mode is on.
+        """
         data = self._live()
-        if self.requires_grad:
-            raise RuntimeError("Can't call numpy() on a Tensor that requires grad. Use tensor.detach().numpy() instead.")
+        if state.enabled and self.requires_grad:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
         return backend.to_numpy(data)
 
     def item(self):
@@ -134,19 +139,7 @@ class Tensor:
         return int(self.item())
 
     def __array__(self, dtype=None, copy=None):
-        """NumPy 2's protocol: ``np.array(t)`` and ``np.asarray(t, copy=True)`` get a copy,
-        so writing into them cannot reach the tensor (or a parameter behind autograd's
-        back); ``copy=None`` (``np.asarray``) shares memory when no conversion is needed,
-        as NumPy does for its own arrays; ``copy=False`` raises if a copy is needed."""
-        arr = backend.to_numpy(self._live())
-        needs_copy = arr is self._data and copy is True
-        if dtype is not None and np.dtype(dtype) != arr.dtype:
-            if copy is False:
-                raise ValueError(f"converting a {arr.dtype} tensor to {np.dtype(dtype)} needs a copy (copy=False)")
-            return arr.astype(dtype)
-        if copy is False and arr is not self._data:
-            raise ValueError("this tensor is not in host memory: converting it to NumPy needs a copy (copy=False)")
-        return arr.copy() if needs_copy else arr
+        return _numpy_array(self, dtype, copy)
 
     def to(self, device=None, dtype=None) -> "Tensor":
         """A copy on another device and/or dtype (``self`` when nothing changes).
@@ -187,18 +180,28 @@ class Tensor:
     @property
     def grad_fn(self):
         base = self._base
-        if base is not None and self._view_fn is not None and self._view_base_fn is not base._grad_fn:
-            # The base's history changed (an inplace op on it or on another view of it):
-            # replay the view chain on the base to get this view's current history.
-            with _enable_grad_quiet():
-                fresh = self._view_fn(base)
-            self._grad_fn = fresh._grad_fn
-            self._view_base_fn = base._grad_fn
+        if base is not None and self._view_fn is not None:
+            base_fn = base._grad_fn
+            if base_fn is not self._view_base_fn and base_fn is not None:
+                # The base's history changed (an inplace op on it or on another view of
+                # it): replay the view chain on the base to get this view's current
+                # history. (A base detached in place keeps its views' history, as in
+                # PyTorch: detach_ does not write.)
+                with _enable_grad_quiet():
+                    fresh = self._view_fn(base)
+                self._grad_fn = fresh._grad_fn
+                self._view_base_fn = base_fn
         return self._grad_fn
 
     @property
     def requires_grad(self) -> bool:
-        return self._requires_grad or self.grad_fn is not None
+        """True for leaves marked so, tensors with history, and (as in PyTorch) every
+        view of a tensor that requires grad, even one made under ``no_grad``. (A view
+        of an inference tensor is not a view for autograd, as in PyTorch.)"""
+        if self._requires_grad or self._grad_fn is not None:
+            return True
+        base = self._base
+        return base is not None and base.requires_grad and self._vc.__class__ is not InferenceVersionCounter
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
@@ -240,21 +243,31 @@ class Tensor:
 
     @property
     def _version(self) -> int:
-        return self._vc.value
+        vc = self._vc
+        if vc.__class__ is InferenceVersionCounter:
+            raise RuntimeError("Inference tensors do not track version counter.")
+        return vc.value
+
+    def is_inference(self) -> bool:
+        """True for a tensor made inside ``inference_mode()`` (see :class:`framework.inference_mode`)."""
+        return self._vc.__class__ is InferenceVersionCounter
 
     @property
     def retains_grad(self) -> bool:
         return self._retains_grad
 
     def retain_grad(self) -> None:
-        """Keeps the gradient of a non-leaf tensor in ``.grad`` after backward."""
+        """Keeps the gradient of a non-leaf tensor in ``.grad`` after backward.
+
+        As in PyTorch, ``.grad`` is the gradient of the tensor's LATEST value: after an
+        inplace op (on the tensor or through a view of it) the hook follows the tensor
+        to its new history (see :func:`_follow_retained_grads`).
+        """
         if not self.requires_grad:
             raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
         if self.is_leaf or self._retains_grad:
             return
         self._retains_grad = True
-        import weakref  # noqa: PLC0415
-
         ref = weakref.ref(self)
 
         def keep(grad_array):
@@ -268,7 +281,9 @@ class Tensor:
                     t._grad = _wrap(t._grad._data + grad_array)
 
         keep.retains_grad = True
-        self.grad_fn.register_prehook(keep)
+        node = self.grad_fn
+        _attach_retain_hook(node, keep)
+        _retained[self] = [keep, weakref.ref(node)]
 
     def register_hook(self, hook):
         """``hook(grad) -> Tensor | None`` runs when this tensor's gradient is computed.
@@ -289,12 +304,9 @@ class Tensor:
             r = hook(_wrap(grad_array))
             return None if r is None else r._data
 
-        handle = self.grad_fn.register_prehook(on_array)
-        if self._retains_grad:
-            # As in PyTorch, the retain_grad hook runs after every tensor hook, whenever
-            # they were registered, so .grad holds the gradient the hooks produced.
-            hooks = self.grad_fn.__dict__["_pre_hooks"]
-            hooks.sort(key=lambda h: getattr(h, "retains_grad", False))
+        node = self.grad_fn
+        handle = node.register_prehook(on_array)
+        _retain_hook_last(node)
         return handle
 
     def register_post_accumulate_grad_hook(self, hook):
@@ -322,8 +334,17 @@ class Tensor:
         return t
 
     def detach_(self) -> "Tensor":
+        """Removes this tensor's history in place.
+
+        A node that saved this tensor as an INPUT can no longer tell where its gradient
+        goes: as in PyTorch, its backward then raises (see ``SavedTensor.unpack``). A
+        node that saved it as its OUTPUT is unaffected.
+        """
         if self._base is not None:
             raise RuntimeError("Can't detach views in-place. Use detach() instead.")
+        fn = self._grad_fn
+        if fn is not None:
+            fn.__dict__["_output_detached"] = True
         self._grad_fn = None
         self._requires_grad = False
         return self
@@ -338,8 +359,15 @@ class Tensor:
 
     @data.setter
     def data(self, value: "Tensor") -> None:
+        # As in PyTorch: the tensor keeps its version counter, and one that requires grad
+        # only takes data it could compute a gradient for.
         if not isinstance(value, Tensor):
             raise TypeError(f"data must be set to a Tensor, got {type(value).__name__}")
+        if self.requires_grad and not _is_float(value.dtype):
+            raise RuntimeError(
+                "data set to a tensor that requires gradients must be floating point or complex dtype "
+                f"(got {value.dtype})"
+            )
         self._data = value._data
 
     # --- printing --------------------------------------------------------------------
@@ -354,8 +382,9 @@ class Tensor:
             extras.append(f"device='{self.device}'")
         if arr.dtype not in (np.float32, np.int64, np.bool_) or arr.size == 0:
             extras.append(f"dtype={arr.dtype}")
-        if self.grad_fn is not None:
-            extras.append(f"grad_fn=<{self.grad_fn.name()}>")
+        fn = _grad_fn_or_invalid(self)
+        if fn is not None:
+            extras.append(f"grad_fn=<{fn}>")
         elif self._requires_grad:
             extras.append("requires_grad=True")
         return "tensor(" + body + "".join(", " + e for e in extras) + ")"
@@ -398,10 +427,13 @@ def _from_numpy_copy(array, requires_grad):
 
 
 def _wrap(array) -> Tensor:
-    """A new tensor around ``array`` with a fresh version counter and no history."""
+    """A new tensor around ``array`` with a fresh version counter and no history.
+
+    Inside ``inference_mode()`` it is an inference tensor (no version counter).
+    """
     t = object.__new__(Tensor)
     t._data = array
-    t._vc = _VersionCounter()
+    t._vc = InferenceVersionCounter() if state.inference else _VersionCounter()
     t._requires_grad = False
     t._grad_fn = None
     t._grad = None
@@ -412,6 +444,90 @@ def _wrap(array) -> Tensor:
     t._hooks = None
     t._post_acc_hooks = None
     return t
+
+
+def _grad_fn_or_invalid(t):
+    """The name of ``t.grad_fn`` for printing: ``Invalid`` where reading it raises (a view
+    whose history can no longer be rebuilt), as PyTorch prints it; None without history."""
+    try:
+        fn = t.grad_fn
+    except RuntimeError:
+        return "Invalid"
+    return None if fn is None else fn.name()
+
+
+def _numpy_array(t: Tensor, dtype, copy):
+    """``np.array(t)`` / ``np.asarray(t)``: NumPy 2's ``__array__(dtype, copy)`` protocol.
+
+    ``copy=True`` (``np.array``) always returns new memory, so a snapshot never changes
+    when ``t`` is later updated in place. ``copy=None`` (``np.asarray``) shares ``t``'s
+    memory when it can, as ``t.numpy()`` does; where ``t`` requires grad the shared array
+    is read-only, since a write through it would change values autograd relies on
+    without a version bump (PyTorch refuses ``numpy()`` there). ``copy=False`` raises
+    ``ValueError`` when a copy cannot be avoided (another dtype, or memory on a GPU).
+    """
+    data = t._live()
+    on_host = isinstance(data, np.ndarray)
+    convert = dtype is not None and np.dtype(dtype) != data.dtype
+    if copy is False and (convert or not on_host):
+        why = f"to dtype {np.dtype(dtype)}" if convert else f"from {t.device} to host memory"
+        raise ValueError(f"Unable to avoid a copy of the tensor's data ({why}) while creating an array as requested")
+    arr = backend.to_numpy(data)
+    if convert:
+        return arr.astype(dtype)  # a new array
+    if copy:
+        return arr.copy() if on_host else arr  # to_numpy already copied off a GPU
+    if on_host and t.requires_grad:
+        arr = arr.view()
+        arr.flags.writeable = False
+    return arr
+
+
+# Tensors that retain their gradient, with [hook, weak reference to the node the hook
+# sits on]. Weak both ways: a tensor that is gone retains nothing, and an old node is not
+# kept alive for its hook.
+_retained: "weakref.WeakKeyDictionary[Tensor, list]" = weakref.WeakKeyDictionary()
+
+
+def _retain_hook_last(node) -> None:
+    # As in PyTorch, the retain_grad hook runs after every tensor hook, whenever they
+    # were registered, so .grad holds the gradient the hooks produced.
+    hooks = node.__dict__.get("_pre_hooks")
+    if hooks:
+        hooks.sort(key=lambda h: getattr(h, "retains_grad", False))
+
+
+def _attach_retain_hook(node, hook) -> None:
+    node.register_prehook(hook)
+    _retain_hook_last(node)
+
+
+def _follow_retained_grads() -> None:
+    """Moves each retain_grad hook to its tensor's current grad_fn (called by backward).
+
+    An inplace op gives the tensor (or, through a view, its base and its other views)
+    a new grad_fn; PyTorch moves the hook when that happens, so ``.grad`` is the
+    gradient of the latest value. Moving it here, when a backward starts, gives the same
+    result, and costs nothing while no tensor retains its gradient.
+    """
+    if not _retained:
+        return
+    for t, entry in list(_retained.items()):
+        hook, node_ref = entry
+        node = node_ref() if node_ref is not None else None
+        try:
+            current = t.grad_fn
+        except RuntimeError:
+            continue  # a view whose history cannot be rebuilt: using it will raise
+        if current is node:
+            continue
+        if node is not None:
+            hooks = node.__dict__.get("_pre_hooks")
+            if hooks and hook in hooks:
+                hooks.remove(hook)
+        entry[1] = weakref.ref(current) if current is not None else None
+        if current is not None:
+            _attach_retain_hook(current, hook)
 
 
 class _enable_grad_quiet:

@@ -81,6 +81,11 @@ def _accumulate_leaf(leaf, box) -> None:
     """Adds the gradient in ``box`` (a list it pops it from, so that this function's
     local is its only holder) into ``leaf.grad``, runs the leaf's hooks around it."""
     grad = box.pop()
+    if not leaf._requires_grad:
+        # A view made under no_grad of a tensor that requires grad reports
+        # requires_grad=True (PyTorch's rule) but has no history and no accumulator:
+        # like PyTorch, the gradient that reaches it goes nowhere.
+        return
     if leaf._hooks:
         hooked = _run_leaf_hooks(leaf, grad)
         if hooked is not grad:
@@ -149,8 +154,9 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
     gradients are returned (``accumulate=False``, autograd.grad) or accumulated into
     their ``.grad`` only (``backward(inputs=...)``).
     """
-    from ..tensor import Tensor  # noqa: PLC0415
+    from ..tensor import Tensor, _follow_retained_grads  # noqa: PLC0415
 
+    _follow_retained_grads()
     root_nodes = []
     for edge, _ in roots:
         if isinstance(edge, Function) and edge not in root_nodes:

@@ -32,7 +32,8 @@ from .. import inplace as _inplace
 from .. import memory
 from ..callsite import call_site
 from ..inplace.consumed import ConsumedData as _Consumed
-from .grad_mode import state
+from .grad_mode import InferenceVersionCounter, state
+from .view_meta import rebase_message
 
 _FREED = object()
 
@@ -71,10 +72,15 @@ def _describe(array) -> str:
     return f"[{array.dtype} tensor of shape {tuple(array.shape)}]"
 
 
+# Called with every new SavedTensor of a tensor others can write, while
+# autograd.graph.allow_mutation_on_saved_tensors() is active (None otherwise).
+on_save = None
+
+
 class SavedTensor:
     """An array that a node keeps for backward, with the version it had when saved."""
 
-    __slots__ = ("array", "vc", "version", "name")
+    __slots__ = ("array", "vc", "version", "name", "__weakref__")
 
     def __init__(self, array, vc, name):
         self.array = array
@@ -82,11 +88,19 @@ class SavedTensor:
         self.version = vc.value if vc is not None else 0
         self.name = name
         memory.note_saved(array)
+        if on_save is not None and vc is not None:
+            on_save(self)
 
     def unpack(self, node):
         vc = self.vc
-        if vc is not None and vc.value != self.version:
-            raise RuntimeError(_version_error(self, node))
+        if vc is not None:
+            if vc.value != self.version:
+                raise RuntimeError(_version_error(self, node))
+            if self.name != "result" and _input_detached(node, self.name):
+                raise RuntimeError(
+                    "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_()."
+                    "This is not supported, please use out-of-place `.detach()` instead"
+                )
         return self.array
 
     def release(self):
@@ -101,6 +115,19 @@ class SavedTensor:
             self.release()
         except Exception:  # interpreter shutdown: module globals may be gone
             pass
+
+
+def _input_detached(node, name) -> bool:
+    """Whether the input ``name`` of ``node`` was a non-leaf later detached in place:
+    the node can no longer send its gradient anywhere (see ``Tensor.detach_``)."""
+    edges = node.__dict__.get("next")
+    if edges is None:
+        return False
+    for saved_name, idx, _ in type(node)._save_plan:
+        if saved_name == name:
+            edge = edges[idx] if 0 <= idx < len(edges) else None
+            return isinstance(edge, Function) and edge.__dict__.get("_output_detached", False)
+    return False
 
 
 def _version_error(saved: SavedTensor, node) -> str:
@@ -282,28 +309,36 @@ def edge_of(t):
 
 
 def _check_inplace_target(cls, target, grad_on: bool, any_needs: bool = False) -> None:
-    """Raises before the kernel runs, so a refused inplace op changes nothing."""
+    """Raises before the kernel runs, so a refused inplace op changes nothing.
+
+    The rules are PyTorch's (``check_inplace`` and ``handle_view_on_rebase``), with its
+    wording, plus the name of the inplace op.
+    """
     if grad_on:
-        if target._requires_grad and target._grad_fn is None and target._base is None:
-            raise RuntimeError(
-                f"a leaf Variable that requires grad is being used in an in-place operation "
-                f"({cls.inplace_name}). Wrap the update in `with no_grad():` if it is an update "
-                "of the weights, or clone() the tensor first."
-            )
         base = target._base
-        if base is not None:
-            if base._requires_grad and base._grad_fn is None:
+        if base is None:
+            if target._requires_grad and target._grad_fn is None:
+                raise RuntimeError(
+                    f"a leaf Variable that requires grad is being used in an in-place operation "
+                    f"({cls.inplace_name}). Wrap the update in `with no_grad():` if it is an update "
+                    "of the weights, or clone() the tensor first."
+                )
+        elif any_needs or target.requires_grad:
+            # any_needs: the written value may bring history into a base that had none.
+            _check_view_rewrite(cls, target)
+            if base._grad_fn is None and (base._requires_grad or target._requires_grad):
                 raise RuntimeError(
                     f"a view of a leaf Variable that requires grad is being used in an in-place "
                     f"operation ({cls.inplace_name}). Wrap it in `with no_grad():` or clone() first."
                 )
-            # any_needs: the written value may bring history into a base that had none.
-            if target._view_fn is None and (base.requires_grad or any_needs):
-                raise RuntimeError(
-                    f"a view was created in no_grad mode and is being modified in place "
-                    f"({cls.inplace_name}) with grad mode enabled: its history cannot be rewritten. "
-                    "Create the view with grad mode enabled, or modify it under no_grad()."
-                )
+    if target._vc.__class__ is InferenceVersionCounter and not state.inference:
+        raise RuntimeError(
+            "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone "
+            "to get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 "
+            f"for more details. ({cls.inplace_name})"
+        )
+    if before_write is not None:
+        before_write(target)
     data = target._data
     for size, stride in zip(data.shape, data.strides):
         if stride == 0 and size > 1:
@@ -312,6 +347,31 @@ def _check_inplace_target(cls, target, grad_on: bool, any_needs: bool = False) -
                 f"a single memory location ({cls.inplace_name} on an expanded tensor). Please clone() "
                 "the tensor before performing the operation."
             )
+
+
+# Called with the target of every inplace op before it is checked for overlap and
+# written, while autograd.graph.allow_mutation_on_saved_tensors() is active.
+before_write = None
+
+
+def _check_view_rewrite(cls, target) -> None:
+    """Raises where an inplace op may not rewrite the history of the view ``target``:
+    made under no_grad, one of several views an op returned, or made by a custom
+    Function (see ``framework.autograd.view_meta``)."""
+    view_fn = target._view_fn
+    if view_fn is None:
+        creation, marker = "no_grad", None
+    else:
+        creation = getattr(view_fn, "creation", None)
+        if creation is None:
+            return
+        marker = view_fn
+    fn = target._grad_fn
+    name = fn.name() if fn is not None else None
+    nr = 0
+    if marker is not None:
+        name, nr = marker.describe(name)
+    raise RuntimeError(f"{rebase_message(creation, name, nr)} (inplace op: {cls.inplace_name})")
 
 
 def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
@@ -537,6 +597,8 @@ def _compose_view_fn(src, cls, rest, params):
     prev = src._view_fn
     if src._base is not None and prev is None:
         return None  # the source view was made under no_grad: its chain is unknown
+    if getattr(prev, "creation", None) is not None:
+        return prev  # a view of a view that forbids rewriting its history forbids it too
     if prev is None:
         return lambda b: cls.apply(b, *rest, **params)
     return lambda b: cls.apply(prev(b), *rest, **params)
