@@ -16,6 +16,7 @@ import numpy as np
 from . import backend, memory
 from .autograd.grad_mode import InferenceVersionCounter, no_grad, state
 from .inplace.consumed import ConsumedData
+from .inplace.proof import passes_ownership as _hands_over
 
 _FLOAT_KINDS = ("f",)
 
@@ -370,6 +371,189 @@ class Tensor:
             )
         self._data = value._data
 
+    # --- the ops as methods ------------------------------------------------------------
+    # Each method is one line that calls the op in framework.ops (imported at the bottom of
+    # this file: the one place where Tensor and its ops import each other). Methods that
+    # hand ``self`` straight to one op are pass-through frames for policy auto's proof
+    # (``@_hands_over``). Groups follow PyTorch's documentation.
+
+    # pointwise math: a new tensor (policy auto may reuse self's buffer when self is dead)
+    @_hands_over
+    def add(self, other, alpha=1): return _ops.add(self, other, alpha=alpha)
+    @_hands_over
+    def sub(self, other, alpha=1): return _ops.sub(self, other, alpha=alpha)
+    @_hands_over
+    def mul(self, other): return _ops.mul(self, other)
+    @_hands_over
+    def div(self, other): return _ops.div(self, other)
+    @_hands_over
+    def pow(self, exponent): return _ops.pow(self, exponent)
+    @_hands_over
+    def neg(self): return _ops.neg(self)
+    @_hands_over
+    def abs(self): return _ops.abs(self)
+    @_hands_over
+    def exp(self): return _ops.exp(self)
+    @_hands_over
+    def log(self): return _ops.log(self)
+    @_hands_over
+    def sqrt(self): return _ops.sqrt(self)
+    @_hands_over
+    def sin(self): return _ops.sin(self)
+    @_hands_over
+    def cos(self): return _ops.cos(self)
+    @_hands_over
+    def tanh(self): return _ops.tanh(self)
+    @_hands_over
+    def sigmoid(self): return _ops.sigmoid(self)
+    @_hands_over
+    def relu(self): return _ops.relu(self)
+    @_hands_over
+    def leaky_relu(self, negative_slope=0.01): return _ops.leaky_relu(self, negative_slope)
+    @_hands_over
+    def clamp(self, min=None, max=None): return _ops.clamp(self, min, max)  # noqa: A002
+    def maximum(self, other): return _ops.maximum(self, other)
+    def where(self, condition, other): return _ops.where(condition, self, other)
+
+    # inplace pointwise math: self's storage gets the result and its version bumps; the
+    # op refuses (before writing) a leaf that requires grad, or a view of one, with grad on.
+    # Free when backward reads the result or nothing (relu_, exp_, add_); a copy of self
+    # when backward needs the old value (sin_, log_): docs/INPLACE.md, section 4.
+    def add_(self, other, alpha=1): return _ops.add_(self, other, alpha=alpha)
+    def sub_(self, other, alpha=1): return _ops.sub_(self, other, alpha=alpha)
+    def mul_(self, other): return _ops.mul_(self, other)
+    def div_(self, other): return _ops.div_(self, other)
+    def pow_(self, exponent): return _ops.pow_(self, exponent)
+    def neg_(self): return _ops.neg_(self)
+    def abs_(self): return _ops.abs_(self)
+    def exp_(self): return _ops.exp_(self)
+    def log_(self): return _ops.log_(self)
+    def sqrt_(self): return _ops.sqrt_(self)
+    def sin_(self): return _ops.sin_(self)
+    def cos_(self): return _ops.cos_(self)
+    def tanh_(self): return _ops.tanh_(self)
+    def sigmoid_(self): return _ops.sigmoid_(self)
+    def relu_(self): return _ops.relu_(self)
+    def leaky_relu_(self, negative_slope=0.01): return _ops.leaky_relu_(self, negative_slope)
+    def clamp_(self, min=None, max=None): return _ops.clamp_(self, min, max)  # noqa: A002
+    def zero_(self): return _ops.zero_(self)
+    def fill_(self, value): return _ops.fill_(self, value)
+    def copy_(self, src): return _ops.copy_(self, src)
+    def normal_(self, mean=0.0, std=1.0): return _ops.normal_(self, mean, std)
+    def uniform_(self, a=0.0, b=1.0): return _ops.uniform_(self, a, b)
+
+    # reductions
+    def sum(self, dim=None, keepdim=False): return _ops.sum(self, dim, keepdim)
+    def mean(self, dim=None, keepdim=False): return _ops.mean(self, dim, keepdim)
+    def var(self, dim=None, unbiased=True, keepdim=False, correction=None): return _ops.var(self, dim, unbiased, keepdim, correction)
+    def amax(self, dim=None, keepdim=False): return _ops.amax(self, dim, keepdim)
+    def max(self, dim=None, keepdim=False): return _ops.max(self, dim, keepdim)
+    def argmax(self, dim=None, keepdim=False): return _ops.argmax(self, dim, keepdim)
+    def softmax(self, dim=-1): return _ops.softmax(self, dim)
+    def log_softmax(self, dim=-1): return _ops.log_softmax(self, dim)
+
+    # comparisons (no gradient)
+    def eq(self, other): return _ops.eq(self, other)
+    def ne(self, other): return _ops.ne(self, other)
+    def lt(self, other): return _ops.lt(self, other)
+    def le(self, other): return _ops.le(self, other)
+    def gt(self, other): return _ops.gt(self, other)
+    def ge(self, other): return _ops.ge(self, other)
+    def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False): return _ops.allclose(self, other, rtol, atol, equal_nan)
+
+    # linear algebra
+    def matmul(self, other): return _ops.matmul(self, other)
+
+    # Views share self's storage and version counter: an inplace op through a view changes
+    # self (and bumps its version), and an inplace op on a view of a non-leaf rewrites the
+    # base's history (CopySlices). Outputs of unbind/split/chunk refuse inplace while
+    # autograd records, as in PyTorch.
+    def view(self, *shape):
+        """A view with another shape (no copy; raises when the strides do not allow one)."""
+        return _ops.view(self, *shape)
+
+    def view_as(self, other): return _ops.view_as(self, other)
+
+    def reshape(self, *shape):
+        """A view when the strides allow one, otherwise a copy (as in PyTorch)."""
+        return _ops.reshape(self, *shape)
+
+    def reshape_as(self, other): return _ops.reshape_as(self, other)
+    def permute(self, *dims): return _ops.permute(self, *dims)
+    def transpose(self, dim0, dim1): return _ops.transpose(self, dim0, dim1)
+    def swapdims(self, dim0, dim1): return _ops.swapdims(self, dim0, dim1)
+    def swapaxes(self, dim0, dim1): return _ops.swapdims(self, dim0, dim1)
+    def t(self): return _ops.t(self)
+    @property
+    def T(self): return _ops.permute(self, tuple(reversed(range(self.ndim))))
+    @property
+    def mT(self): return _ops._matrix_transpose(self, "mT")
+    @property
+    def mH(self): return _ops._matrix_transpose(self, "mH")  # real dtypes: no conjugate
+    @property
+    def H(self): return _ops._hermitian(self)
+    def unsqueeze(self, dim): return _ops.unsqueeze(self, dim)
+    def squeeze(self, dim=None): return _ops.squeeze(self, dim)
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        """A view when the strides allow one, otherwise a copy; ``self`` itself when there
+        is nothing to flatten (as in PyTorch)."""
+        return _ops.flatten(self, start_dim, end_dim)
+
+    def expand(self, *sizes):
+        """A view repeating size-1 dimensions with stride 0: writing through it, where two
+        elements would share one location, raises."""
+        return _ops.expand(self, *sizes)
+
+    def expand_as(self, other): return _ops.expand_as(self, other)
+    def narrow(self, dim, start, length): return _ops.narrow(self, dim, start, length)
+    def select(self, dim, index): return _ops.select(self, dim, index)
+    def unbind(self, dim=0): return _ops.unbind(self, dim)
+    def split(self, split_size_or_sections, dim=0): return _ops.split(self, split_size_or_sections, dim)
+    def split_with_sizes(self, split_sizes, dim=0): return _ops.split_with_sizes(self, split_sizes, dim)
+    def chunk(self, chunks, dim=0): return _ops.chunk(self, chunks, dim)
+
+    def as_strided(self, size, stride, storage_offset=None):
+        """A view with any size and strides over self's storage (offsets count from the
+        base's start, as in PyTorch)."""
+        return _ops.as_strided(self, size, stride, storage_offset)
+
+    def clone(self): return _ops.clone(self)
+
+    def contiguous(self):
+        """``self`` when it is contiguous, else a contiguous copy."""
+        return _ops.contiguous(self)
+
+    # indexing: a basic index (ints, slices, None, ...) gives a view, an advanced one (lists,
+    # integer or bool tensors) a copy; ``x[i] = v`` writes in place (a version bump).
+    def __getitem__(self, index): return _ops.getitem(self, index)
+    def __setitem__(self, index, value): _ops.setitem(self, index, value)
+
+    # operators
+    __add__ = __radd__ = add
+    __sub__ = sub
+    __mul__ = __rmul__ = mul
+    __truediv__ = div
+    __pow__ = pow
+    __neg__ = neg
+    __abs__ = abs
+    __matmul__ = matmul
+    def __rsub__(self, other): return _ops.rsub(self, other)
+    def __rtruediv__(self, other): return _ops.rdiv(self, other)
+    def __rpow__(self, other): return _ops.rpow(self, other)
+    def __rmatmul__(self, other): return _ops.matmul(other, self)
+    def __iadd__(self, other): return _ops.add_(self, other)
+    def __isub__(self, other): return _ops.sub_(self, other)
+    def __imul__(self, other): return _ops.mul_(self, other)
+    def __itruediv__(self, other): return _ops.div_(self, other)
+    def __ipow__(self, exponent): return _ops.pow_(self, exponent)
+    __eq__ = eq
+    __ne__ = ne
+    __lt__ = lt
+    __le__ = le
+    __gt__ = gt
+    __ge__ = ge
+
     # --- printing --------------------------------------------------------------------
     def __repr__(self) -> str:
         if type(self._data) is ConsumedData:
@@ -544,6 +728,8 @@ class _enable_grad_quiet:
 
 
 from .autograd.function import VersionCounter as _VersionCounter  # noqa: E402
-from . import ops as _ops  # noqa: E402  (ops import Tensor; they attach the op methods)
+# The one import cycle of the framework: ops build on Tensor, and Tensor's methods call
+# the ops. Imported last, when Tensor exists; the methods look ``_ops`` up at call time.
+from . import ops as _ops  # noqa: E402
 
 __all__ = ["Tensor", "no_grad"]

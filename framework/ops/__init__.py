@@ -782,55 +782,24 @@ def ge(x, y):
     return E.Ge.apply(x, y)
 
 
-# --- Tensor methods ------------------------------------------------------------------------
+# --- reflected operators (Tensor.__rsub__, ...): the scalar comes first -------------------
 
-def _install_methods():
-    T = Tensor
-    same_name = (
-        "add sub mul div pow neg abs exp log sqrt sin cos tanh sigmoid relu leaky_relu clamp maximum "
-        "matmul sum mean var amax max argmax softmax log_softmax view reshape permute transpose t "
-        "unsqueeze squeeze flatten expand expand_as narrow clone contiguous eq ne lt le gt ge "
-        "view_as reshape_as swapdims swapaxes select unbind split split_with_sizes chunk as_strided allclose "
-        "add_ sub_ mul_ div_ pow_ neg_ abs_ exp_ log_ sqrt_ sin_ cos_ tanh_ sigmoid_ relu_ "
-        "leaky_relu_ clamp_ zero_ fill_ copy_ normal_ uniform_"
-    ).split()
-    g = globals()
-    for name in same_name:
-        setattr(T, name, g[name])
-    T.where = lambda self, condition, other: where(condition, self, other)
-    T.T = property(lambda self: permute(self, tuple(reversed(range(self.ndim)))))
-    T.mT = property(lambda self: _matrix_transpose(self, "mT"))
-    T.mH = property(lambda self: _matrix_transpose(self, "mH"))  # real dtypes: no conjugate
-    T.H = property(_hermitian)
-    T.__getitem__ = getitem
-    T.__setitem__ = setitem
-    T.__neg__ = neg
-    T.__abs__ = abs
-    # The functions themselves, not wrappers: policy auto sees through these frames.
-    T.__add__ = T.__radd__ = add
-    T.__sub__ = sub
-    T.__rsub__ = lambda self, o: sub(*_reflected(o, self))
-    T.__mul__ = T.__rmul__ = mul
-    T.__truediv__ = div
-    T.__rtruediv__ = lambda self, o: div(*_reflected(o, self)) if isinstance(o, Tensor) else E.Div.apply(*_reflected(o, self if self.dtype.kind == "f" else cast(self, _DEFAULT_FLOAT)))
-    T.__pow__ = lambda self, o: pow(self, o)
-    T.__rpow__ = lambda self, o: E.Pow.apply(*_reflected(o, self))
-    T.__matmul__ = matmul
-    T.__rmatmul__ = lambda self, o: matmul(o, self)
-    T.__iadd__ = lambda self, o: add_(self, o)
-    T.__isub__ = lambda self, o: sub_(self, o)
-    T.__imul__ = lambda self, o: mul_(self, o)
-    T.__itruediv__ = lambda self, o: div_(self, o)
-    T.__ipow__ = lambda self, o: pow_(self, o)
-    T.__eq__ = eq
-    T.__ne__ = ne
-    T.__lt__ = lt
-    T.__le__ = le
-    T.__gt__ = gt
-    T.__ge__ = ge
+def rsub(x, other):
+    """``other - x`` for ``x`` a tensor and ``other`` a tensor or a Python scalar."""
+    return sub(*_reflected(other, x))
 
 
-_install_methods()
+def rdiv(x, other):
+    """``other / x``: true division, so integer tensors divide as the default float."""
+    if isinstance(other, Tensor):
+        return div(*_reflected(other, x))
+    return E.Div.apply(*_reflected(other, x if x.dtype.kind == "f" else cast(x, _DEFAULT_FLOAT)))
+
+
+def rpow(x, other):
+    """``other ** x``."""
+    return E.Pow.apply(*_reflected(other, x))
+
 
 # The entries policy auto sees through: each hands its first argument straight to its op.
 for _entry in (add, sub, mul, div, pow, neg, abs, exp, log, sqrt, sin, cos, tanh, sigmoid, relu,
