@@ -1,4 +1,4 @@
-"""Tests for trainers.logging: run layout, TensorBoard events read back, progress, tables."""
+"""Tests for trainers.logging: run layout, TensorBoard events read back, progress, tables, plots."""
 
 import io
 import os
@@ -68,9 +68,15 @@ def event_files(path):
 def test_module_imports_no_framework_and_defers_heavy_imports():
     import trainers.logging
 
-    code = trainers.logging.__spec__.loader.get_source("trainers.logging")
-    for banned in ("import framework", "from framework", "import models", "from models"):
-        assert banned not in code
+    package = os.path.dirname(trainers.logging.__file__)
+    modules = sorted(f for f in os.listdir(package) if f.endswith(".py"))
+    assert modules == ["__init__.py", "events.py", "plots.py", "progress.py", "tables.py"]
+    for name in modules:
+        with open(os.path.join(package, name), encoding="utf-8") as f:
+            code = f.read()
+        for banned in ("import framework", "from framework", "import models", "from models",
+                       "sys.modules"):
+            assert banned not in code, (name, banned)
     probe = ("import sys, trainers.logging; "
              "print(sorted(m for m in ('framework', 'tensorboardX', 'matplotlib', 'tqdm', "
              "'tensorboard') if m in sys.modules))")
@@ -279,7 +285,7 @@ def test_progress_counts_absolute_steps_when_called_on_logging_steps_only():
     bar = Progress(30, log_every=10, initial=5, file=stream)  # resumed at step 5
     for step in (10, 20, 30):
         bar.update(step, loss=float(step))
-    assert bar._bar.n == 30
+    assert bar.n == 30
     bar.close()
     assert "30/30" in stream.getvalue().split("\r")[-1]
 
@@ -332,11 +338,27 @@ def test_format_summary_with_human_keys():
     ]
 
 
-def test_tensorboardx_is_imported_without_torch_and_torch_still_imports():
-    probe = ("import sys, tempfile, trainers.logging as L; "
-             "L.RunLogger(tempfile.mkdtemp()).close(); "
-             "print('torch' in sys.modules, 'torch' in sys.modules and sys.modules['torch'] is None)")
+def test_logging_leaves_other_imports_alone(tmp_path):
+    # The logger once hid torch from tensorboardX by putting None into sys.modules while
+    # importing it, which made an import of torch in another thread fail meanwhile. A
+    # finder that looks at sys.modules while tensorboardX's modules are being imported
+    # sees whether anything is blocked; an installed torch (a stand-in) still imports.
+    (tmp_path / "torch.py").write_text("MARK = 'stand-in'\n\n\nclass Tensor:\n    pass\n")
+    probe = ("import sys, tempfile\n"
+             "seen = []\n"
+             "class Watch:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.startswith('tensorboardX'):\n"
+             "            seen.append(sys.modules.get('torch', 'absent') is None)\n"
+             "        return None\n"
+             "sys.meta_path.insert(0, Watch())\n"
+             "import trainers.logging as L\n"
+             "with L.RunLogger(tempfile.mkdtemp()) as log:\n"
+             "    log.scalars(0, {'a': 1.0})\n"
+             "import torch\n"
+             "print(len(seen) > 0, any(seen), torch.MARK)\n")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, str(tmp_path)])}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True, cwd=root)
-    assert out.stdout.split() == ["False", "False"]
+                         check=True, cwd=root, env=env)
+    assert out.stdout.split() == ["True", "False", "stand-in"]
