@@ -43,8 +43,8 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(tmp_path, policy):
     code, out1, err1 = train(tmp_path, 1, 64, "--set", f"inplace={policy}")
     assert code == 0, err1
     assert out2.count("TensorBoard logs:") == 1  # only rank 0 prints, logs and saves
-    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np2" / "step_00000010.ckpt"))
-    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np1" / "step_00000010.ckpt"))
+    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np2" / "step_00000010.npz"))
+    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np1" / "step_00000010.npz"))
     assert two["model"].keys() == one["model"].keys()
     for name in one["model"]:
         np.testing.assert_allclose(np.asarray(two["model"][name]), np.asarray(one["model"][name]),
@@ -75,8 +75,8 @@ def test_sync_bn_makes_a_batchnorm_model_match_one_process(tmp_path):
     assert code == 0, err
     code, _, err = train(tmp_path, 1, 64, config=config)
     assert code == 0, err
-    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-on_np2" / "step_00000010.ckpt"))["model"]
-    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-on_np1" / "step_00000010.ckpt"))["model"]
+    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-on_np2" / "step_00000010.npz"))["model"]
+    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-on_np1" / "step_00000010.npz"))["model"]
     for name in one:
         np.testing.assert_allclose(np.asarray(two[name]), np.asarray(one[name]), rtol=1e-4, atol=1e-5, err_msg=name)
 
