@@ -87,17 +87,32 @@ def test_diverging_run_stops_with_the_step_and_exit_3(tmp_path):
 
 def test_compare_inplace_runs_each_policy_into_one_experiment(tmp_path):
     r = run(tmp_path, "compare_inplace.py", "--config", config(tmp_path), "--policies", "off,on,auto",
-            "--set", "logging.timeline=true")
+            "--set", "logging.timeline=true", "--set", "logging.progress=true", "--rounds", "3",
+            "--round-steps", "2")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     header = next(line for line in lines if line.startswith("policy"))
-    for column in ("peak MB", "floor MB", "saved MB", "saved %", "samples/s", "auto ops/step", "final loss",
-                   "eval accuracy"):
+    for column in ("peak MB", "floor MB", "saved MB", "saved %", "samples/s", "spread %", "vs off", "auto ops/step",
+                   "auto MB/step", "final loss", "eval accuracy"):
         assert column in header
-    assert any(line.startswith("off ") for line in lines) and any(line.startswith("on ") for line in lines)
+    rows = {line.split()[0]: line for line in lines[lines.index(header) + 2:][:3]}
+    assert set(rows) == {"off", "on", "auto"}
+    assert "median of 3 rounds of 2 steps" in r.stdout
     experiment = tmp_path / "runs" / "cli"
-    assert any(line.startswith("auto ") for line in lines)
     assert sorted(os.listdir(experiment)) == ["compare.png", "inplace-auto_np1", "inplace-off_np1", "inplace-on_np1"]
+    # Each progress display names its policy (not a terminal here: one line per run at the end).
+    progress = [line.split()[0] for line in r.stderr.splitlines() if "/4" in line and "loss=" in line]
+    assert progress == ["off", "on", "auto"]
+
+
+def test_compare_prints_only_the_columns_of_the_policies_it_ran(tmp_path):
+    r = run(tmp_path, "compare_inplace.py", "--config", config(tmp_path), "--policies", "off,on+abn",
+            "--set", "logging.run_name=fixed", "--rounds", "2", "--round-steps", "1")
+    assert r.returncode == 0, r.stderr
+    header = next(line for line in r.stdout.splitlines() if line.startswith("policy"))
+    assert "auto" not in header and "vs off" in header
+    assert sorted(os.listdir(tmp_path / "runs" / "cli")) == ["compare.png", "inplace-off_np1",
+                                                            "inplace-on_np1_inplace_abn"]
 
 
 def test_compare_rejects_unknown_policy(tmp_path):

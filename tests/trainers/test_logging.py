@@ -17,8 +17,11 @@ from trainers.logging import (
     default_run_name,
     format_summary,
     format_value,
+    plot_comparison,
+    plot_timeline,
     read_scalars,
     run_dir,
+    timeline_positions,
 )
 
 pytest.importorskip("tensorboard")
@@ -90,6 +93,8 @@ def test_run_names_and_layout(tmp_path):
     assert default_run_name("on", 1) == "inplace-on_np1"
     assert default_run_name("off", 2) == "inplace-off_np2"
     assert default_run_name("on", 1, "inplace_abn") == "inplace-on_np1_inplace_abn"
+    assert default_run_name("on", 2, None, "compiled") == "inplace-on_np2_compiled"
+    assert default_run_name("off", 1, "inplace_abn", "compiled") == "inplace-off_np1_inplace_abn_compiled"
     assert run_dir(tmp_path, "mlp", "inplace-on_np1") == os.path.join(
         str(tmp_path), "mlp", "inplace-on_np1")
     for bad in ("", "..", "a/b"):
@@ -181,6 +186,21 @@ def test_flush_makes_events_readable_while_open(tmp_path):
     log.scalars(20, {"train/loss": 1.0})  # after close: a no-op, not an error
 
 
+def test_flush_writes_every_queued_event_and_logging_goes_on(tmp_path):
+    # tensorboardX's FileWriter.flush() leaves events queued for its writer thread;
+    # RunLogger.flush() must not: a run killed right after it keeps every point.
+    path = str(tmp_path / "run")
+    log = RunLogger(path, flush_secs=3600)
+    for step in range(300):
+        log.scalars(step, {"train/loss": float(step), "memory/peak_mb": 1.0})
+    log.flush()
+    assert [s for s, _ in read_scalars(path)["train/loss"]] == list(range(300))
+    log.scalars(300, {"train/loss": 3.0})
+    log.close()
+    assert read_scalars(path)["train/loss"][-1] == (300, 3.0)
+    assert len(event_files(path)) == 2  # a flush closes the file; the next event opens one
+
+
 def test_disabled_logger_creates_nothing(tmp_path):
     path = tmp_path / "exp" / "run"
     with RunLogger(path, enabled=False) as log:
@@ -252,6 +272,43 @@ def test_timeline_figure_from_framework_record_timeline(tmp_path):
     assert os.path.getsize(tmp_path / "r" / "timeline.png") > 1000
 
 
+def test_timeline_positions_do_not_depend_on_time():
+    tl = synthetic_timeline()
+    x, mb, phases = timeline_positions(tl)
+    assert phases == ["forward", "backward", "optimizer"]
+    # The baseline counts as the first phase's; each phase spreads its events over one unit.
+    assert x == [0.0, 0.25, 0.5, 0.75, 1.0, 1 + 1 / 3, 1 + 2 / 3, 2.0, 2.5]
+    assert mb == [e[1] / MB for e in tl["events"]]
+    slow = {"events": [(t * 2.7 + (0.01 if i % 2 else 0.0), *rest) for i, (t, *rest) in enumerate(tl["events"])],
+            "marks": [(t * 2.7, p) for t, p in tl["marks"]]}
+    assert timeline_positions(slow) == (x, mb, phases)  # a slower step draws the same curve
+    assert timeline_positions({"events": [], "marks": []}) == ([], [], [""])
+
+
+def test_timeline_figure_is_drawn_against_the_position_in_the_step():
+    fig = plot_timeline(synthetic_timeline(), floor_bytes=6 * MB)
+    ax = fig.axes[0]
+    assert ax.get_xlim() == (0.0, 3.0)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["forward", "backward", "optimizer"]
+    assert "position in the step" in ax.get_xlabel()
+
+
+def test_comparison_figure_labels_peak_and_floor_and_shows_every_round():
+    tl = synthetic_timeline()
+    runs = [{"name": "off", "peak_mb": 12.0, "floor_mb": 11.9, "samples_per_sec": [100, 120, 90], "timeline": tl},
+            {"name": "on", "peak_mb": 10.0, "floor_mb": 9.5, "samples_per_sec": [95, 130, 99], "timeline": tl}]
+    fig = plot_comparison(runs, title="t")
+    memory_ax, speed_ax, timeline_ax = fig.axes
+    labels = [t.get_text() for t in memory_ax.texts]
+    assert labels == ["12.0", "10.0", "11.9", "9.5"]  # every bar labelled: a floor next to its peak
+    floors = [p for p in memory_ax.patches if p.get_hatch()]
+    assert [round(p.get_height(), 1) for p in floors] == [11.9, 9.5]
+    dots = [line for line in speed_ax.lines if line.get_marker() == "o"]
+    assert [list(line.get_ydata()) for line in dots] == [[100, 120, 90], [95, 130, 99]]
+    assert len(timeline_ax.lines) == 2 and timeline_ax.get_xlim() == (0.0, 3.0)
+    fig.savefig(io.BytesIO(), format="png")
+
+
 # ------------------------------------------------------------------------ progress
 
 
@@ -278,6 +335,33 @@ def test_progress_on_a_non_tty_stream():
     assert out.count("\r") <= 3
     with pytest.raises(ValueError, match="log_every"):
         Progress(10, log_every=0, file=stream)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_progress_prints_a_line_every_interval_when_not_a_terminal():
+    # Under mpiexec rank 0 writes to a pipe: a redrawn bar would show nothing until the end.
+    stream, clock = io.StringIO(), FakeClock()
+    bar = Progress(1000, log_every=10, file=stream, desc="on+abn", interval=5.0, clock=clock)
+    for step in range(10, 1001, 10):
+        clock.now = step * 0.1  # 1 s per 10 steps
+        bar.update(step, loss=1.0 / step, samples_per_sec=320.0, peak_mb=55.04)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue()
+    assert [line.split()[1] for line in lines] == [f"{s}/1000" for s in range(50, 1001, 50)]
+    assert lines[0] == "on+abn  50/1000  loss=0.02  samples/s=320.0  peak_mb=55.0"
+    # A run that stops between lines still ends with its last state.
+    stream, clock = io.StringIO(), FakeClock()
+    with Progress(100, file=stream, interval=5.0, clock=clock) as bar:
+        bar.update(30, loss=0.5)
+    assert stream.getvalue().splitlines() == ["train  30/100  loss=0.5"]
 
 
 def test_progress_counts_absolute_steps_when_called_on_logging_steps_only():

@@ -168,16 +168,19 @@ def plot_comparison(runs: Sequence[Mapping[str, Any]], title: str | None = None)
 
     ax = fig.add_subplot(grid[1, :])
     phases: list[str] = []
+    styles = itertools.cycle(["-", "--", ":", "-."])  # identical curves stay visible
     for r in runs:
         if r.get("timeline") is None:
             continue
         x, mb, run_phases = timeline_positions(r["timeline"])
         if x:
             phases = phases or run_phases
-            ax.step(x + [len(run_phases)], mb + [mb[-1]], where="post", label=r["name"])
+            ax.step(x + [len(run_phases)], mb + [mb[-1]], where="post", ls=next(styles), lw=1.4,
+                    label=r["name"])
     if phases:
         _shade_phases(ax, phases)
-        ax.legend(fontsize=8)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8, loc="lower right")
     ax.set_xlabel(_POSITION_LABEL)
     ax.set_ylabel("allocated MB")
     ax.set_title("memory timeline of one training step")
