@@ -131,8 +131,10 @@ SCHEMA: dict[str, Any] = {
     },
     "logging": {
         "logdir":   Field("str", "runs", "Root folder of TensorBoard logs"),
-        "run_name": Field("str?", None, "Run folder name; null = derived from the inplace policy and world size"),
-        "progress": Field("bool", True, "Show a tqdm progress bar (rank 0)"),
+        "run_name": Field("str?", None, "Run folder name; null = derived from the inplace policy, the number of "
+                          "processes and whether the model uses InPlace-ABN (`inplace-on_np1_inplace_abn`)"),
+        "progress": Field("bool", True, "Show progress on rank 0: a tqdm bar on a terminal, else a line every "
+                          "few seconds"),
         "timeline": Field("bool", True, "Log a memory-timeline figure of one training step"),
     },
     "checkpoint": {

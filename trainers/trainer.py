@@ -36,7 +36,7 @@ from .logging import MB, Progress, RunLogger, default_run_name, format_summary, 
 
 
 class TrainingError(Exception):
-    """A run that cannot go on (a non-finite loss, a checkpoint of another config)."""
+    """A run that cannot go on: its loss stopped being finite (exit status 3)."""
 
 
 @dataclass

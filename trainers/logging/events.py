@@ -9,18 +9,26 @@ into its own directory, so ``tensorboard --logdir <logdir>/<experiment>`` overla
 runs of one experiment. Only rank 0 logs: other ranks build ``RunLogger(path,
 enabled=False)``, whose methods are no-ops that import nothing and create no files.
 
-Events go through ``tensorboardX.FileWriter.add_summary``; the summaries are built by
-``tensorboardX.summary`` (``scalar``, ``text``, ``image``, ``hparams``), the builders
-``SummaryWriter.add_*`` use. One log point is one event that holds every tag's value:
-TensorBoard reads it exactly as one ``add_scalar`` per tag, and it costs one pass
-through the writer's queue instead of fourteen (``benchmarks/bench_logging.py``:
-about 0.1 ms per log point against 0.55 ms for fourteen ``add_scalar`` calls).
+Events are written synchronously, in the training thread, by ``tensorboardX.RecordWriter``
+(exported by tensorboardX for writing an event file record by record); the summaries
+come from ``tensorboardX.summary`` (``text``, ``image``, ``hparams``; scalars are
+``Summary.Value`` records under the tag ``summary.scalar`` makes of the name). One log
+point is one event holding every tag's value: TensorBoard reads it exactly as one
+``add_scalar`` per tag.
 
-``FileWriter.flush()`` does not wait for the events still queued for its writer thread;
-``close()`` does. So :meth:`RunLogger.flush` closes the event file, and the next event
-opens a new one in the same directory: after ``flush()`` every event logged so far is
-in the file (the trainer flushes before each checkpoint, so a run killed after a
-checkpoint has lost no point logged before it).
+Why not ``SummaryWriter`` or ``FileWriter``: they hand every event to a writer thread
+through a ``multiprocessing.Queue`` (a feeder thread pickles it into a pipe, the writer
+thread unpickles it), and those threads take the GIL from the training loop at every
+event. ``benchmarks/bench_logging.py`` measured it on a loop of 0.5 ms steps with a log
+point of 14 tags every 10 steps (docs/BENCHMARKS.md, "Logging overhead"; the loop's time
+against no logging, medians of 20 interleaved rounds, four runs on a busy 2-core VM):
+``RunLogger`` 1.04-1.09 (0.2-0.6 ms more per log point), ``FileWriter.add_summary`` with
+the same one event per log point 1.11-1.16 (0.5-1.1 ms), ``SummaryWriter.add_scalar`` per
+tag 1.13-1.31 (0.8-1.6 ms); ``RunLogger.scalars`` itself takes 70-90 us per call.
+``FileWriter.flush()`` also returns before the queued events reach the file, whereas
+:meth:`RunLogger.flush` writes and fsyncs every event logged so far; the trainer calls it
+before each checkpoint, so a run killed after a checkpoint has lost no point logged
+before it.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import itertools
 import math
 import numbers
 import os
+import socket
 import time
 import warnings
 from typing import Any, Iterable, Mapping
@@ -102,7 +111,7 @@ class RunLogger:
     Args:
         run_dir: The run's directory, created if missing.
         enabled: False on ranks other than 0: nothing is imported or created.
-        flush_secs: Longest time an event waits in the writer before it reaches the file
+        flush_secs: Longest time an event waits in the file buffer before it is written
             (TensorBoard shows it after that); :meth:`flush` writes at once.
         purge_step: A run restarted in the same directory at this step: TensorBoard hides
             the events of the earlier attempt at steps >= ``purge_step`` (a
@@ -115,14 +124,19 @@ class RunLogger:
                  flush_secs: float = 10.0, purge_step: int | None = None):
         self.run_dir = os.fspath(run_dir)
         self.enabled = bool(enabled)
-        self._writer = None  # the open tensorboardX.FileWriter, or None between files
-        self._closed = not self.enabled
+        self._file = None  # the tensorboardX.RecordWriter of the event file, while open
         self._flush_secs = flush_secs
         self._warned_nonfinite = False
         self._last: dict[str, float] = {}  # tag -> last value written by scalars()
         self._last_step: int | None = None
+        self._tags: dict[str, str] = {}  # tag as given -> tag as tensorboardX cleans it
         if not self.enabled:
             return
+        from tensorboardX import RecordWriter  # noqa: PLC0415
+        from tensorboardX.proto.event_pb2 import Event, SessionLog  # noqa: PLC0415
+        from tensorboardX.proto.summary_pb2 import Summary  # noqa: PLC0415
+
+        self._event_cls, self._summary_cls = Event, Summary
         os.makedirs(self.run_dir, exist_ok=True)
         earlier = [f for f in os.listdir(self.run_dir) if _EVENT_FILE_MARKER in f]
         if earlier and purge_step is None:
@@ -132,30 +146,36 @@ class RunLogger:
                 "directory, or pass purge_step= when resuming.",
                 RuntimeWarning, stacklevel=2,
             )
-        if purge_step is None:
-            self._file_writer()
-        else:
-            from tensorboardX.proto.event_pb2 import Event, SessionLog  # noqa: PLC0415
+        # TensorBoard reads a run's event files in name order. After the usual
+        # "events.out.tfevents.<unix seconds>.<host>", nanoseconds order the files opened
+        # within one second by creation (also across processes: a resumed run's purge
+        # must come after the run it purges); pid and a counter keep them apart.
+        name = (f"events{_EVENT_FILE_MARKER}{int(time.time()):010d}.{socket.gethostname()}"
+                f".{time.time_ns():020d}.{os.getpid()}.{next(_writer_ids)}")
+        self._file = RecordWriter(os.path.join(self.run_dir, name))
+        self._next_flush = time.monotonic() + flush_secs
+        self._write(Event(file_version="brain.Event:2"), None)
+        if purge_step is not None:
+            self._write(Event(session_log=SessionLog(status=SessionLog.START)), purge_step)
 
-            self._file_writer().add_event(
-                Event(session_log=SessionLog(status=SessionLog.START)), step=int(purge_step))
-
-    def _file_writer(self):
-        """The open event file's writer; opens a new file after :meth:`flush`."""
-        if self._writer is None:
-            from tensorboardX import FileWriter  # noqa: PLC0415
-
-            # The file is "<dir>/events.out.tfevents.<unix seconds>.<host><suffix>", and
-            # TensorBoard reads a run's files in name order: the suffix orders files opened
-            # within one second by creation (nanoseconds, also across processes: a resumed
-            # run's purge must come after the run it purges) and keeps them apart.
-            suffix = f".{time.time_ns():020d}.{os.getpid()}.{next(_writer_ids)}"
-            self._writer = FileWriter(self.run_dir, flush_secs=self._flush_secs,
-                                      filename_suffix=suffix)
-        return self._writer
+    def _write(self, event, step: int | None) -> None:
+        event.wall_time = time.time()
+        if step is not None:
+            event.step = int(step)
+        self._file.write(event.SerializeToString())
+        if time.monotonic() >= self._next_flush:
+            self.flush()
 
     def _add(self, summary, step: int | None) -> None:
-        self._file_writer().add_summary(summary, global_step=step)
+        self._write(self._event_cls(summary=summary), step)
+
+    def _tag(self, tag: str) -> str:
+        clean = self._tags.get(tag)
+        if clean is None:
+            from tensorboardX.summary import scalar  # noqa: PLC0415
+
+            clean = self._tags[tag] = scalar(tag, 0.0).value[0].tag
+        return clean
 
     # ---- scalars
 
@@ -183,29 +203,26 @@ class RunLogger:
         All values of one call go into one event (what ``add_scalar`` would write tag by
         tag; TensorBoard reads them the same way, at a fraction of the cost).
         """
-        if self._closed:
+        if self._file is None:
             return
-        from tensorboardX.proto.summary_pb2 import Summary  # noqa: PLC0415
-        from tensorboardX.summary import scalar  # noqa: PLC0415
-
         values = []
         for tag, value in metrics.items():
             value = self._finite(step, tag, value)
             if value is not None:
-                entry = scalar(tag, value).value[0]  # the builder also cleans the tag
-                values.append(entry)
-                self._last[entry.tag] = value
+                clean = self._tag(tag)
+                values.append(self._summary_cls.Value(tag=clean, simple_value=value))
+                self._last[clean] = value
         step = int(step)
         if self._last_step is None or step > self._last_step:
             self._last_step = step
         if values:
-            self._add(Summary(value=values), step)
+            self._add(self._summary_cls(value=values), step)
 
     # ---- text
 
     def config_text(self, config_yaml: str, step: int = 0) -> None:
         """Logs the resolved config as text (tag ``config``) and writes ``config.yaml``."""
-        if self._closed:
+        if self._file is None:
             return
         from tensorboardX.summary import text  # noqa: PLC0415
 
@@ -230,7 +247,7 @@ class RunLogger:
         Returns:
             The path of ``timeline.png``, or None when disabled.
         """
-        if self._closed:
+        if self._file is None:
             return None
         import numpy as np  # noqa: PLC0415
         from tensorboardX.summary import image  # noqa: PLC0415
@@ -253,7 +270,7 @@ class RunLogger:
         ``SummaryWriter.add_hparams`` writes into a new run ``<run>/<name>`` (``name``
         defaults to ``time.time()``): an extra run in the dashboard, whose hparams row is
         not the run that holds the curves. The three summaries of
-        ``tensorboardX.summary.hparams`` are written here into the run's own directory
+        ``tensorboardX.summary.hparams`` are written here into the run's own event file
         instead; TensorBoard then shows this run as the hparams session and reads each
         metric from this run's scalar series of that tag.
 
@@ -266,10 +283,9 @@ class RunLogger:
                 :meth:`scalars` already wrote is shown with that series' latest value.
             step: Step of the metric scalars; defaults to the last step logged.
         """
-        if self._closed:
+        if self._file is None:
             return
         from tensorboardX.summary import hparams as hparams_summaries  # noqa: PLC0415
-        from tensorboardX.summary import scalar  # noqa: PLC0415
 
         hp = {str(k): _hparam_value(v) for k, v in hparams.items()}
         if step is None:
@@ -278,7 +294,7 @@ class RunLogger:
         for tag, value in metrics.items():
             value = self._finite(step, tag, value)
             if value is not None:
-                values[scalar(tag, 0.0).value[0].tag] = value
+                values[self._tag(tag)] = value
         for summary in hparams_summaries(hp, values):
             self._add(summary, None)
         new = {tag: v for tag, v in values.items() if tag not in self._last}
@@ -296,15 +312,17 @@ class RunLogger:
     # ---- lifetime
 
     def flush(self) -> None:
-        """Writes every event logged so far to the file (see the module docstring)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Writes every event logged so far to the file and fsyncs it."""
+        if self._file is not None:
+            self._file.flush()
+            self._next_flush = time.monotonic() + self._flush_secs
 
     def close(self) -> None:
         """Flushes and closes the event file; later calls are no-ops."""
-        self.flush()
-        self._closed = True
+        if self._file is not None:
+            self.flush()
+            self._file.close()
+            self._file = None
 
     def __enter__(self) -> "RunLogger":
         return self

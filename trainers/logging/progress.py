@@ -87,7 +87,8 @@ class Progress:
             last["samples/s"] = samples_per_sec
         if peak_mb is not None:
             last["peak_mb"] = peak_mb
-        last.update((k, v) for k, v in extra.items() if v is not None)
+        if extra:
+            last.update((k, v) for k, v in extra.items() if v is not None)
         done = self.total is not None and step >= self.total
         if self._bar is not None:
             if step - self._shown >= self.log_every or done:
