@@ -379,7 +379,8 @@ class Trainer:
         (exit 2) instead of a traceback from the first step. Eval mode updates no
         running statistics and draws no dropout masks, so training is unchanged.
         """
-        x, y = self._to_tensors(self.train_set.x[:1], self.train_set.y[:1])
+        # Copies: a tensor of a view would hold (and count) the whole data set's buffer.
+        x, y = self._to_tensors(self.train_set.x[:1].copy(), self.train_set.y[:1].copy())
         self.model.eval()
         try:
             with fw.no_grad():
