@@ -165,7 +165,7 @@ def test_resume_refuses_a_crafted_pickle_and_runs_nothing(tmp_path):
 
 def test_resume_refuses_truncated_and_corrupted_checkpoints(tmp_path):
     assert run(tmp_path, "train.py", "--config", config(tmp_path)).returncode == 0
-    good = tmp_path / "checkpoints" / "cli" / "inplace-on_np1" / "step_00000004.npz"
+    (good,) = (tmp_path / "checkpoints" / "cli").glob("*/step_00000004.npz")
     data = good.read_bytes()
     cut = tmp_path / "cut.npz"
     cut.write_bytes(data[: len(data) // 3])

@@ -58,6 +58,17 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(tmp_path, policy):
     assert sorted(os.listdir(tmp_path / "runs" / "dp")) == sorted([f"inplace-{policy}_np1", f"inplace-{policy}_np2"])
 
 
+def test_progress_under_mpiexec_is_printed_as_lines_by_rank_0(tmp_path):
+    # Rank 0's output reaches the terminal through mpiexec's pipe: a redrawn bar would
+    # show nothing until the end, so it prints lines (here only the last: a short run).
+    code, out, err = train(tmp_path, 2, 32, "--set", "logging.progress=true", "--set", "inplace=on")
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("train")]
+    assert len(lines) == 1 and lines[0].split()[1] == "10/10", err
+    assert "loss=" in lines[0] and "samples/s=" in lines[0] and "peak_mb=" in lines[0]
+    assert "\r" not in err
+
+
 def test_a_diverging_run_stops_every_rank_with_one_message(tmp_path):
     code, out, err = train(tmp_path, 2, 32, "--set", "optim.lr=1e12", "--set", "train.max_steps=60",
                            "--set", "train.epochs=3")

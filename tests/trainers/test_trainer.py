@@ -235,15 +235,15 @@ def test_a_resumed_run_shows_every_point_once_with_the_values_of_an_unbroken_run
 
 
 def test_resuming_a_finished_run_trains_logs_and_saves_nothing(tmp_path):
-    Trainer(tiny_config(tmp_path)).fit()
+    Trainer(tiny_config(tmp_path, "inplace=on")).fit()
     run = tmp_path / "runs" / "tiny" / "inplace-on_np1"
     ckpt_dir = tmp_path / "ckpt" / "tiny" / "inplace-on_np1"
     before = {p: p.read_bytes() for p in list(run.iterdir()) + list(ckpt_dir.iterdir())}
-    again = Trainer(tiny_config(tmp_path), resume=True)
+    again = Trainer(tiny_config(tmp_path, "inplace=on"), resume=True)
     assert again.finished and again.step == 8
     assert again.fit() is None
     assert {p: p.read_bytes() for p in list(run.iterdir()) + list(ckpt_dir.iterdir())} == before
-    longer = Trainer(tiny_config(tmp_path, "train.max_steps=10"), resume=True)
+    longer = Trainer(tiny_config(tmp_path, "inplace=on", "train.max_steps=10"), resume=True)
     assert not longer.finished and longer.fit().steps == 10
     # Its config differs (max_steps), so it is logged again, at the first step it trained.
     assert [e.step for e in accumulator(str(run)).Tensors("config/text_summary")] == [0, 9]
