@@ -54,3 +54,16 @@ def positive_int(what: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
     return value
+
+
+def positive_ints(what: str, value) -> tuple[int, ...]:
+    """A positive int or a list of them, as a tuple; an error shows the whole value.
+
+    (A string is refused as a whole: iterated, ``"foo"`` would be reported as ``'f'``.)
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        raise ValueError(f"{what} must be a positive integer or a list of them (e.g. [64, 64]), got {value!r}")
+    return tuple(value)

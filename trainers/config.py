@@ -103,7 +103,10 @@ SCHEMA: dict[str, Any] = {
     },
     "model": {
         "name": Field("str", "mlp", "Model name in the model registry (`models.build_model` checks it)"),
-        "args": Field("dict", {}, "Keyword arguments of the model constructor (free-form; checked by the model)"),
+        "args": Field("dict", {}, "Keyword arguments of the model constructor (free-form; checked by the model). "
+                      "Merged key by key over a base file's while the model stays the same; replaced (by this "
+                      "file's or override's own `model.args`, or none) where a file or `--set` names another "
+                      "`model.name`"),
     },
     "optim": {
         "name":         Field("str", "sgd", "Optimizer", choices=("sgd", "adam", "adamw")),
@@ -131,8 +134,10 @@ SCHEMA: dict[str, Any] = {
     },
     "logging": {
         "logdir":   Field("str", "runs", "Root folder of TensorBoard logs"),
-        "run_name": Field("str?", None, "Run folder name; null = derived from the inplace policy and world size"),
-        "progress": Field("bool", True, "Show a tqdm progress bar (rank 0)"),
+        "run_name": Field("str?", None, "Run folder name; null = derived from the inplace policy, the number of "
+                          "processes and whether the model uses InPlace-ABN (`inplace-on_np1_inplace_abn`)"),
+        "progress": Field("bool", True, "Show progress on rank 0: a tqdm bar on a terminal, else a line every "
+                          "few seconds"),
         "timeline": Field("bool", True, "Log a memory-timeline figure of one training step"),
     },
     "checkpoint": {
@@ -393,6 +398,22 @@ def _merge(base: dict, child: Mapping) -> dict:
     return out
 
 
+def _merge_config(base: dict, child: Mapping) -> dict:
+    """Deep-merges a config tree over its base, as :func:`_merge`, except for ``model.args``.
+
+    The arguments belong to the model they were written for: when ``child`` names a
+    different ``model.name`` than ``base`` (or the default), its own ``model.args`` (or
+    none) replace the base's instead of merging with them, as Hydra's config groups and
+    detectron2's ``_BASE_`` users expect when they swap the model.
+    """
+    merged = _merge(base, child)
+    child_model = child.get("model", {})
+    base_name = base.get("model", {}).get("name", SCHEMA["model"]["name"].default)
+    if "name" in child_model and child_model["name"] != base_name:
+        merged["model"]["args"] = copy.deepcopy(child_model.get("args", {}))
+    return merged
+
+
 def _fill_defaults(tree: Mapping[str, Any], node: Mapping[str, Any]) -> dict:
     out = {}
     for key, sub in node.items():
@@ -506,9 +527,11 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
 
     Args:
         path: The YAML file. It may name ``base: other.yaml`` (relative to itself); the
-            file is deep-merged over its base (mappings merge, lists replace).
+            file is deep-merged over its base (mappings merge, lists replace; ``model.args``
+            is replaced when the file names another ``model.name``, see :func:`_merge_config`).
         overrides: ``"dotted.key=value"`` strings; values are parsed as YAML
-            (``true``, ``1e-3``, ``[64, 64]``, ``null``).
+            (``true``, ``1e-3``, ``[64, 64]``, ``null``). They are merged together, then
+            over the file, by the same rule (so their order does not matter).
 
     Returns:
         The complete, validated ``Config``.
@@ -517,9 +540,10 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         ConfigError: With a one-line message naming the key and the file or override.
     """
     tree = _load_file(os.fspath(path), chain=())
+    override_tree: dict = {}
     for text in overrides:
-        tree = _merge(tree, _parse_override(text))
-    return Config(_fill_defaults(tree, SCHEMA))
+        override_tree = _merge(override_tree, _parse_override(text))
+    return Config(_fill_defaults(_merge_config(tree, override_tree), SCHEMA))
 
 
 def _load_file(path: str, chain: tuple[tuple[str, str], ...], named_by: str | None = None) -> dict:
@@ -556,7 +580,7 @@ def _load_file(path: str, chain: tuple[tuple[str, str], ...], named_by: str | No
         raise ConfigError(f"base in {path} must be a path to another YAML file, got {_show(base)}")
     base_path = os.path.normpath(os.path.join(os.path.dirname(path), os.path.expanduser(base)))
     parent = _load_file(base_path, chain + ((real, path),), named_by=path)
-    return _merge(parent, tree)
+    return _merge_config(parent, tree)
 
 
 def _parse_override(text: str) -> dict:

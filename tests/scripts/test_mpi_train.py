@@ -43,8 +43,8 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(tmp_path, policy):
     code, out1, err1 = train(tmp_path, 1, 64, "--set", f"inplace={policy}")
     assert code == 0, err1
     assert out2.count("TensorBoard logs:") == 1  # only rank 0 prints, logs and saves
-    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np2" / "step_00000010.ckpt"))
-    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np1" / "step_00000010.ckpt"))
+    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np2" / "step_00000010.npz"))
+    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np1" / "step_00000010.npz"))
     assert two["model"].keys() == one["model"].keys()
     for name in one["model"]:
         np.testing.assert_allclose(np.asarray(two["model"][name]), np.asarray(one["model"][name]),
@@ -56,6 +56,17 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(tmp_path, policy):
     one_loss = read_scalars(str(tmp_path / "runs" / "dp" / f"inplace-{policy}_np1"))["train/loss"]
     np.testing.assert_allclose([v for _, v in scalars["train/loss"]], [v for _, v in one_loss], rtol=1e-5)
     assert sorted(os.listdir(tmp_path / "runs" / "dp")) == sorted([f"inplace-{policy}_np1", f"inplace-{policy}_np2"])
+
+
+def test_progress_under_mpiexec_is_printed_as_lines_by_rank_0(tmp_path):
+    # Rank 0's output reaches the terminal through mpiexec's pipe: a redrawn bar would
+    # show nothing until the end, so it prints lines (here only the last: a short run).
+    code, out, err = train(tmp_path, 2, 32, "--set", "logging.progress=true", "--set", "inplace=on")
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("train")]
+    assert len(lines) == 1 and lines[0].split()[1] == "10/10", err
+    assert "loss=" in lines[0] and "samples/s=" in lines[0] and "peak_mb=" in lines[0]
+    assert "\r" not in err
 
 
 def test_a_diverging_run_stops_every_rank_with_one_message(tmp_path):
@@ -75,8 +86,8 @@ def test_sync_bn_makes_a_batchnorm_model_match_one_process(tmp_path):
     assert code == 0, err
     code, _, err = train(tmp_path, 1, 64, config=config)
     assert code == 0, err
-    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np2" / "step_00000010.ckpt"))["model"]
-    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np1" / "step_00000010.ckpt"))["model"]
+    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np2" / "step_00000010.npz"))["model"]
+    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np1" / "step_00000010.npz"))["model"]
     for name in one:
         np.testing.assert_allclose(np.asarray(two[name]), np.asarray(one[name]), rtol=1e-4, atol=1e-5, err_msg=name)
 

@@ -1,7 +1,7 @@
 """Every inplace rule of the autograd contract, each error case and each safe case.
 
 The expected gradients are worked out by hand in the comments; the behaviour follows
-PyTorch (see /work/shared/REFERENCES.md, "Autograd and inplace"), except that the
+PyTorch (docs/INPLACE.md), except that the
 version error also names the op that modified the tensor and where it was called.
 """
 
