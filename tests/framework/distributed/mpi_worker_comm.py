@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 
+from framework import backend as fw_backend
 from framework.distributed.comm import (
     Communicator,
     NcclCommunicator,
@@ -125,10 +126,9 @@ def check_collectives(world: Communicator) -> None:
 
 def check_gpu_collectives(world: Communicator, backend: str) -> None:
     """Collectives of CuPy arrays: staged through host memory (mpi) or over NCCL."""
-    import cupy as cp
-
+    cp = fw_backend.cupy_module()  # CuPy, or its stand-in (INPLACE_LAB_CUPY)
     r, n = world.rank, world.size
-    cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
+    fw_backend.use_device(fw_backend.Device("cuda", world.local_rank % fw_backend.device_count()))
     comm = NcclCommunicator(world.mpi_comm) if backend == "nccl" else world
     assert comm.backend == backend
     total = n * (n + 1) / 2
@@ -162,7 +162,7 @@ def check_gpu_collectives(world: Communicator, backend: str) -> None:
     host = np.full(3, float(r))  # host arrays still go over MPI
     comm.allreduce_(host)
     np.testing.assert_array_equal(host, np.full(3, n * (n - 1) / 2))
-    cp.cuda.get_current_stream().synchronize()
+    fw_backend.synchronize(fw_backend.current_device())
     world.barrier()
 
 
