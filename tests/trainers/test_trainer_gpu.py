@@ -25,6 +25,7 @@ from trainers.config import ConfigError
 from trainers.logging import read_scalars
 from trainers.trainer import Trainer, clip_grad_norm_, gpu_index, host_state, select_device
 
+from .test_logging import accumulator
 from .test_trainer import TINY, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -280,6 +281,11 @@ def test_gpu_run_logs_the_pool_hook_peak_and_a_sensible_breakdown(tmp_path, gpu_
     # The hook's total is the pool's in-use bytes (one thread, one device).
     assert memory.allocated_bytes("cuda") == cupy.get_default_memory_pool().used_bytes()
     _check_memory_logs(result, param_bytes=sum(p.nbytes for p in trainer.params), exact_sum=False)
+    # The memory timeline of one step is the pool's: every malloc and free, in the step's phases.
+    tl = result.timeline
+    assert tl.device == "cuda" and {"forward", "backward", "optimizer"} <= {e[4] for e in tl.events}
+    assert all(e[2] % 512 == 0 for e in tl.events)  # pool blocks, never NumPy buffer sizes
+    assert accumulator(result.run_dir).Tags()["images"] == ["memory/timeline"]
 
 
 @pytest.mark.gpu

@@ -2,7 +2,7 @@
 
 ``framework.backend`` loads this module in place of ``cupy`` when the environment says
 ``INPLACE_LAB_CUPY=standin`` (the test suite does so by itself on a machine where CuPy
-sees no GPU). Code written for CuPy then runs unchanged on :data:`cuda.runtime.DEVICE_COUNT`
+sees no GPU). Code written for CuPy then runs unchanged on two
 simulated GPUs, and fails where it would fail on a GPU:
 
 - arrays are their own type (:class:`ndarray`, not a NumPy subclass) with ``.get()``,
@@ -60,8 +60,12 @@ from . import cuda, lib, random  # noqa: F401
 from ._core import ndarray, ufunc  # noqa: F401
 from ._routines import *  # noqa: F401,F403
 from ._ufuncs import UFUNCS as _UFUNCS
-from .cuda.memory import get_default_memory_pool  # noqa: F401
 
 __version__ = "14.0.0+standin"
+
+
+def get_default_memory_pool():
+    """The memory pool of every device (``cupy.get_default_memory_pool``)."""
+    return cuda.memory._default_pool
 
 globals().update(_UFUNCS)

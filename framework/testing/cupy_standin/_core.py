@@ -578,7 +578,7 @@ class ndarray:
         _check_current(self)
         return _from_host(self._a.astype(dtype, order=order, casting=casting or "unsafe"))
 
-    def view(self, dtype=None, array_class=None) -> ndarray:
+    def view(self, dtype=None, type=None) -> ndarray:  # noqa: A002 - CuPy's names
         return _view(self, self._a.view() if dtype is None else self._a.view(_dtype(dtype)))
 
     def reshape(self, *shape, order="C") -> ndarray:

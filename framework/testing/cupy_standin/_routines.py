@@ -46,8 +46,8 @@ def asanyarray(a, dtype=None, order=None, *, copy=None, blocking=False):
 def ascontiguousarray(a, dtype=None):
     if not isinstance(a, ndarray):
         raise TypeError(f"Unsupported type {type(a)}")
-    if a._a.flags.c_contiguous and (dtype is None or _dtype(dtype) == a.dtype) and a.ndim >= 1:
-        return a
+    if a._a.flags.c_contiguous and (dtype is None or _dtype(dtype) == a.dtype):
+        return a if a.ndim else a.ravel()  # CuPy: a 0-d array becomes a 1-element view
     _check_current(a)
     return _from_host(numpy.ascontiguousarray(a._a, dtype=dtype))
 
@@ -394,9 +394,10 @@ def tensordot(a, b, axes=2):
 
 
 def einsum(*operands, **kwargs):
-    unknown = set(kwargs) - {"dtype", "optimize", "casting", "out"}
+    """CuPy's einsum takes ``dtype`` and ``optimize`` only (no ``out``, no ``casting``)."""
+    unknown = [k for k in kwargs if k not in ("dtype", "optimize")]
     if unknown:
-        raise TypeError(f"einsum() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        raise TypeError(f"Did not understand the following kwargs: {unknown}")
     return _call(numpy.einsum, *operands, **kwargs)
 
 

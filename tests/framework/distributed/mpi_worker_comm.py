@@ -3,6 +3,7 @@
 Usage: mpi_worker_comm.py collectives   # checks every collective on host arrays
        mpi_worker_comm.py gpu BACKEND   # the same collectives on CuPy arrays (mpi: host
                                         # staging; nccl: NcclCommunicator, one GPU per rank)
+       mpi_worker_comm.py nccl_one_gpu  # NCCL on one GPU for every rank: refused everywhere
        mpi_worker_comm.py crash MESSAGE # rank 1 raises MESSAGE; the others block in a collective
 """
 
@@ -166,6 +167,18 @@ def check_gpu_collectives(world: Communicator, backend: str) -> None:
     world.barrier()
 
 
+def nccl_on_one_gpu(world: Communicator) -> None:
+    """Every rank on GPU 0: NCCL refuses two ranks on one GPU, on every rank alike."""
+    fw_backend.use_device(fw_backend.Device("cuda", 0))
+    try:
+        NcclCommunicator(world.mpi_comm, device=0)
+    except RuntimeError as e:  # cupy.cuda.nccl.NcclError is a RuntimeError
+        assert "Duplicate GPU detected" in str(e), e
+    else:
+        raise AssertionError("two ranks made an NCCL communicator on one GPU")
+    world.barrier()
+
+
 def crash(world: Communicator, message: str, where: str) -> None:
     install_abort_on_exception(world)
     install_abort_on_exception(world)  # idempotent
@@ -192,6 +205,9 @@ if __name__ == "__main__":
         print(f"rank {world.rank}: ok", flush=True)
     elif mode == "gpu":
         check_gpu_collectives(world, sys.argv[2])
+        print(f"rank {world.rank}: ok", flush=True)
+    elif mode == "nccl_one_gpu":
+        nccl_on_one_gpu(world)
         print(f"rank {world.rank}: ok", flush=True)
     elif mode == "crash":
         crash(world, sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "main")

@@ -282,6 +282,16 @@ def test_gpu_collectives_two_ranks(backend):
 
 
 @pytest.mark.mpi
+@pytest.mark.gpu
+@requires_gpu
+@needs_mpiexec
+def test_nccl_refuses_two_ranks_on_one_gpu():
+    code, out, err, _ = run_job(["nccl_one_gpu"], nprocs=2, timeout=60)
+    assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "rank 0: ok" in out and "rank 1: ok" in out
+
+
+@pytest.mark.mpi
 @needs_mpiexec
 @pytest.mark.parametrize("where", ["main", "thread"])
 def test_exception_on_one_rank_aborts_job(where):

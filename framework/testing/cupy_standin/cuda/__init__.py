@@ -5,18 +5,17 @@
 
 from __future__ import annotations
 
-from . import device, memory, runtime, stream  # noqa: F401
+from . import device, memory, memory_hook, runtime, stream  # noqa: F401
 from .device import Device, get_device_id  # noqa: F401
 from .memory import (  # noqa: F401
     Memory,
-    MemoryHook,
     MemoryPointer,
     MemoryPool,
-    PooledMemory,
     alloc,
     get_allocator,
     set_allocator,
 )
+from .memory_hook import MemoryHook  # noqa: F401
 from .stream import Event, Stream, get_current_stream  # noqa: F401
 
 

@@ -5,7 +5,7 @@ buffer at a 512-byte aligned address, so ``ndarray.data.ptr`` is a real pointer 
 NCCL calls, overlap checks and the pool's bookkeeping can use. The pool behaves as
 CuPy's where this project depends on it:
 
-- requests are rounded up to :data:`ALLOCATION_UNIT_SIZE` (512) bytes
+- requests are rounded up to 512 bytes
   (:func:`_round_size`), and a freed block is kept for reuse, so ``used_bytes()`` and
   ``total_bytes()`` differ as they do on a GPU;
 - every ``malloc`` calls each registered :class:`MemoryHook` of the calling thread
@@ -23,7 +23,6 @@ only blocks of the same rounded size. Pointers of live blocks can be looked up
 
 from __future__ import annotations
 
-import collections
 import threading
 import weakref
 
@@ -31,72 +30,15 @@ import numpy
 
 from . import runtime
 from .device import Device
+from .memory_hook import _hooks
 
-ALLOCATION_UNIT_SIZE = 512
-_allocation_unit_size = ALLOCATION_UNIT_SIZE
+_allocation_unit_size = 512
 _ALIGNMENT = 512  # cudaMalloc returns 256-byte aligned pointers; CuPy's blocks are 512-byte multiples
 
 
 def _round_size(size: int) -> int:
     """Rounds a request up to the pool's unit, as ``cupy.cuda.memory._round_size``."""
-    return (size + ALLOCATION_UNIT_SIZE - 1) // ALLOCATION_UNIT_SIZE * ALLOCATION_UNIT_SIZE
-
-
-# --- hooks --------------------------------------------------------------------------------
-
-_hooks_local = threading.local()
-
-
-def get_memory_hooks() -> collections.OrderedDict:
-    """The calling thread's registered hooks, by name (CuPy keeps them per thread)."""
-    hooks = getattr(_hooks_local, "hooks", None)
-    if hooks is None:
-        hooks = _hooks_local.hooks = collections.OrderedDict()
-    return hooks
-
-
-class MemoryHook:
-    """Base class of memory hooks, as ``cupy.cuda.MemoryHook``: register with ``with hook:``.
-
-    Subclasses override any of ``alloc_preprocess``, ``alloc_postprocess``,
-    ``malloc_preprocess``, ``malloc_postprocess``, ``free_preprocess`` and
-    ``free_postprocess``; each is called with keyword arguments only. Registering two
-    hooks of the same ``name`` in one thread raises KeyError.
-    """
-
-    name = "MemoryHook"
-
-    def __enter__(self):
-        hooks = get_memory_hooks()
-        if self.name in hooks:
-            raise KeyError(f"memory hook {self.name} already exists")
-        hooks[self.name] = self
-        return self
-
-    def __exit__(self, *_):
-        del get_memory_hooks()[self.name]
-
-    def alloc_preprocess(self, **kwargs):
-        pass
-
-    def alloc_postprocess(self, **kwargs):
-        pass
-
-    def malloc_preprocess(self, **kwargs):
-        pass
-
-    def malloc_postprocess(self, **kwargs):
-        pass
-
-    def free_preprocess(self, **kwargs):
-        pass
-
-    def free_postprocess(self, **kwargs):
-        pass
-
-
-def _hooks():
-    return tuple(get_memory_hooks().values()) if getattr(_hooks_local, "hooks", None) else ()
+    return (size + _allocation_unit_size - 1) // _allocation_unit_size * _allocation_unit_size
 
 
 # --- memory and pointers ----------------------------------------------------------------------
@@ -291,7 +233,7 @@ class MemoryPool:
         self._device_pools: dict[int, SingleDeviceMemoryPool] = {}
         self._lock = threading.Lock()
 
-    def device_pool(self) -> SingleDeviceMemoryPool:
+    def _device_pool(self) -> SingleDeviceMemoryPool:
         device_id = runtime.getDevice()
         pool = self._device_pools.get(device_id)
         if pool is None:
@@ -300,22 +242,22 @@ class MemoryPool:
         return pool
 
     def malloc(self, size: int) -> MemoryPointer:
-        return self.device_pool().malloc(size)
+        return self._device_pool().malloc(size)
 
     def used_bytes(self) -> int:
-        return self.device_pool().used_bytes()
+        return self._device_pool().used_bytes()
 
     def total_bytes(self) -> int:
-        return self.device_pool().total_bytes()
+        return self._device_pool().total_bytes()
 
     def free_bytes(self) -> int:
-        return self.device_pool().free_bytes()
+        return self._device_pool().free_bytes()
 
     def n_free_blocks(self) -> int:
-        return self.device_pool().n_free_blocks()
+        return self._device_pool().n_free_blocks()
 
     def free_all_blocks(self, stream=None) -> None:
-        self.device_pool().free_all_blocks(stream)
+        self._device_pool().free_all_blocks(stream)
 
 
 def _malloc(size: int) -> MemoryPointer:
@@ -340,10 +282,6 @@ def set_allocator(allocator=None) -> None:
     """Sets the allocator (``None``: raw allocations, no pool, as in CuPy)."""
     global _current_allocator
     _current_allocator = _malloc if allocator is None else allocator
-
-
-def get_default_memory_pool() -> MemoryPool:
-    return _default_pool
 
 
 def _block_at(ptr: int, nbytes: int):

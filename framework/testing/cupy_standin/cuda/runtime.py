@@ -1,4 +1,4 @@
-"""``cupy.cuda.runtime`` of the stand-in: a machine with :data:`DEVICE_COUNT` simulated GPUs.
+"""``cupy.cuda.runtime`` of the stand-in: a machine with ``_DEVICE_COUNT`` simulated GPUs.
 
 The current device is per host thread, as CUDA's is. Nothing here waits for anything:
 every stand-in operation has finished when its call returns.
@@ -10,10 +10,10 @@ import threading
 
 #: How many GPUs the stand-in simulates. Two, so that code choosing a GPU per rank,
 #: moving arrays between GPUs and NCCL with one GPU per rank all run.
-DEVICE_COUNT = 2
+_DEVICE_COUNT = 2
 
 #: The stand-in reports CUDA 12.8 (runtime and driver), as ``runtimeGetVersion`` encodes it.
-CUDA_VERSION = 12080
+_CUDA_VERSION = 12080
 
 is_hip = False
 
@@ -29,7 +29,7 @@ class CUDARuntimeError(RuntimeError):
 
 
 def getDeviceCount() -> int:  # noqa: N802 - CuPy's names
-    return DEVICE_COUNT
+    return _DEVICE_COUNT
 
 
 def getDevice() -> int:  # noqa: N802
@@ -39,7 +39,7 @@ def getDevice() -> int:  # noqa: N802
 
 def setDevice(device: int) -> None:  # noqa: N802
     device = int(device)
-    if not 0 <= device < DEVICE_COUNT:
+    if not 0 <= device < _DEVICE_COUNT:
         raise CUDARuntimeError(101, "cudaErrorInvalidDevice: invalid device ordinal")
     _local.device = device
 
@@ -49,16 +49,16 @@ def deviceSynchronize() -> None:  # noqa: N802
 
 
 def runtimeGetVersion() -> int:  # noqa: N802
-    return CUDA_VERSION
+    return _CUDA_VERSION
 
 
 def driverGetVersion() -> int:  # noqa: N802
-    return CUDA_VERSION
+    return _CUDA_VERSION
 
 
 def getDeviceProperties(device: int) -> dict:  # noqa: N802
     """A subset of ``cudaDeviceProp`` (CuPy returns it as a dict; ``name`` is bytes)."""
-    if not 0 <= int(device) < DEVICE_COUNT:
+    if not 0 <= int(device) < _DEVICE_COUNT:
         raise CUDARuntimeError(101, "cudaErrorInvalidDevice: invalid device ordinal")
     return {
         "name": b"CuPy stand-in (NumPy on the CPU)",
