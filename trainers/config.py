@@ -22,7 +22,7 @@ import difflib
 import os
 import re
 import sys
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import yaml
 
@@ -55,7 +55,8 @@ class Field:
         min: Inclusive lower bound (numbers; each element for lists).
         gt: Exclusive lower bound.
         lt: Exclusive upper bound.
-        pattern: Regex the whole string must match, described by ``pattern_doc``.
+        parse: The function that parses such values (the one parser of them, raising
+            ValueError for a bad one), described by ``parse_doc``.
         from_bool: Maps YAML booleans to values, because YAML 1.1 reads bare
             ``on``/``off``/``yes``/``no`` as booleans.
     """
@@ -67,9 +68,18 @@ class Field:
     min: float | None = None
     gt: float | None = None
     lt: float | None = None
-    pattern: str | None = None
-    pattern_doc: str = ""
+    parse: Callable[[str], Any] | None = None
+    parse_doc: str = ""
     from_bool: Mapping[bool, Any] | None = None
+
+
+def _parse_device(spec: str):
+    """The framework's one device parser (``framework.backend.parse_device``)."""
+    # Imported here, not at the top: ``python -m trainers.config`` prints the reference
+    # without importing the framework (a test holds it to that).
+    from framework.backend import parse_device  # noqa: PLC0415
+
+    return parse_device(spec)
 
 
 # fmt: off
@@ -77,7 +87,7 @@ SCHEMA: dict[str, Any] = {
     "experiment": Field("str", "default", "TensorBoard experiment folder: runs are written to `<logdir>/<experiment>/<run>`"),
     "seed":       Field("int", 0, "Random seed for parameter init, data order and synthetic data"),
     "device":     Field("str", "cpu", "Where to compute: the CPU (NumPy) or a GPU (CuPy; `cuda` gives each MPI rank GPU local_rank % GPUs, `cuda:N` is GPU N)",
-                        pattern=r"cpu|cuda(:[0-9]+)?", pattern_doc="cpu, cuda or cuda:N (e.g. cuda:0)"),
+                        parse=_parse_device, parse_doc="cpu, cuda or cuda:N (e.g. cuda:0)"),
     "inplace":    Field("str", "auto", "Inplace policy of every inplace site of the run: `off` (the "
                         "reference), `auto` (in place only where the input is provably dead: the "
                         "numbers of `off`, bit for bit) or `on` (every site in place; reading an "
@@ -339,8 +349,11 @@ def _coerce(field: Field, value: Any, key: str, source: str | None) -> Any:
         close = difflib.get_close_matches(str(out), list(map(str, field.choices)), n=1)
         tail = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"{key} must be one of {choices}, got {_show(out)}{_where(source)}{tail}")
-    if field.pattern is not None and isinstance(out, str) and not re.fullmatch(field.pattern, out):
-        raise ConfigError(f"{key} must be {field.pattern_doc}, got {out!r}{_where(source)}")
+    if field.parse is not None and isinstance(out, str):
+        try:
+            field.parse(out)
+        except ValueError:
+            raise ConfigError(f"{key} must be {field.parse_doc}, got {out!r}{_where(source)}") from None
     numbers = out if isinstance(out, list) else [out]
     for x in numbers:
         if not _is_number(x):
@@ -646,8 +659,8 @@ def reference_markdown() -> str:
         doc = field.doc.rstrip(".")
         if field.choices:
             doc += ". One of: " + ", ".join(f"`{c}`" for c in field.choices)
-        if field.pattern_doc:
-            doc += f". Must be {field.pattern_doc}"
+        if field.parse_doc:
+            doc += f". Must be {field.parse_doc}"
         if _bounds_text(field):
             doc += f". Must be {_bounds_text(field)}"
         doc = doc.replace("|", "\\|")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -157,10 +156,15 @@ def clip_grad_norm_(params, max_norm: float) -> float:
     return total
 
 
-_CUDA_SPEC = re.compile(r"^cuda(?::(\d+))?$")
+def _parse_device(spec) -> backend.Device:
+    """``backend.parse_device`` with a bad spec as a ConfigError (one line)."""
+    try:
+        return backend.parse_device(spec)
+    except ValueError as e:
+        raise ConfigError(f"device: {e}") from None
 
 
-def gpu_index(spec: str, local_rank: int, device_count: int) -> int:
+def gpu_index(spec, local_rank: int, device_count: int) -> int:
     """The GPU a process uses for ``device: cuda`` or ``cuda:N``.
 
     ``cuda`` gives each process GPU ``local_rank % device_count``: under ``mpiexec -n 4``
@@ -169,22 +173,21 @@ def gpu_index(spec: str, local_rank: int, device_count: int) -> int:
     with ``CUDA_VISIBLE_DEVICES``).
 
     Raises:
-        ConfigError: no GPU, ``N`` out of range, or not a cuda device string.
+        ConfigError: no GPU, ``N`` out of range, or not a cuda device spec.
     """
-    m = _CUDA_SPEC.match(str(spec).strip())
-    if m is None:
+    dev = _parse_device(spec)
+    if dev.type != "cuda":
         raise ConfigError(f"device {spec!r} is not a GPU: use 'cuda' or 'cuda:N'")
     if device_count < 1:
         raise ConfigError(f"device: {spec} asks for a GPU, but CUDA reports none; set device: cpu")
-    if m.group(1) is None:
+    if dev.index is None:
         return local_rank % device_count
-    index = int(m.group(1))
-    if index >= device_count:
+    if dev.index >= device_count:
         raise ConfigError(
             f"device: {spec}, but this machine has {device_count} GPU{'s' if device_count > 1 else ''} "
             f"(cuda:0 to cuda:{device_count - 1}); use device: cuda to give each process its local GPU"
         )
-    return index
+    return dev.index
 
 
 def no_gpu_message(spec: str) -> str:
@@ -204,22 +207,20 @@ def select_device(spec: str, local_rank: int = 0):
     Raises:
         ConfigError: a GPU was asked for and none can be used (one line: what and how to fix).
     """
-    dev = fw.device(spec)
+    dev = _parse_device(spec)
     if dev.type == "cpu":
         return dev
-    cp = backend.cupy_module()
-    if cp is None:
+    if not backend.is_cuda_available():
         raise ConfigError(no_gpu_message(spec))
-    index = gpu_index(spec, local_rank, cp.cuda.runtime.getDeviceCount())
-    cp.cuda.Device(index).use()
+    dev = backend.Device("cuda", gpu_index(dev, local_rank, backend.device_count()))
+    backend.use_device(dev)
     memory.enable_gpu_hook()
-    return backend.Device("cuda", index)
+    return dev
 
 
 def synchronize(device) -> None:
     """Waits for the device's queued work (a no-op on the CPU): call before reading a clock."""
-    if device.type == "cuda":
-        backend.cupy_module().cuda.Device(device.index).synchronize()
+    backend.synchronize(device)
 
 
 def to_host(value) -> np.ndarray:

@@ -76,9 +76,7 @@ def test_to_cpu_and_dtype():
         a.to("tpu")
 
 
-def test_to_cuda_without_gpu_raises_a_clear_error():
-    if fw.is_cuda_available():
-        pytest.skip("a GPU is available here")
+def test_to_cuda_without_gpu_raises_a_clear_error(without_cupy):
     with pytest.raises(RuntimeError, match="CuPy is not installed or sees no GPU"):
         fw.tensor([1.0]).to("cuda")
 

@@ -6,6 +6,8 @@ import sys
 import numpy as np
 import pytest
 
+from framework import backend
+from tests.conftest import requires_gpu
 from tests.mpi_util import find_mpiexec, needs_mpiexec, run_command
 from trainers.checkpoint import load_checkpoint
 from trainers.logging import read_scalars
@@ -97,3 +99,24 @@ def test_nccl_backend_on_the_cpu_is_one_line_error(tmp_path):
     assert code != 0
     assert "Traceback" not in err
     assert "error: distributed backend 'nccl' needs device 'cuda'; on the CPU use 'mpi' or 'auto'" in err
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("comm_backend", ["nccl", "mpi"])
+def test_two_ranks_on_gpus_equal_one_process_on_the_cpu(tmp_path, comm_backend):
+    """``device: cuda`` under ``mpiexec -n 2``: NCCL (one GPU per rank) or MPI host staging."""
+    if comm_backend == "nccl" and backend.device_count() < 2:
+        pytest.skip("NCCL needs one GPU per rank: 2 ranks need 2 GPUs")
+    code, _, err2 = train(tmp_path, 2, 32, "--set", "device=cuda", "--set", f"distributed.backend={comm_backend}")
+    assert code == 0, err2
+    code, _, err1 = train(tmp_path, 1, 64)
+    assert code == 0, err1
+    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np2" / "step_00000010.npz"))["model"]
+    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np1" / "step_00000010.npz"))["model"]
+    for name in one:
+        assert type(two[name]) is np.ndarray  # checkpoints hold host arrays
+        np.testing.assert_allclose(two[name], np.asarray(one[name]), rtol=1e-4, atol=1e-5, err_msg=name)
+    scalars = read_scalars(str(tmp_path / "runs" / "dp" / "inplace-auto_np2"))
+    for rank in (0, 1):  # GPU memory, counted by each rank's pool hook
+        assert all(v > 0 for _, v in scalars[f"memory/peak_mb_rank{rank}"])
