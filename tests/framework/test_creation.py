@@ -45,6 +45,15 @@ def test_tensor_dtype_and_requires_grad_arguments():
     assert fw.tensor([[1.0, 2.0]]).shape == (1, 2)
 
 
+def test_from_numpy_allocates_nothing_and_counts_nothing():
+    big = np.zeros((500, 1000), np.float32)
+    base = fw.memory.allocated_bytes()
+    t = fw.from_numpy(big[:10])  # a view of the caller's 2 MB array
+    assert fw.memory.allocated_bytes() == base
+    y = t + 1.0  # what the framework allocates is counted
+    assert fw.memory.allocated_bytes() == base + y.nbytes
+
+
 def test_from_numpy_shares_memory_both_ways():
     a = np.array([1.0, 2.0, 3.0])
     t = fw.from_numpy(a)
