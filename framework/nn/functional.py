@@ -12,6 +12,7 @@ from __future__ import annotations
 from .. import inplace as _inplace
 from .. import ops as _ops
 from ..ops import conv as _conv
+from ..ops import linalg as _linalg
 from ..ops import dropout as _dropout
 from ..ops import loss as _loss
 from ..ops import norm as _norm
@@ -23,9 +24,10 @@ from ..tensor import Tensor
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias`` for inputs of shape ``(*, in_features)``.
 
-    The bias is added into the fresh matmul output in place under the inplace policy
-    (``add`` saves nothing for backward and nobody else holds that output, so it is
-    exact); under ``off`` the sum is a new tensor.
+    One op (:class:`framework.ops.linalg.Linear`), whose weight gradient comes out in the
+    weight's own layout. The bias is added into the fresh product in place under the
+    inplace policy (nobody else holds that product, so it is exact); under ``off`` the
+    sum is a new array.
     """
     if weight.ndim != 2:
         raise RuntimeError(f"linear: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
@@ -34,12 +36,9 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             f"linear: input's last dimension must be in_features={weight.shape[1]}, "
             f"got input of shape {tuple(input.shape)}"
         )
-    out = _ops.matmul(input, _ops.t(weight))
-    if bias is None:
-        return out
-    if _inplace.enabled() and out.dtype == bias.dtype:
-        return out.add_(bias)
-    return out + bias
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise RuntimeError(f"linear: bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    return _linalg.Linear.apply(input, weight, bias, add_bias_inplace=_inplace.enabled())
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0):
