@@ -7,7 +7,7 @@ conv2d:
 * **algorithms** (the setting is called the *contraction*, :func:`contraction`):
   ``"auto"`` (the default) picks one per layer and pass by a fixed rule on the shapes
   (:mod:`.conv_algorithms.choice`; :func:`explain` shows the choice for a layer):
-  Winograd F(2x2, 3x3) for 3x3 stride-1 layers with >= 64 channels, im2col over the
+  Winograd F(2x2, 3x3) for 3x3 stride-1 layers with >= 32 channels, im2col over the
   padded grid (``"grid"``) for other stride-1 layers, im2col ``"gemm"`` for strided ones;
   all of them round like im2col. ``"fast"`` takes Winograd F(4x4, 3x3) from 32 channels
   instead: faster, with ~10x the float32 rounding. Any one algorithm can be forced for

@@ -9,7 +9,7 @@ name of ``framework.ops.conv.contraction`` forces one algorithm for every pass:
 ======================================================  ===========  ===========  ===========
 layers                                                  forward      weight grad  input grad
 ======================================================  ===========  ===========  ===========
-3x3, stride 1, >= 64 input and output channels          winograd2    winograd2    winograd2
+3x3, stride 1, >= 32 input and output channels          winograd2    winograd2    winograd2
 stride 1 (any kernel, any channels)                     grid         grid         grid
 strided                                                 gemm         gemm         gemm
 ======================================================  ===========  ===========  ===========
@@ -29,9 +29,10 @@ limit; ``benchmarks/bench_conv.py`` prints every algorithm per layer and pass be
 PyTorch, docs/BENCHMARKS.md has the run): ``grid`` is GEMM-bound (~100 GFLOP/s on one
 core with OpenBLAS). Winograd does fewer multiplications in its GEMMs but pays transforms
 and layout changes per tile and channel, which grow with the channels while the saving
-grows with their square: F(2x2) beats ``grid`` from 64 channels (at 32 they tie), F(4x4)
-from 32 (at 16 it is slower). Strided layers keep the general im2col ``gemm``: the grid
-trick and the transposed-convolution input gradient need stride 1.
+grows with their square: from 32 channels both beat ``grid`` (F(2x2) by ~15% at 32 and
+~35% at 64 channels, F(4x4) by ~35% and ~50%); at 16 both are slower. Strided layers keep
+the general im2col ``gemm``: the grid trick and the transposed-convolution input gradient
+need stride 1.
 
 The rules are pure functions of the shapes (nothing is timed at run time), so a layer
 always takes the same path and its results are reproducible. ``framework.ops.conv.explain``
@@ -69,7 +70,7 @@ def _any(g):
 
 RULES = {
     "auto": (
-        ("3x3, stride 1, >= 64 input and output channels", _winograd_layer(64), ("winograd2",) * 3),
+        ("3x3, stride 1, >= 32 input and output channels", _winograd_layer(32), ("winograd2",) * 3),
         ("stride 1", _stride1, ("grid",) * 3),
         ("strided", _any, ("gemm",) * 3),
     ),

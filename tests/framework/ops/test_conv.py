@@ -765,8 +765,8 @@ def test_auto_and_fast_choose_per_layer_by_the_documented_rules():
         ((64, 16, 32, 32), (16, 16, 3, 3))
     plan = C.explain(*stage3, 1, 1)
     assert plan[:3] == ("winograd2",) * 3 and plan.rule.startswith("auto: 3x3, stride 1")
-    assert C.explain(*stage2, 1, 1)[:3] == ("grid",) * 3
-    assert C.explain(*stage1, 1, 1)[:3] == ("grid",) * 3
+    assert C.explain(*stage2, 1, 1)[:3] == ("winograd2",) * 3
+    assert C.explain(*stage1, 1, 1)[:3] == ("grid",) * 3  # < 32 channels
     assert C.explain((64, 64, 8, 8), (64, 64, 1, 1), 1, 0)[:3] == ("grid",) * 3  # not 3x3
     assert C.explain((64, 16, 32, 32), (32, 16, 3, 3), 2, 1)[:3] == ("gemm",) * 3  # strided
     assert C.explain(*stage3, 1, 1, name="fast")[:3] == ("winograd4",) * 3
