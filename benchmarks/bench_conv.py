@@ -88,7 +88,7 @@ def parse_limit(text: str):
         return "auto"
     m = re.fullmatch(r"(\d+)\s*([kmg]?)i?b?", t)
     if not m:
-        raise SystemExit(f"bad workspace limit {text!r}: use bytes, 512K, 4M, 1G, auto or none")
+        raise ValueError(f"bad workspace limit {text!r}: use bytes, 512K, 4M, 1G, auto or none")
     return int(m.group(1)) * 1024 ** " kmg".index(m.group(2) or " ")
 
 
@@ -323,14 +323,17 @@ def main(argv=None) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for v in variants:
         if v not in ALGORITHMS:
-            raise SystemExit(f"unknown variant {v!r}; use some of {', '.join(ALGORITHMS)}")
+            p.error(f"unknown variant {v!r}; use some of {', '.join(ALGORITHMS)}")
     layers = LAYERS
     if args.layers:
         try:
             layers = [LAYERS[int(i)] for i in args.layers.split(",")]
         except (ValueError, IndexError):
-            raise SystemExit(f"--layers: comma-separated indices 0..{len(LAYERS) - 1}, got {args.layers!r}") from None
-    limits = [C.get_workspace_limit()] if args.limits is None else [parse_limit(t) for t in args.limits.split(",")]
+            p.error(f"--layers: comma-separated indices 0..{len(LAYERS) - 1}, got {args.layers!r}")
+    try:
+        limits = [C.get_workspace_limit()] if args.limits is None else [parse_limit(t) for t in args.limits.split(",")]
+    except ValueError as e:
+        p.error(str(e))
     if device.type == "cuda":
         memory.enable_gpu_hook()
 
