@@ -893,3 +893,13 @@ def test_stride1_input_gradient_overwrites_a_dead_output_gradient_under_policy_o
     np.testing.assert_allclose(grads["on"][0], grads["off"][0], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(grads["on"][1], grads["off"][1], rtol=1e-12, atol=1e-12)
     assert grads["off"][2] - grads["on"][2] == 6 * 3 * 8 * 8 * 8
+
+
+@pytest.mark.parametrize("name", STRIDE1)
+def test_stride1_algorithms_on_an_empty_batch(name):
+    x, w = _t(np.zeros((0, 4, 6, 6), np.float32), True), _t(_rand((4, 4, 3, 3), 75, np.float32), True)
+    with C.contraction(name):
+        y = conv2d(x, w, padding=1)
+        gx, gw = fw.autograd.grad(y, [x, w], fw.zeros(0, 4, 6, 6))
+    assert y.shape == (0, 4, 6, 6) and gx.shape == x.shape and gw.shape == w.shape
+    assert not gw.numpy().any()
