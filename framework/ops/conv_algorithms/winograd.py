@@ -116,7 +116,9 @@ def _transforms(m, like) -> _Transforms:
 
 
 def _transform_1d(mat, terms, src, dst, axis, xp):
-    """``dst[i] = sum_j mat[i, j] src[j]`` along ``axis`` (0 or 1) of ``src``/``dst``.
+    """The calls that compute ``dst[i] = sum_j mat[i, j] src[j]`` along ``axis`` (0 or 1):
+    a list of ``(function, args, out)`` for :func:`_run` (made once per call and chunk size,
+    so a chunk pays only for the calls themselves).
 
     One batched product with ``mat``, or, for a matrix of 0 and +-1 (``terms``), add and
     subtract passes over whole slices: measured ~35% faster for F(2x2)'s 4x4 ``B^T``,
@@ -124,32 +126,32 @@ def _transform_1d(mat, terms, src, dst, axis, xp):
     """
     if terms is None:
         if axis == 1:
-            xp.matmul(mat, src, out=dst)  # batched over axis 0
-        else:
-            xp.matmul(mat, src.reshape(src.shape[0], -1), out=dst.reshape(dst.shape[0], -1))
-        return
-
-    def take(a, j):
-        return a[:, j] if axis == 1 else a[j]
-
+            return [(xp.matmul, (mat, src), dst)]  # batched over axis 0
+        return [(xp.matmul, (mat, src.reshape(src.shape[0], -1)), dst.reshape(dst.shape[0], -1))]
+    rows = [src[:, j] if axis == 1 else src[j] for j in range(src.shape[axis])]
+    calls = []
     for i, row in enumerate(terms):
-        out = take(dst, i)
+        out = dst[:, i] if axis == 1 else dst[i]
         (j0, s0), rest = row[0], row[1:]
         if not rest:
-            xp.multiply(take(src, j0), s0, out=out)
+            calls.append((xp.multiply, (rows[j0], s0), out))
             continue
         (j1, s1), rest = rest[0], rest[1:]
         if s0 > 0 and s1 > 0:
-            xp.add(take(src, j0), take(src, j1), out=out)
+            calls.append((xp.add, (rows[j0], rows[j1]), out))
         elif s0 > 0:
-            xp.subtract(take(src, j0), take(src, j1), out=out)
+            calls.append((xp.subtract, (rows[j0], rows[j1]), out))
         elif s1 > 0:
-            xp.subtract(take(src, j1), take(src, j0), out=out)
+            calls.append((xp.subtract, (rows[j1], rows[j0]), out))
         else:
-            xp.add(take(src, j0), take(src, j1), out=out)
-            xp.negative(out, out=out)
-        for j, sign in rest:
-            (xp.add if sign > 0 else xp.subtract)(out, take(src, j), out=out)
+            calls += [(xp.add, (rows[j0], rows[j1]), out), (xp.negative, (out,), out)]
+        calls += [(xp.add if sign > 0 else xp.subtract, (out, rows[j]), out) for j, sign in rest]
+    return calls
+
+
+def _run(calls):
+    for function, args, out in calls:
+        function(*args, out=out)
 
 
 class _Tiles:
@@ -208,9 +210,9 @@ class _Workspace:
     each, and a call has a dozen chunks or more).
     """
 
-    def __init__(self, tiles, rows, c, co, dtype, xp, with_grad_tiles=False):
+    def __init__(self, tiles, rows, c, co, dtype, xp, tf, with_grad_tiles=False):
         a, m, p = tiles.a, tiles.m, tiles.per_image
-        self.tiles, self.c, self.co = tiles, c, co
+        self.tiles, self.c, self.co, self.xp, self.tf = tiles, c, co, xp, tf
         self.xh = memory.zeros((rows, tiles.hq, tiles.wq, c), dtype, xp, "workspace")
         self.one = memory.empty((a * a * rows * p * max(c, co),), dtype, xp, "workspace")
         self.two = memory.empty((a * a * rows * p * max(c, co),), dtype, xp, "workspace")
@@ -260,6 +262,14 @@ class _ChunkViews:
         self.y_rows = two(m, m, rc)  # Y[p1, p2]
         self.y = two(m, m, k, tl.th, tl.tw, co)  # output tiles
         self.out_stage = one(k, tl.th, m, tl.tw, m, co)  # output tiles, channels last
+        tf, xp = ws.tf, ws.xp
+        # the four 1-D transforms: E[k1, xi2] = sum_k2 BT[xi2, k2] D[k1, k2], then
+        # V[xi1, xi2] = sum_k1 BT[xi1, k1] E[k1, xi2]; Z[xi1, p2] = sum_xi2 AT[p2, xi2] M[xi1, xi2],
+        # then Y[p1, p2] = sum_xi1 AT[p1, xi1] Z[xi1, p2]
+        self.b_calls = _transform_1d(tf.bt, tf.bt_terms, self.d_rows, self.e_rows, 1, xp) + _transform_1d(
+            tf.bt, tf.bt_terms, self.e_rows, self.v_rows, 0, xp)
+        self.a_calls = _transform_1d(tf.at, tf.at_terms, self.m_rows, self.z, 1, xp) + _transform_1d(
+            tf.at, tf.at_terms, self.z, self.y_rows, 0, xp)
         if ws.gt is not None:
             self.g_stage = two(k, tl.th, m, tl.tw, m, co)  # output-gradient tiles, channels last
             self.gt_flat = _prefix(ws.gt, (m * m, rc))  # output-gradient tiles
@@ -275,7 +285,7 @@ def _prefix(flat, shape):
     return reshaped(flat[:size], shape)
 
 
-def _input_transform(x, sl, geom, ws, v, tf, xp):
+def _input_transform(x, sl, geom, ws, v, xp):
     """Fills ``v.v`` (in ``one``) with V of images ``x[sl]``; ``two`` is free after.
 
     ``V = kron(B^T, B^T) D`` is done as two 1-D transforms (3x fewer operations than one
@@ -286,8 +296,7 @@ def _input_transform(x, sl, geom, ws, v, tf, xp):
     k = sl.stop - sl.start
     ws.xh[:k, ph : ph + h, pw : pw + w, :] = x[sl].transpose(0, 2, 3, 1)
     xp.copyto(v.d, v.windows)
-    _transform_1d(tf.bt, tf.bt_terms, v.d_rows, v.e_rows, 1, xp)  # E[k1, xi2] = sum_k2 BT[xi2, k2] D[k1, k2]
-    _transform_1d(tf.bt, tf.bt_terms, v.e_rows, v.v_rows, 0, xp)  # V[xi1, xi2] = sum_k1 BT[xi1, k1] E[k1, xi2]
+    _run(v.b_calls)
 
 
 def _forward_into(x, u, geom, m, limit, xp, out):
@@ -298,14 +307,12 @@ def _forward_into(x, u, geom, m, limit, xp, out):
     parts = chunks(n, _Workspace.per_image_bytes(tiles, c, co, x.itemsize), limit)
     if not parts:
         return out
-    ws = _Workspace(tiles, parts[0].stop, c, co, x.dtype, xp)
-    tf = _transforms(m, x)
+    ws = _Workspace(tiles, parts[0].stop, c, co, x.dtype, xp, _transforms(m, x))
     for sl in parts:
         v = ws.views(sl.stop - sl.start)
-        _input_transform(x, sl, geom, ws, v, tf, xp)
+        _input_transform(x, sl, geom, ws, v, xp)
         xp.matmul(v.v, u, out=v.m)  # M[xi] = V[xi] @ U[xi]
-        _transform_1d(tf.at, tf.at_terms, v.m_rows, v.z, 1, xp)  # Z[xi1, p2] = sum_xi2 AT[p2, xi2] M[xi1, xi2]
-        _transform_1d(tf.at, tf.at_terms, v.z, v.y_rows, 0, xp)  # Y[p1, p2] = sum_xi1 AT[p1, xi1] Z[xi1, p2]
+        _run(v.a_calls)  # Y = kron(A^T, A^T) M
         tiles.scatter(v.y, v.out_stage, out[sl], xp)
     return out
 
@@ -348,13 +355,12 @@ class Winograd:
         du = memory.zeros((a2, co, c), g.dtype, xp, "workspace")
         parts = chunks(n, _Workspace.per_image_bytes(tiles, c, co, g.itemsize, True), limit)
         if parts:
-            ws = _Workspace(tiles, parts[0].stop, c, co, g.dtype, xp, with_grad_tiles=True)
-            tf = _transforms(m, g)
-            a_of_g = tf.at2.T  # kron(A, A): (a*a, m*m)
+            ws = _Workspace(tiles, parts[0].stop, c, co, g.dtype, xp, _transforms(m, g), with_grad_tiles=True)
+            a_of_g = ws.tf.at2.T  # kron(A, A): (a*a, m*m)
             part = None
             for sl in parts:
                 v = ws.views(sl.stop - sl.start)
-                _input_transform(x, sl, geom, ws, v, tf, xp)
+                _input_transform(x, sl, geom, ws, v, xp)
                 tiles.gather(g[sl], v.g_stage, v.gt, xp)
                 xp.matmul(a_of_g, v.gt_flat, out=v.mg_flat)  # Mg = kron(A, A) @ g tiles
                 mg = v.mg.transpose(0, 2, 1)  # (a*a, Co, T)
