@@ -159,7 +159,7 @@ def spread(values) -> dict:
 
 def paired_ratios(ours, theirs) -> dict:
     """Median (and spread) over rounds of ours / theirs from the same round."""
-    return spread([a / b for a, b in zip(ours, theirs)])
+    return spread([a / b for a, b in zip(ours, theirs, strict=True)])
 
 
 def _flops(n, c, co, out_hw):
@@ -297,7 +297,7 @@ def model_rounds(batch, rounds_, clock, with_torch=True):
         out[label] = {
             "step_seconds": spread(t), "samples_per_s": batch / statistics.median(t),
             "vs_torch_samples_per_s": None if label == "torch" or "torch" not in times
-            else spread([b / a for a, b in zip(t, times["torch"])]),
+            else spread([b / a for a, b in zip(t, times["torch"], strict=True)]),
         }
     return out
 

@@ -260,7 +260,8 @@ class MaxPool2d(Function):
         out_hw = _out_size("max_pool2d", x.shape[2:], kernel, stride, padding)
         ctx.geom = (x.shape, kernel, stride, padding, out_hw, limit)
         track_index = any(ctx.needs_input_grad)
-        out, idx = _pooling.max_pool_forward(x, kernel, stride, padding, out_hw, limit, track_index, get_array_module(x))
+        xp = get_array_module(x)
+        out, idx = _pooling.max_pool_forward(x, kernel, stride, padding, out_hw, limit, track_index, xp)
         if track_index:
             ctx.keep(indices=idx)
         return out

@@ -25,7 +25,7 @@ def test_bench_conv_quick(capsys, tmp_path):
     rows = _rows(out)
     per_pass = {(r[0], r[1], r[2]): r for r in rows if len(r) == 8 and r[0] != "layer"}
     # every layer and pass has gemm; stride-1 layers also grid and Winograd; strided ones not
-    for name, c, co, hw, stride, count, _ in bench_conv.LAYERS:
+    for name, _c, _co, _hw, stride, _count, _ in bench_conv.LAYERS:
         for pass_ in ("forward", "grad weight", "grad input"):
             assert (name, pass_, "gemm") in per_pass
             assert ((name, pass_, "winograd4") in per_pass) == (stride == 1)

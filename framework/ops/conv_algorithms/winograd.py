@@ -89,7 +89,7 @@ def _unit_terms(mat):
     return tuple(tuple((j, int(v)) for j, v in enumerate(row) if v) for row in mat)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _host_transforms(m: int, dtype_str: str) -> _Transforms:
     mats = {k: np.array(v, dtype=np.float64) for k, v in _MATRICES[m].items()}
     dtype = np.dtype(dtype_str)

@@ -711,7 +711,9 @@ def test_stride1_algorithms_backward(case, backend):
 
 @pytest.mark.parametrize("limit", [None, 0, 3000], ids=["whole-batch", "one-image-chunks", "uneven-chunks"])
 @pytest.mark.parametrize("name", STRIDE1)
-@pytest.mark.parametrize("hw,padding", [((8, 8), 1), ((7, 6), 1), ((9, 5), 0), ((5, 7), (2, 1)), ((4, 4), 3), ((1, 1), 1)])
+@pytest.mark.parametrize(
+    "hw,padding", [((8, 8), 1), ((7, 6), 1), ((9, 5), 0), ((5, 7), (2, 1)), ((4, 4), 3), ((1, 1), 1)]
+)
 def test_stride1_algorithms_match_reference_and_gradcheck(name, hw, padding, limit):
     x, w, b = _rand((5, 3) + hw, 60), _rand((4, 3, 3, 3), 61), _rand((4,), 62)
     want = ref_conv2d(x, w, b, 1, padding)
@@ -793,7 +795,7 @@ def test_choosing_modes_match_the_reference_on_resnet_shaped_layers(mode):
             y = conv2d(xt, wt, stride=s, padding=1)
             assert_close(y, ref_conv2d(x, w, stride=s, padding=1), rtol=1e-10, atol=1e-10)
             if hw <= 4 or c <= 3:  # finite differences: small cases only
-                gradcheck(lambda x, w: conv2d(x, w, stride=s, padding=1), [xt, wt])
+                gradcheck(lambda x, w, s=s: conv2d(x, w, stride=s, padding=1), [xt, wt])
 
 
 @pytest.mark.parametrize("name", STRIDE1)
@@ -811,7 +813,7 @@ def test_stride1_algorithm_results_do_not_depend_on_the_limit(name):
             results[limit] = [y] + list(fw.autograd.grad(y, [x, w], g))
     want = results.pop(None)
     for limit, got in results.items():
-        for a, e, what in zip(got, want, ("output", "grad x", "grad w")):
+        for a, e, what in zip(got, want, ("output", "grad x", "grad w"), strict=True):
             scale = float(np.abs(e.detach().numpy()).max())
             assert_close(a, e, rtol=1e-5, atol=rel * scale, msg=f"{what}, limit {limit}")
 
