@@ -255,7 +255,32 @@ def layer_table(results) -> str:
             _ratio(r["vs_torch"]),
         ])
     return common.markdown_table(
-        ["layer", "pass", "variant", "chosen", "ms median (min-max)", "GFLOP/s", "ws MiB", "ours / torch"], rows)
+        ["layer", "pass", "variant", "chosen", "ms median (min-max)", "GFLOP/s", "ws MiB", "time ours / torch"], rows)
+
+
+def chosen_table(results) -> str:
+    """One row per layer and pass: PyTorch, ``gemm`` (the algorithm before per-layer choice)
+    and what each choosing mode takes, with its time ratio to PyTorch."""
+    rows, by_key = [], {}
+    for r in results:
+        by_key.setdefault((r["layer"], r["pass"]), {})[r["variant"]] = r
+    for (layer, pass_), variants in by_key.items():
+        torch_r = variants.get("torch")
+        row = [layer, pass_.replace("_", " "), "-" if torch_r is None else f"{torch_r['seconds']['median'] * 1e3:.2f}"]
+        gemm = variants.get("gemm")
+        row.append("-" if gemm is None else f"{gemm['seconds']['median'] * 1e3:.2f}")
+        for mode in C.CHOOSING:
+            pick = next((r for r in variants.values() if mode in r["chosen_by"]), None)
+            if pick is None:
+                row += ["-", "-"]
+                continue
+            ratio = "" if pick["vs_torch"] is None else f" ({pick['vs_torch']['median']:.2f}x)"
+            row += [pick["variant"], f"{pick['seconds']['median'] * 1e3:.2f}{ratio}"]
+        rows.append(row)
+    headers = ["layer", "pass", "torch ms", "gemm ms"]
+    for mode in C.CHOOSING:
+        headers += [f"{mode}: algorithm", f"{mode}: ms (time vs torch)"]
+    return common.markdown_table(headers, rows)
 
 
 def network_totals(results) -> dict:
@@ -350,12 +375,16 @@ def main(argv=None) -> int:
     print(common.machine_line(info) + ("" if torch is None else f", PyTorch {torch.__version__}"))
     print()
     print(layer_table(results))
+    if len(limits) == 1:
+        print("\nWhat the choosing modes take, per layer and pass (medians; time ours / torch per round):\n")
+        print(chosen_table(results))
     totals = network_totals(results) if len(layers) == len(LAYERS) and len(limits) == 1 else None
     if totals:
-        print("\nConvolutions of one ResNet-20 step (each layer x its count, chosen algorithm per pass):\n")
+        print("\nConvolutions of one ResNet-20 step, summed from the medians above (each layer x its count, "
+              "the chosen algorithm per pass, no input gradient for the stem):\n")
         rows = [[mode, f"{t * 1e3:.1f}", f"{t / totals['torch']:.2f}x" if totals.get("torch") else "-"]
                 for mode, t in totals.items()]
-        print(common.markdown_table(["mode", "ms", "vs torch"], rows))
+        print(common.markdown_table(["mode", "ms", "time vs torch"], rows))
     if model:
         print(f"\nResNet-20 training step, batch {batch}, SGD momentum, policy on, {args.clock} clock:\n")
         rows = [[label, _ms(m["step_seconds"]), f"{m['samples_per_s']:.0f}", _ratio(m["vs_torch_samples_per_s"])]
