@@ -23,14 +23,15 @@ conv2d:
   (:func:`set_workspace_limit`; ``"auto"``, the default, is half the input's bytes, at
   most 4 MiB), so the workspaces that grow with the batch are chunk-sized:
   ``workspace peak <= max(limit, one image's workspace) + W`` where ``W`` is what does
-  not grow with the batch: one weight-sized buffer for im2col and grid (a transposed or
+  not grow with the batch: for im2col and grid one weight-sized buffer (a transposed or
   contiguous copy of the weight, or a chunk's partial weight gradient); for Winograd
-  F(m x m) the transformed weight, ``(m+2)^2/9`` weight sizes, with one weight-sized copy
-  while it is made, and in the weight gradient two such transformed-weight-sized
-  buffers. Each algorithm's module lists its buffers per image. The limit in effect when
-  conv2d is called applies to its backward as well (it is recorded with the node, like
-  the algorithm). ``set_workspace_limit(None)`` removes the bound (the whole batch in
-  one chunk).
+  F(m x m) ``2 (m+2)^2 / 9`` weight sizes (the transformed weight, ``(m+2)^2 / 9`` weight
+  sizes, plus a weight-sized copy while it is made; in the weight gradient, the gradient
+  of the transformed weight and a chunk's partial one, as large). The tests hold every
+  algorithm to this bound, forward and backward; each algorithm's module lists its
+  chunk-sized buffers per image. The limit in effect when conv2d is called applies to its
+  backward as well (it is recorded with the node, like the algorithm).
+  ``set_workspace_limit(None)`` removes the bound (the whole batch in one chunk).
 * **outputs and gradients are not workspace**: the output (``activations``) and the input
   and weight gradients (``gradients``) are allocated once, at their exact shapes (no
   padded buffer stays alive behind them). Under policy ``on``, when the engine proved

@@ -8,7 +8,7 @@ rows of the columns matrix are contiguous runs of the flattened image:
 copy into ``cols`` moves runs of ``L`` elements (hundreds) instead of runs of ``Wo`` (8 to
 32 on ResNet-20), 3x to 5x faster; the price is ``Wp - Wo`` columns per output row that
 straddle the right border and are thrown away (6% of the product at 32x32, 12% at
-16x16, 25% at 8x8). The images of a chunk sit side by side (``cols`` is
+16x16, 22% at 8x8). The images of a chunk sit side by side (``cols`` is
 ``(C*kh*kw, n*L)``), so each pass is ONE matrix product per chunk:
 
 * forward: ``out(Co, n*L) = w(Co, C*kh*kw) @ cols``, then the valid columns are copied

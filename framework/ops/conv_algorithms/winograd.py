@@ -12,12 +12,18 @@ Layouts (chosen by measurement, ``benchmarks/bench_conv.py``): tiles x channels,
 last. Per chunk of ``n`` images with ``T = n * ceil(Ho/m) * ceil(Wo/m)`` tiles:
 
 1. the chunk is copied into a zero-padded channels-last buffer ``(n, Hq, Wq, C)``;
-2. one copy gathers the ``a*a`` tile elements ``D (a*a, T*C)`` (runs of ``C`` elements);
-3. the input transform is ONE matrix product, ``V = kron(B^T, B^T) @ D``;
+2. one copy gathers the ``a*a`` tile elements ``D (a, a, T*C)`` (runs of ``C`` elements);
+3. the input transform ``V = kron(B^T, B^T) D`` as two 1-D transforms along each tile
+   axis: batched products with the ``a x a`` ``B^T`` (F(4x4)), or add and subtract passes
+   (F(2x2), whose ``B^T`` holds only 0 and +-1);
 4. the transformed weight ``U (a*a, C, Co)`` is made once per call; ``M[k] = V[k] @ U[k]``
    are ``a*a`` products ``(T, C) @ (C, Co)``, batched in one ``matmul``;
-5. the output transform is one product, ``Y = kron(A^T, A^T) @ M``, and one copy writes
-   ``Y (m, m, n, Th, Tw, Co)`` into the NCHW output.
+5. the output transform ``Y = kron(A^T, A^T) M``, likewise two 1-D transforms; ``Y`` goes
+   to NCHW through a channels-last staging copy (two copies that move runs of ``Co``
+   elements beat one scattered copy 2x to 4x).
+
+Every step works on whole chunk-sized arrays, never on a tile or a channel at a time; the
+views and the calls of a chunk are made once per call and chunk size.
 
 Backward:
 
@@ -33,9 +39,9 @@ relative to the largest output on ResNet-20's layers; ``tests/framework/ops/test
 holds both to their bounds).
 
 Workspace per image (counted, ``workspace``, allocated once per call at the chunk size):
-the padded channels-last image ``Hq*Wq*C``, two transform buffers of ``a*a*P*max(C, Co)``
-each (``P`` tiles per image) used in turn by ``D, V, M, Y``, and for the weight gradient
-the output-gradient tiles ``m*m*P*Co``. On top of the limit: the transformed weight
+the padded channels-last image ``Hq*Wq*C``, two buffers of ``a*a*P*max(C, Co)`` elements
+(``P`` tiles per image) used in turn by D, the transforms' intermediates, V, M, Y and the
+staging copies, and for the weight gradient the output-gradient tiles ``m*m*P*Co``. On top of the limit: the transformed weight
 ``a*a/9`` weight sizes (4x for F(4x4), 1.8x for F(2x2)) with one weight-sized copy
 while it is made; the weight gradient's ``dU`` and a partial ``dU`` of a chunk, as large.
 """
