@@ -374,8 +374,15 @@ def peak_breakdown(device=None) -> dict[str, int]:
 
 
 def stats() -> dict[str, int]:
-    """Event counters: inplace ops run, bytes copied for inplace backward, ..."""
-    return dict(_stats)
+    """Event counters: inplace ops run, bytes copied for inplace backward, ...
+
+    ``auto_inplace_ops`` is the total of the ``auto_inplace_ops.<op or site>`` counters.
+    """
+    out = dict(_stats)
+    total = sum(v for k, v in out.items() if k.startswith("auto_inplace_ops."))
+    if total:
+        out["auto_inplace_ops"] = total
+    return out
 
 
 def count(event: str, n: int = 1) -> None:

@@ -593,13 +593,19 @@ class Tensor:
         ``retain_grad`` of its own. Sites only consume tensors that own their memory
         alone, so no view of it exists.
         """
-        new = _wrap(self._data)
+        data = self._data
+        new = object.__new__(Tensor)
+        new._data = data
         new._vc = self._vc
         if state.enabled:
             new._requires_grad = self._requires_grad
             new._grad_fn = self._grad_fn
-        # else: under no_grad the site's out-of-place result would have no history either
-        self._data = ConsumedData(new._data, site, where, policy)
+        else:  # under no_grad the site's out-of-place result would have no history either
+            new._requires_grad = False
+            new._grad_fn = None
+        new._grad = new._base = new._view_fn = new._view_base_fn = new._hooks = new._post_acc_hooks = None
+        new._retains_grad = False
+        self._data = ConsumedData(data, site, where, policy)
         return new
 
 

@@ -40,7 +40,8 @@ from .proof import passes_ownership
 
 __all__ = [
     "POLICIES", "DEFAULT_POLICY", "get_policy", "set_policy", "policy", "enabled", "site_target",
-    "consume", "auto_target", "auto_status", "passes_ownership", "ConsumedTensorError", "ConsumedData",
+    "consume", "auto_target", "auto_status", "auto_min_bytes", "set_auto_min_bytes", "passes_ownership",
+    "ConsumedTensorError", "ConsumedData",
 ]
 
 POLICIES = ("off", "auto", "on")
@@ -117,14 +118,13 @@ def site_target(tensor, site: str):
         return None  # a view, .data, detach() or .numpy() shares the memory
     if p == "on":
         return call_site()
-    if proof.status:
-        return None  # auto proves nothing on this interpreter: act as off
+    if proof.status or tensor._data.nbytes < _auto_min_bytes:
+        return None  # auto proves nothing on this interpreter, or it is not worth it: as off
     frame = proof.dead_at(tensor, sys._getframe(1), "site")
     if frame is None:
         return None
     where = frame_site(frame)
     del frame
-    memory.count("auto_inplace_ops")
     memory.count("auto_inplace_ops." + site)
     memory.count("auto_inplace_bytes", tensor._data.nbytes)
     return where
@@ -163,28 +163,25 @@ def auto_target(cls, inputs, params):
     """Where policy ``auto`` runs op ``cls`` in place on ``inputs[0]``: ``(file, line)``, or None.
 
     Called by the apply path, before anything else, for ops that declare
-    ``auto_inplace``. The first input must be dead (:mod:`.proof`): not a leaf that
-    requires grad, not a view, its array shared with nothing, nothing but the call holding
-    it; the result must have its shape and dtype, no other input may share its memory, and
-    the op's backward must not read it (running in place would then only copy it).
+    ``auto_inplace``. The first input must be worth it (at least :func:`auto_min_bytes`)
+    and dead (:mod:`.proof`): not a leaf that requires grad, not a view, its array shared
+    with nothing (so no other input can overlap it), nothing but the call holding it; the
+    result must have its shape and dtype, and the op's backward must not read it (running
+    in place would then only copy it). Ordered cheapest first: most calls stop early.
     """
     x = inputs[0]
-    if type(x) is not _Tensor or x._base is not None or (x._requires_grad and x._grad_fn is None):
+    if x.__class__ is not _Tensor or x._base is not None:
         return None
     data = x._data
-    if type(data) is ConsumedData or data.dtype.kind != "f":
+    if data.nbytes < _auto_min_bytes or data.dtype.kind != "f" or (x._requires_grad and x._grad_fn is None):
         return None
-    od = None
     for other in inputs[1:]:
         if isinstance(other, _Tensor):
             od = other._data
-            if type(od) is ConsumedData:
-                return None
-            if od.dtype != data.dtype or (od.shape != data.shape and not _fits(od.shape, data.shape)):
-                return None  # the result would not have x's shape and dtype
-            if od is data or x.xp.may_share_memory(od, data):
-                return None  # overlap: the kernel would read what it already wrote
-        elif type(other) not in (int, float, bool):
+            if od is data or od.dtype != data.dtype or (od.shape != data.shape and not _fits(od.shape, data.shape)):
+                return None  # the same array twice, or a result without x's shape and dtype
+            del od
+        elif other.__class__ not in _SCALARS:
             return None
     saves_x = _saves_first_input.get(cls)
     if saves_x is None:
@@ -200,19 +197,45 @@ def auto_target(cls, inputs, params):
     if proof.status:
         return None
     nbytes = data.nbytes
-    del data, od  # the proof counts references: hold none of our own
+    del data  # the proof counts references: hold none of our own
     if not _sole_array(x):
         return None
     frame = proof.dead_at(x, sys._getframe(2), "apply")
     if frame is None:
         return None
-    where = frame_site(frame)
+    where = (frame.f_code.co_filename, frame.f_lineno)
     del frame
-    count = memory.count
-    count("auto_inplace_ops")
-    count(_stat_keys.get(cls) or _stat_keys.setdefault(cls, "auto_inplace_ops." + cls.__name__))
-    count("auto_inplace_bytes", nbytes)
+    stats = memory._stats
+    stats[_stat_keys.get(cls) or _stat_keys.setdefault(cls, "auto_inplace_ops." + cls.__name__)] += 1
+    stats["auto_inplace_bytes"] += nbytes
     return where
+
+
+_SCALARS = frozenset({int, float, bool})
+DEFAULT_AUTO_MIN_BYTES = 64 * 1024
+_auto_min_bytes = DEFAULT_AUTO_MIN_BYTES
+
+
+def auto_min_bytes() -> int:
+    """The smallest tensor (in bytes) that policy ``auto`` tries to write over."""
+    return _auto_min_bytes
+
+
+def set_auto_min_bytes(nbytes: int) -> int:
+    """Sets the size below which policy ``auto`` does not try to prove a tensor dead.
+
+    Below it, the proof costs more time than the memory is worth: a chain of ops on
+    tiny tensors ran 1.9x slower under ``auto`` than under ``on`` before this threshold,
+    while from 256 KiB on ``auto`` runs faster (no page faults for a new buffer); see
+    docs/BENCHMARKS.md. NumPy's elision of temporaries stops at 256 KiB for the same
+    reason. 0 makes ``auto`` try every tensor (the tests do, to exercise the proof).
+    Returns the previous value.
+    """
+    global _auto_min_bytes
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"auto_min_bytes must be an integer >= 0, got {nbytes!r}")
+    prev, _auto_min_bytes = _auto_min_bytes, nbytes
+    return prev
 
 
 def _fits(small, big) -> bool:
@@ -228,15 +251,17 @@ def calibrate(*, Tensor, make, neg, add, relu, residual_add, site, op_module, mo
     """Binds the tensor class and measures policy ``auto``'s reference counts (see
     :func:`.proof.calibrate`). Called once from ``framework/__init__.py``. If no path
     can be trusted on this interpreter, warns once: ``auto`` then acts as ``off``."""
-    global _Tensor, _policy
+    global _Tensor, _policy, _auto_min_bytes
     _Tensor = Tensor
     prev, _policy = _policy, "auto"
+    prev_min, _auto_min_bytes = _auto_min_bytes, 0
     try:
         proof.calibrate(make=make, neg=neg, add=add, relu=relu, residual_add=residual_add, site=site,
                         op_module=op_module, module_call=module_call,
                         counter=lambda: memory.stats().get("auto_inplace_ops", 0))
     finally:
         _policy = prev
+        _auto_min_bytes = prev_min
     memory.reset_stats()
     if proof.status:
         warnings.warn(

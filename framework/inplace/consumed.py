@@ -28,18 +28,33 @@ class ConsumedData:
     raises :class:`ConsumedTensorError` with the site, its file and line, and the fix.
     """
 
-    __slots__ = ("shape", "dtype", "ndim", "size", "itemsize", "nbytes", "site", "where", "policy")
+    __slots__ = ("shape", "dtype", "site", "where", "policy")
 
     def __init__(self, array, site: str, where, policy: str):
         self.shape = array.shape
         self.dtype = array.dtype
-        self.ndim = array.ndim
-        self.size = array.size
-        self.itemsize = array.itemsize
-        self.nbytes = array.nbytes
         self.site = site
         self.where = where  # (file, line) of the call that consumed the tensor
         self.policy = policy
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
 
     def describe(self) -> str:
         file, line = self.where

@@ -22,8 +22,12 @@ from framework.nn import functional as F
 @pytest.fixture(autouse=True)
 def _auto():
     memory.reset_stats()
-    with inplace.policy("auto"):
-        yield
+    prev = inplace.set_auto_min_bytes(0)  # the tensors here are tiny: prove every one
+    try:
+        with inplace.policy("auto"):
+            yield
+    finally:
+        inplace.set_auto_min_bytes(prev)
 
 
 def auto_ops(name: str | None = None) -> int:
@@ -491,3 +495,15 @@ def test_reading_a_local_leaves_no_snapshot_that_keeps_tensors_alive():
     _, alive = run()
     assert auto_ops("Exp") == before + 1  # the rule did run
     assert not alive
+
+
+def test_tensors_below_the_size_threshold_are_not_worth_the_proof():
+    inplace.set_auto_min_bytes(inplace.DEFAULT_AUTO_MIN_BYTES)
+    small = fw.randn(16)  # 64 bytes
+    _ = (small * 2.0) + 1.0
+    assert auto_ops() == 0
+    big = fw.randn(inplace.DEFAULT_AUTO_MIN_BYTES // 4)  # float32: exactly the threshold
+    _ = (big * 2.0) + 1.0
+    assert auto_ops("Add") == 1
+    with pytest.raises(ValueError, match="integer >= 0"):
+        inplace.set_auto_min_bytes(-1)

@@ -193,32 +193,41 @@ def run(source, policy):
     c = fw.tensor(rng.standard_normal((N, C)).astype(np.float32))
     m = Model()
     fw.manual_seed(1)  # dropout masks: the same draws under every policy
-    with inplace.policy(policy), np.errstate(all="ignore"):
-        try:
-            held = scope["program"](x, c, m)
-        except ConsumedTensorError:
-            return "consumed"
-        except (RuntimeError, ValueError, IndexError) as e:
-            return ("error", type(e).__name__, str(e).split(" at ")[0][:80])
-        try:
-            values = {k: [t.detach().numpy().copy() for t in (v if isinstance(v, list) else [v])]
-                      for k, v in held.items()}
-            loss = None
-            for k, (name, v) in enumerate(sorted(held.items())):
-                for t in v if isinstance(v, list) else [v]:
-                    if t.requires_grad:
-                        term = (t * float(k + 1)).sum()
-                        loss = term if loss is None else loss + term
-            backward_error = None
-            if loss is not None:
-                try:
-                    loss.backward()
-                except ConsumedTensorError:
-                    raise
-                except RuntimeError as e:
-                    backward_error = str(e).split(" at ")[0][:80]
-        except ConsumedTensorError:
-            return "consumed"
+    prev = inplace.set_auto_min_bytes(0)  # tiny tensors: prove every one
+    try:
+        with inplace.policy(policy), np.errstate(all="ignore"):
+            return _observe(scope, x, c, m)
+    finally:
+        inplace.set_auto_min_bytes(prev)
+
+
+def _observe(scope, x, c, m):
+    """Runs the program and returns what the user can observe."""
+    try:
+        held = scope["program"](x, c, m)
+    except ConsumedTensorError:
+        return "consumed"
+    except (RuntimeError, ValueError, IndexError) as e:
+        return ("error", type(e).__name__, str(e).split(" at ")[0][:80])
+    try:
+        values = {k: [t.detach().numpy().copy() for t in (v if isinstance(v, list) else [v])]
+                  for k, v in held.items()}
+        loss = None
+        for k, (_, v) in enumerate(sorted(held.items())):
+            for t in v if isinstance(v, list) else [v]:
+                if t.requires_grad:
+                    term = (t * float(k + 1)).sum()
+                    loss = term if loss is None else loss + term
+        backward_error = None
+        if loss is not None:
+            try:
+                loss.backward()
+            except ConsumedTensorError:
+                raise
+            except RuntimeError as e:
+                backward_error = str(e).split(" at ")[0][:80]
+    except ConsumedTensorError:
+        return "consumed"
     grads = [None if p.grad is None else p.grad.numpy().copy() for p in [x, *m.parameters()]]
     stats = [b.numpy().copy() for b in m.buffers()]
     return {"values": values, "grads": grads, "stats": stats, "backward_error": backward_error}

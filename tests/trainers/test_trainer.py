@@ -6,6 +6,8 @@ import os
 import numpy as np
 import pytest
 
+import framework as fw
+
 from trainers.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
 from trainers.config import ConfigError, load_config
 from trainers.logging import read_scalars
@@ -177,6 +179,14 @@ def test_logged_peak_is_the_training_steps_not_the_evaluation(tmp_path, monkeypa
 def test_auto_policy_logs_what_it_ran_in_place(tmp_path):
     """Under auto the MLP's ReLU (fed its Linear's output as a temporary through
     Sequential) runs in place every step, and the trainer logs it per step."""
+    prev = fw.inplace.set_auto_min_bytes(0)  # the tiny model's activations are 2 KiB
+    try:
+        _auto_policy_logs(tmp_path)
+    finally:
+        fw.inplace.set_auto_min_bytes(prev)
+
+
+def _auto_policy_logs(tmp_path):
     result = Trainer(tiny_config(tmp_path, "inplace=auto", "model.args.dropout=0.0")).fit()
     assert result.run_dir.endswith("inplace-auto_np1")
     scalars = read_scalars(result.run_dir)
