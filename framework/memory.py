@@ -260,26 +260,38 @@ def category(name: str):
 
 # --- saved-for-backward accounting ----------------------------------------------------
 
+def _root_or_none(array):
+    """The buffer that owns ``array``'s memory, or None for a Python scalar."""
+    if array.__class__ is np.ndarray and array.base is None:
+        return array  # the common case, first
+    return root_buffer(array) if hasattr(array, "shape") else None
+
+
 def note_saved(array) -> None:
     """An autograd node now holds ``array`` for backward (any device)."""
     global _saved_bytes
-    if not hasattr(array, "shape"):
+    root = _root_or_none(array)
+    if root is None:
         return  # a Python scalar operand
-    track(array, "activations")
-    root = root_buffer(array)
     key = id(root)
-    if key not in _saved_refcount:
+    if key not in _live:
+        track(root, "activations")
+    n = _saved_refcount.get(key)
+    if n is None:
         _saved_size[key] = root.nbytes
         _saved_bytes += root.nbytes
-    _saved_refcount[key] = _saved_refcount.get(key, 0) + 1
+        _saved_refcount[key] = 1
+    else:
+        _saved_refcount[key] = n + 1
 
 
 def note_released(array) -> None:
     """An autograd node no longer holds ``array`` (backward ran, or the graph died)."""
     global _saved_bytes
-    if not hasattr(array, "shape"):
+    root = _root_or_none(array)
+    if root is None:
         return
-    key = id(root_buffer(array))
+    key = id(root)
     n = _saved_refcount.get(key, 0) - 1
     if n <= 0:
         _saved_refcount.pop(key, None)

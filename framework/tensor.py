@@ -346,6 +346,7 @@ class Tensor:
         fn = self._grad_fn
         if fn is not None:
             fn.__dict__["_output_detached"] = True
+            _function.detached_inplace[0] = True
         self._grad_fn = None
         self._requires_grad = False
         return self
@@ -733,6 +734,7 @@ class _enable_grad_quiet:
         state.enabled = self.prev
 
 
+from .autograd import function as _function  # noqa: E402
 from .autograd.function import VersionCounter as _VersionCounter  # noqa: E402
 # The one import cycle of the framework: ops build on Tensor, and Tensor's methods call
 # the ops. Imported last, when Tensor exists; the methods look ``_ops`` up at call time.

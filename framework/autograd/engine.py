@@ -235,6 +235,8 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
     grads: dict = {}
     anomaly = state.anomaly
     track = memory.track
+    may_reuse = inplace.enabled()  # the policy cannot change while backward runs
+    reused = 0
     with memory.category("gradients"), no_grad():
         for edge, g in roots:
             track(g, "gradients")
@@ -262,9 +264,8 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                 # elementwise backwards write their result into it (Paddle's use_count == 1).
                 # Shared gradients (Add passes one array to both inputs), views and
                 # gradients a hook kept are never reused.
-                reuse = inplace.enabled() and _is_exclusive(g)
-                if reuse:
-                    memory.count("backward_grad_reuse")
+                reuse = may_reuse and _is_exclusive(g)
+                reused += reuse
                 node.reuse_grad = reuse
                 try:
                     outs = list(node.run_backward(g))
@@ -284,27 +285,31 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                 if anomaly == "nan":
                     _check_nan(node, outs)
             for i, nxt in enumerate(node.next):
-                if nxt is not None and not isinstance(nxt, Function):
+                if nxt is None:
+                    if outs is not None:
+                        outs[i] = None
+                    continue
+                if not isinstance(nxt, Function):
                     arrive_leaf(nxt, outs or [None] * (i + 1), i)
                     continue
                 gi = None
                 if outs is not None:
                     gi = outs[i]
                     outs[i] = None
-                if nxt is None:
+                if needed is not None and not needed.get(nxt):
                     continue
-                if isinstance(nxt, Function):
-                    if needed is not None and not needed.get(nxt):
-                        continue
-                    if gi is not None:
-                        if nxt in grads:
-                            _sum_into(grads, nxt, gi)
-                        else:
-                            grads[nxt] = gi
-                    deps[nxt] -= 1
-                    if deps[nxt] == 0:
-                        ready.append(nxt)
+                if gi is not None:
+                    if nxt in grads:
+                        _sum_into(grads, nxt, gi)
+                    else:
+                        grads[nxt] = gi
+                n = deps[nxt] - 1
+                deps[nxt] = n
+                if n == 0:
+                    ready.append(nxt)
                 del gi
+    if reused:
+        memory.count("backward_grad_reuse", reused)
     return captured
 
 

@@ -48,14 +48,13 @@ class VersionCounter:
     """The version of a storage, shared by its views and ``detach()``.
 
     ``writes`` remembers the last few inplace ops as ``(version after, op, (file, line))``
-    so that a stale saved tensor can name the op that changed it.
+    so that a stale saved tensor can name the op that changed it. The defaults are class
+    attributes: every tensor gets a counter, and most are never written, so a new one
+    costs an allocation and nothing more.
     """
 
-    __slots__ = ("value", "writes")
-
-    def __init__(self):
-        self.value = 0
-        self.writes = None
+    value = 0
+    writes = None
 
     def bump(self, op_name: str, site) -> None:
         self.value += 1
@@ -96,7 +95,7 @@ class SavedTensor:
         if vc is not None:
             if vc.value != self.version:
                 raise RuntimeError(_version_error(self, node))
-            if self.name != "result" and _input_detached(node, self.name):
+            if detached_inplace[0] and self.name != "result" and _input_detached(node, self.name):
                 raise RuntimeError(
                     "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_()."
                     "This is not supported, please use out-of-place `.detach()` instead"
@@ -115,6 +114,9 @@ class SavedTensor:
             self.release()
         except Exception:  # interpreter shutdown: module globals may be gone
             pass
+
+
+detached_inplace = [False]  # set once any non-leaf was detached in place: only then is it checked
 
 
 def _input_detached(node, name) -> bool:
@@ -384,8 +386,14 @@ def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
     target = arrays[0] if inplace else None
     xp_may_share = None
     for name, idx, when in cls._save_plan:
-        if idx < 0 or (when is not None and not any(needs[i] for i in when)):
+        if idx < 0:
             continue
+        if when is not None:
+            for i in when:  # a loop, not any(): this runs for every op that saves
+                if needs[i]:
+                    break
+            else:
+                continue
         arr = arrays[idx]
         if not hasattr(arr, "shape"):
             ctx.__dict__[name] = arr

@@ -32,12 +32,19 @@ def _operand(x, other):
     A Python float with an integer or bool tensor promotes to the default float dtype
     (float32), as in PyTorch; NumPy alone would give float64. So does an integer tensor
     with a float tensor: the result keeps the float tensor's dtype (NumPy: float64).
+    Runs for every binary op: the common cases are checked first.
     """
     if isinstance(other, Tensor):
-        if isinstance(x, Tensor) and x.dtype.kind in "biu" and other.dtype.kind == "f":
-            x = cast(x, other.dtype)
-        elif isinstance(x, Tensor) and other.dtype.kind in "biu" and x.dtype.kind == "f":
-            other = cast(other, x.dtype)
+        if isinstance(x, Tensor):
+            xk, ok = x._data.dtype.kind, other._data.dtype.kind
+            if xk in "biu" and ok == "f":
+                x = cast(x, other.dtype)
+            elif ok in "biu" and xk == "f":
+                other = cast(other, x.dtype)
+        return x, other
+    if other.__class__ is float:
+        if isinstance(x, Tensor) and x._data.dtype.kind in "biu":
+            x = cast(x, _DEFAULT_FLOAT)
         return x, other
     if _backend.is_array(other):
         raise TypeError("mix tensors with tensors or Python scalars, not NumPy arrays: wrap it with fw.tensor()")

@@ -11,6 +11,8 @@ tensor that needs a gradient) get a copy of it from the apply path, counted as
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import memory
 from ..autograd.function import Function
 from ..backend import get_array_module
@@ -19,12 +21,16 @@ from .broadcast import shape_of, sum_to
 
 def _xp(*arrays):
     for a in arrays:
+        if a.__class__ is np.ndarray:  # the common case, first
+            return np
         if hasattr(a, "dtype") and hasattr(a, "shape"):
             return get_array_module(a)
     return get_array_module(arrays[0])
 
 
 def _meta(a):
+    if a.__class__ is np.ndarray:
+        return a.shape, a.dtype
     return shape_of(a), getattr(a, "dtype", None)
 
 
