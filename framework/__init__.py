@@ -79,5 +79,6 @@ bool = bool_  # noqa: A001  (fw.bool, as torch.bool)
 
 from . import nn, optim  # noqa: E402  (they build on everything above)
 from . import random  # noqa: E402,F401
+from .compile import compile  # noqa: E402,A004  (fw.compile, like torch.compile; above nn and optim)
 
 inplace.calibrate()  # policy auto's reference counts, measured on this interpreter

@@ -21,6 +21,7 @@ import sys
 
 from .. import inplace, memory
 from ..backend import get_array_module
+from . import function as _function  # _function.capture: the recorder of framework.compile, or None
 from .function import Function, _as_array
 from .grad_mode import no_grad, state
 
@@ -58,6 +59,8 @@ def _is_exclusive(array) -> bool:
 
 def _sum_grads(existing, new):
     """``existing + new``; in place into ``existing`` under the policy when provably safe."""
+    if _function.capture is not None:
+        return _function.capture.sum_grads(existing, new)
     if inplace.enabled() and _is_exclusive(existing):
         get_array_module(existing).add(existing, new, out=existing)
         memory.count("inplace_grad_accumulations")
@@ -93,6 +96,8 @@ def _run_leaf_hooks(leaf, grad):
 
 
 def _accumulate_leaf(leaf, grad) -> None:
+    if _function.capture is not None:
+        return _function.capture.accumulate_leaf(leaf, grad)
     if leaf._hooks:
         hooked = _run_leaf_hooks(leaf, grad)
         if hooked is not grad:
@@ -260,7 +265,8 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                     captured[i] = g
                 node.reuse_grad = _reusable(g)
                 try:
-                    outs = list(node.run_backward(g))
+                    outs = list(node.run_backward(g) if _function.capture is None
+                                else _function.capture.run_backward(node, g))
                     # Count the new gradients now, while the incoming one is still alive:
                     # that overlap is part of backward's real peak.
                     for out in outs:
@@ -328,6 +334,8 @@ def _roots(tensors, grad_tensors):
                     "pass a gradient of the same shape to backward(gradient=...)"
                 )
             g = xp.ones(t._data.shape, dtype=t._data.dtype)
+            if _function.capture is not None:
+                _function.capture.root_grad(g)
         else:
             g = g._data if isinstance(g, Tensor) else xp.asarray(g, dtype=t._data.dtype)
             if g.shape != t._data.shape:

@@ -359,8 +359,14 @@ def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
 
 _NO_NEEDS = tuple((False,) * n for n in range(8))
 
+# The recorder of framework.compile while a step is being captured, else None: the one
+# check this hot path pays for compilation (framework/compile/capture.py).
+capture = None
+
 
 def _apply(cls, inputs, params, inplace):
+    if capture is not None:
+        return capture.apply(cls, inputs, params, inplace)
     # This runs for every op call: the common cases are kept short and flat.
     auto = False
     if not inplace and cls.auto_inplace and _inplace._policy == "auto":

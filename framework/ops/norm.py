@@ -43,7 +43,7 @@ from .. import backend, memory
 from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..backend import get_array_module
-from ..tensor import Tensor, _wrap
+from ..tensor import Tensor
 
 __all__ = ["batch_norm", "inplace_abn", "BatchNorm", "BatchNormEval", "InPlaceABN"]
 
@@ -391,19 +391,41 @@ def _check_batch(name, input):
         )
 
 
+class RunningStatUpdate(Function):
+    """``r = (1 - momentum) * r + momentum * batch [* correction]``, written over ``r``.
+
+    One inplace op per buffer and call (its version bumps once, as in PyTorch), so that
+    the update is an op like any other: a compiled step records and replays it
+    (framework/compile). ``correction`` (``m / (m - 1)``) turns the biased batch variance
+    into the unbiased one; None for the mean.
+    """
+
+    differentiable = False
+    inplace_name = "running_stat_update_"
+
+    def forward(ctx, r, batch, momentum=0.1, correction=None):
+        if correction is not None:
+            batch = batch * correction
+        new = r * (1.0 - momentum)
+        new += batch.astype(r.dtype, copy=False) * momentum
+        out = ctx.out if ctx.out is not None else new
+        if out is not new:
+            out[...] = new
+        return out
+
+
 def _update_running(running_mean, running_var, stats, momentum):
     """``r = (1 - momentum) * r + momentum * batch``, written into ``r`` under no_grad.
 
-    One inplace op (``copy_``) per buffer: its version bumps once per call, as in PyTorch.
+    One inplace op (:class:`RunningStatUpdate`) per buffer: its version bumps once per
+    call, as in PyTorch.
     """
     m = stats["count"]
-    unbiased = stats["var"] * (m / (m - 1))
     with no_grad():
-        for r, batch in ((running_mean, stats["mean"]), (running_var, unbiased)):
-            if r is not None:
-                new = r._data * (1.0 - momentum)
-                new += batch.astype(r.dtype, copy=False) * momentum
-                r.copy_(_wrap(new))
+        if running_mean is not None:
+            RunningStatUpdate.apply_(running_mean, stats["mean"], momentum=momentum)
+        if running_var is not None:
+            RunningStatUpdate.apply_(running_var, stats["var"], momentum=momentum, correction=m / (m - 1))
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
