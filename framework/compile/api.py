@@ -361,6 +361,14 @@ class CompiledStep:
                 vid = rec.lookup(grad._data)
                 if vid is not None and program.values[vid].source is None:  # accumulated in place
                     program.writebacks.append(WriteBack(Source("grad", name + ".grad", p), vid, "grad"))
+        # Leaves other than the parameters (an argument that requires grad) get their new
+        # gradient too.
+        known = {id(p) for p in self.params}
+        for leaf, vid in rec.leaf_grads.values():
+            if id(leaf) in known:
+                continue
+            name = next((s.name for t, s in rec.externals if t is leaf), "tensor")
+            program.writebacks.append(WriteBack(Source("grad", name + ".grad", leaf), vid, "grad"))
         for name, b, data in entry_state["buffers"]:
             rec.writeback(Source("buffer", name, b), b, data)
         for k, opt, before in entry_state["state"]:

@@ -167,7 +167,7 @@ class Recorder:
         v = self.program.values[vid]
         if rec is not None and rec.version > v.version:
             # The buffer was written through another array since this one was last seen.
-            nv = self._new_value(arr, producer=rec.writer, edge=("view", vid))
+            nv = self._new_value(arr, producer=rec.writer, edge=("alias", vid))
             return nv
         return vid
 

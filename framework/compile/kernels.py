@@ -67,167 +67,79 @@ def has_inplace_form(node) -> bool:
     return False
 
 
-# --- operands -----------------------------------------------------------------------------
-
-def _getter(template, env, scal):
-    """A function returning the operand now (arrays from env, traced scalars, constants)."""
-    if isinstance(template, Ref):
-        i = template.id
-        return lambda: env[i]
-    if isinstance(template, ScalarRef):
-        s = template.slot
-        return lambda: scal[s]
-    return lambda: template
-
-
-def _static(template) -> bool:
-    return not isinstance(template, (Ref, ScalarRef))
+# --- direct kernels: each emits the NumPy calls of one node as lines of Python -------------------
+#
+# An emitter gets the node and a code generator ``g`` (framework/compile/replay.py) and
+# writes statements with ``g.line``. Operands are names that ``g`` gives: ``g.a(vid)`` an
+# array (a global bound to an arena buffer or an input, or ``env[vid]`` for an array a
+# kernel makes at run time), ``g.s(template)`` a scalar or constant. ``g.call(node, vid,
+# expr_without_out, ...)`` writes a call into the output's buffer. Every emitter runs the
+# same NumPy functions, with the same operands in the same order, as the op's own
+# forward/backward: only where the result goes differs (``out=``). An emitter returns
+# False to leave the node to the op's own code; ``g.dry`` is set while annotate() asks.
 
 
-class _Out:
-    """Where a lowered kernel writes one output: the planned buffer, its input's buffer
-    (re-inplaced), or a new array (allocated and counted at each replay)."""
-
-    def __init__(self, vid, program, plan, env, alias_of=None):
-        self.vid = vid
-        v = program.values[vid]
-        self.shape, self.dtype = v.shape, v.dtype
-        self.order = "F" if (len(v.shape) > 1 and v.strides and not _c_contig(v) and _f_contig(v)) else "C"
-        self.planned = vid in plan.offsets
-        self.alias_of = alias_of
-        self.env = env
-        self.category = "gradients"
-
-    def get(self):
-        if self.planned:
-            return self.env[self.vid]
-        if self.alias_of is not None:
-            return self.env[self.alias_of]
-        return memory.track(np.empty(self.shape, dtype=self.dtype, order=self.order), self.category)
-
-
-def _c_contig(v) -> bool:
-    expect = v.dtype.itemsize
-    for n, s in zip(reversed(v.shape), reversed(v.strides)):
-        if n != 1 and s != expect:
-            return False
-        expect *= n
-    return True
-
-
-def _f_contig(v) -> bool:
-    expect = v.dtype.itemsize
-    for n, s in zip(v.shape, v.strides):
-        if n != 1 and s != expect:
-            return False
-        expect *= n
-    return True
-
-
-def _layout_ok(vid, program) -> bool:
-    v = program.values[vid]
-    return _c_contig(v) or _f_contig(v)
-
-
-# --- forward kernels ----------------------------------------------------------------------
-
-def _binary(ufunc):
-    def build(node, get, out):
-        x, y = get(node.inputs[0]), get(node.inputs[1])
+def _emit_binary(ufunc):
+    def emit(node, g):
+        x, y = g.s(node.inputs[0]), g.s(node.inputs[1])
         alpha = node.params.get("alpha", 1)
-        a = (lambda: alpha) if _static(alpha) else get(alpha)
+        if isinstance(alpha, ScalarRef):
+            al = g.s(alpha)
+            y = g.temp(f"({y} * {al} if {al} != 1 else {y})")  # the op's `if alpha != 1: y = y * alpha`
+        elif alpha != 1:
+            y = f"({y} * {g.const(alpha)})"
+        return g.call(node, node.outputs[0], ufunc, [x, y])
 
-        def run():
-            yv, al = y(), a()
-            if al != 1:
-                yv = yv * al  # as the op's forward (a Python scalar stays one)
-            return ufunc(x(), yv, out=out())
-
-        return run
-
-    return build
+    return emit
 
 
-def _plain_binary(ufunc):
-    def build(node, get, out):
-        x, y = get(node.inputs[0]), get(node.inputs[1])
-        return lambda: ufunc(x(), y(), out=out())
+def _emit_unary(ufunc, *extra):
+    def emit(node, g):
+        return g.call(node, node.outputs[0], ufunc, [g.s(node.inputs[0]), *extra])
 
-    return build
-
-
-def _unary(ufunc):
-    def build(node, get, out):
-        x = get(node.inputs[0])
-        return lambda: ufunc(x(), out=out())
-
-    return build
+    return emit
 
 
-def _relu(node, get, out):
-    x = get(node.inputs[0])
-    return lambda: np.maximum(x(), 0, out=out())
+def _emit_sigmoid(node, g):
+    # 1 / (1 + exp(-x)) through one buffer; a new one (empty_like) when not given, as the op
+    x = g.s(node.inputs[0])
+    o = g.buffer(node, node.outputs[0], f"np.empty_like({x})")
+    g.line(f"np.negative({x}, out={o})")
+    g.line(f"np.exp({o}, out={o})")
+    g.line(f"np.add({o}, 1, out={o})")
+    g.line(f"np.reciprocal({o}, out={o})")
+    g.done(node.outputs[0], o)
+    return True
 
 
-def _sigmoid(node, get, out):
-    x = get(node.inputs[0])
-
-    def run():
-        o = np.negative(x(), out=out())
-        np.exp(o, out=o)
-        o += 1
-        return np.reciprocal(o, out=o)
-
-    return run
-
-
-def _matmul(node, get, out):
-    x, y = get(node.inputs[0]), get(node.inputs[1])
-    return lambda: np.matmul(x(), y(), out=out())
-
-
-def _sum(node, get, out):
-    x = get(node.inputs[0])
-    dim, keepdim = node.params.get("dim"), node.params.get("keepdim", False)
+def _emit_sum(node, g):
     shape = node.info["in_shapes"][0]
-    axes = R._axes(dim, len(shape)) if len(shape) else ()
-
-    def run():
-        return np.sum(x(), axis=axes, keepdims=keepdim, out=out())
-
-    return run
+    axes = R._axes(node.params.get("dim"), len(shape)) if len(shape) else ()
+    keep = node.params.get("keepdim", False)
+    return g.call(node, node.outputs[0], "np.sum", [g.s(node.inputs[0])], f"axis={axes!r}, keepdims={keep!r}")
 
 
 FORWARD = {
-    E.Add: _binary(np.add), E.Sub: _binary(np.subtract), E.Mul: _plain_binary(np.multiply),
-    E.Div: _plain_binary(np.true_divide), E.Neg: _unary(np.negative), E.Exp: _unary(np.exp),
-    E.Tanh: _unary(np.tanh), E.Relu: _relu, E.Sigmoid: _sigmoid, L.Matmul: _matmul, R.Sum: _sum,
+    E.Add: _emit_binary("np.add"), E.Sub: _emit_binary("np.subtract"), E.Mul: _emit_unary("np.multiply"),
+    E.Div: _emit_unary("np.true_divide"), E.Neg: _emit_unary("np.negative"), E.Exp: _emit_unary("np.exp"),
+    E.Tanh: _emit_unary("np.tanh"), E.Relu: _emit_unary("np.maximum", "0"), E.Sigmoid: _emit_sigmoid,
+    L.Matmul: _emit_unary("np.matmul"), R.Sum: _emit_sum,
 }
+# Mul, Div and Matmul are binary, but their operands need no alpha: _emit_unary passes both.
+FORWARD[E.Mul] = lambda node, g: g.call(node, node.outputs[0], "np.multiply", [g.s(t) for t in node.inputs[:2]])
+FORWARD[E.Div] = lambda node, g: g.call(node, node.outputs[0], "np.true_divide", [g.s(t) for t in node.inputs[:2]])
+FORWARD[L.Matmul] = lambda node, g: g.call(node, node.outputs[0], "np.matmul", [g.s(t) for t in node.inputs[:2]])
 
 
-def _view_forward(node, get, env, o):
-    x = get(node.inputs[0])
-    op = node.op
-    if op is View:
-        shape = node.params["shape"]
-        reshape = reshape_view
-
-        def run():
-            env[o] = reshape(x(), shape)
-    elif op is Permute:
-        dims = node.params["dims"]
-
-        def run():
-            env[o] = x().transpose(dims)
-    else:
-        return None
-    return run
+def _emit_view(node, g):
+    x, o = node.inputs[0].id, node.outputs[0]
+    if node.op is View:
+        return g.view(o, x, lambda a: reshape_view(a, node.params["shape"]), f"reshape_view({{}}, {node.params['shape']!r})")
+    dims = node.params["dims"]
+    return g.view(o, x, lambda a: a.transpose(dims), f"{{}}.transpose({dims!r})")
 
 
-# --- backward kernels -----------------------------------------------------------------------
-#
-# Each builder gets (node, fnode, get, outs) where outs[i] is an _Out or None (no gradient),
-# and returns a closure, or None to leave the node to the op's own backward.
+# --- backward ---------------------------------------------------------------------------------
 
 def _meta_of(template, program):
     if isinstance(template, Ref):
@@ -236,325 +148,241 @@ def _meta_of(template, program):
     return (), None
 
 
-def _sum_into(g, o, shape):
-    """``sum_to(g, shape)`` into ``o``: the keepdims sum of the op's helper, written with out=."""
-    lead = g.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1)
-    keep = o.reshape((1,) * lead + tuple(shape)) if lead else o.reshape(shape)
-    np.sum(g, axis=axes, keepdims=True, out=keep)
-    return o
+def _sum_axes(gshape, shape):
+    """The axes and keepdims shape of ``sum_to(g, shape)`` (framework/ops/broadcast.py)."""
+    lead = len(gshape) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and gshape[lead + i] != 1)
+    return axes, (1,) * lead + tuple(shape)
 
 
-def _add_like(sign):
-    def build(node, fnode, get, outs, program):
-        g = get(Ref(node.info["grad"]))
+def _emit_add_like(negate_second):
+    def emit(node, g):
+        program, fnode = g.program, g.fnode(node)
         alpha = fnode.params.get("alpha", 1)
-        if not _static(alpha) or alpha != 1:
-            return None
-        mx, my = (_meta_of(t, program) for t in fnode.inputs[:2])
-        env = outs[0].env if outs[0] is not None else outs[1].env if outs[1] is not None else None
-        gshape = program.values[node.info["grad"]].shape
-        steps = []
-        for k, (meta, o) in enumerate(zip((mx, my), outs)):
+        if not (isinstance(alpha, (int, float)) and alpha == 1):
+            return False
+        gv = program.values[node.info["grad"]]
+        gname = g.a(gv.id)
+        for k, o in enumerate(node.outputs[:2]):
             if o is None:
                 continue
-            shape, dtype = meta
-            if dtype is not None and dtype != program.values[node.info["grad"]].dtype:
-                return None
-            negate = sign < 0 and k == 1
-            if shape == gshape and not negate:
-                steps.append(("alias", o.vid))
-            elif shape == gshape:
-                steps.append(("neg", o))
+            shape, dtype = _meta_of(fnode.inputs[k], program)
+            if dtype is not None and dtype != gv.dtype:
+                return False
+            neg = negate_second and k == 1
+            src = f"np.negative({gname})" if neg else gname
+            if shape == gv.shape:
+                if not neg:
+                    ov = program.values[o]
+                    if o != gv.id and not (ov.edge is not None and ov.edge[1] == gv.id and
+                                           (ov.shape, ov.strides) == (gv.shape, gv.strides)):
+                        return False  # captured as something else than the gradient itself
+                    if o != gv.id:
+                        g.done(o, gname)  # the gradient passes on (the capture saw it as a write)
+                    continue
+                if not g.call(node, o, "np.negative", [gname]):
+                    return False
             else:
-                steps.append(("negsum" if negate else "sum", o, shape))
+                axes, keep = _sum_axes(gv.shape, shape)
+                if not g.call(node, o, "np.sum", [src], f"axis={axes!r}, keepdims=True", reshape=keep):
+                    return False
+        return True
 
-        def run():
-            gv = g()
-            for st in steps:
-                kind = st[0]
-                if kind == "alias":
-                    env[st[1]] = gv
-                elif kind == "neg":
-                    env[st[1].vid] = np.negative(gv, out=st[1].get())
-                elif kind == "sum":
-                    env[st[1].vid] = _sum_into(gv, st[1].get(), st[2])
-                else:
-                    env[st[1].vid] = _sum_into(-gv, st[1].get(), st[2])
-
-        return run
-
-    return build
+    return emit
 
 
-def _mul_backward(node, fnode, get, outs, program):
-    g = get(Ref(node.info["grad"]))
-    gshape = program.values[node.info["grad"]].shape
+def _emit_mul_backward(node, g):
+    program, fnode = g.program, g.fnode(node)
+    gv = program.values[node.info["grad"]]
     saved = fnode.info.get("saved", {})
-    mx, my = (_meta_of(t, program) for t in fnode.inputs[:2])
-    ox, oy = outs[0], outs[1] if len(outs) > 1 else None
-    if oy is not None and (my[0] != gshape or my[1] != program.values[node.info["grad"]].dtype):
-        return None
-    if ox is not None and (mx[0] != gshape or mx[1] != program.values[node.info["grad"]].dtype):
-        return None
-    xg = get(Ref(saved["x"])) if "x" in saved else None
-    yt = fnode.inputs[1]
-    yg = get(Ref(saved["y"])) if "y" in saved else (get(yt) if not isinstance(yt, Ref) else None)
-    if ox is not None and yg is None or oy is not None and xg is None:
-        return None
-    env = (ox or oy).env
-
-    def run():
-        gv = g()
-        if oy is not None:
-            env[oy.vid] = np.multiply(gv, xg(), out=oy.get())
-        if ox is not None:
-            env[ox.vid] = np.multiply(gv, yg(), out=ox.get())
-
-    return run
+    ox, oy = node.outputs[0], (node.outputs[1] if len(node.outputs) > 1 else None)
+    for o, t in ((ox, fnode.inputs[0]), (oy, fnode.inputs[1])):
+        if o is not None and _meta_of(t, program) != (gv.shape, gv.dtype):
+            return False  # broadcasting or casting: the op's own code
+    if oy is not None:
+        if "x" not in saved or not g.call(node, oy, "np.multiply", [g.a(gv.id), g.a(saved["x"])]):
+            return False
+    if ox is not None:
+        y = g.a(saved["y"]) if "y" in saved else g.s(fnode.inputs[1])
+        if isinstance(fnode.inputs[1], Ref) and "y" not in saved:
+            return False
+        if not g.call(node, ox, "np.multiply", [g.a(gv.id), y]):
+            return False
+    return True
 
 
-def _elementwise_backward(kind):
-    def build(node, fnode, get, outs, program):
-        o = outs[0]
-        if o is None:
-            return None
-        g = get(Ref(node.info["grad"]))
-        saved = fnode.info.get("saved", {})
-        r = get(Ref(saved["result"]))
-        env = o.env
+def _emit_result_backward(kind):
+    def emit(node, g):
+        fnode = g.fnode(node)
+        o = node.outputs[0]
+        if o is None or len([x for x in node.outputs if x is not None]) != 1:
+            return False
+        gname = g.a(node.info["grad"])
+        r = g.a(fnode.info["saved"]["result"])
         if kind == "relu":
-            def run():
-                env[o.vid] = np.multiply(g(), r() > 0, out=o.get())
-        elif kind == "exp":
-            def run():
-                env[o.vid] = np.multiply(g(), r(), out=o.get())
-        else:  # tanh: g * (1 - y * y), with (1 - y * y) in its own buffer when o is g's
-            def run():
-                gv, y, ov = g(), r(), o.get()
-                d = np.multiply(y, y, out=np.empty_like(y) if ov is gv else ov)
-                np.subtract(1, d, out=d)
-                env[o.vid] = np.multiply(gv, d, out=ov)
-        return run
+            return g.call(node, o, "np.multiply", [gname, f"({r} > 0)"])
+        if kind == "exp":
+            return g.call(node, o, "np.multiply", [gname, r])
+        # tanh: g * (1 - y * y); (1 - y * y) gets its own buffer unless the output buffer is free
+        out = g.target(node, o)
+        if out is None or out == gname:
+            d = g.temp(f"np.multiply({r}, {r}, out=np.empty_like({r}))")
+        else:
+            d = out
+            g.line(f"np.multiply({r}, {r}, out={d})")
+        g.line(f"np.subtract(1, {d}, out={d})")
+        return g.call(node, o, "np.multiply", [gname, d], out_override=out if out is not None else d)
 
-    return build
+    return emit
 
 
-def _view_backward(node, fnode, get, outs, program):
-    o = outs[0]
-    if o is None:
-        return None
-    g = get(Ref(node.info["grad"]))
-    env = o.env
+def _emit_view_backward(node, g):
+    fnode = g.fnode(node)
+    o = node.outputs[0]
+    gid = node.info["grad"]
+    if o is None or g.program.values[o].edge is None:
+        return False  # reshape had to copy: the op's own code
     if fnode.op is View:
         shape = fnode.info["in_shapes"][0]
-
-        def run():
-            env[o.vid] = g().reshape(shape)
-    else:
-        dims = fnode.params["dims"]
-        inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
-
-        def run():
-            env[o.vid] = g().transpose(inverse)
-    return run
+        return g.view(o, gid, lambda a: a.reshape(shape), f"{{}}.reshape({shape!r})")
+    dims = fnode.params["dims"]
+    inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
+    return g.view(o, gid, lambda a: a.transpose(inverse), f"{{}}.transpose({inverse!r})")
 
 
-def _sum_backward(node, fnode, get, outs, program):
-    o = outs[0]
+def _emit_sum_backward(node, g):
+    fnode = g.fnode(node)
+    o = node.outputs[0]
     if o is None:
-        return None
-    g = get(Ref(node.info["grad"]))
+        return False
     shape = fnode.info["in_shapes"][0]
-    dim = fnode.params.get("dim")
-    axes = R._axes(dim, len(shape)) if len(shape) else ()
+    axes = R._axes(fnode.params.get("dim"), len(shape)) if len(shape) else ()
     keep = R._keep_shape(shape, axes)
-    env = o.env
-
-    def run():
-        env[o.vid] = np.broadcast_to(g().reshape(keep), shape)
-
-    return run
+    return g.view(o, node.info["grad"], lambda a: np.broadcast_to(a.reshape(keep), shape),
+                  f"np.broadcast_to({{}}.reshape({keep!r}), {shape!r})")
 
 
-def _matmul_backward(node, fnode, get, outs, program):
+def _emit_matmul_backward(node, g):
+    fnode = g.fnode(node)
     xs, ys = fnode.info["in_shapes"][:2]
+    gv = g.program.values[node.info["grad"]]
     if len(xs) != 2 or len(ys) != 2:
-        return None
-    gval = program.values[node.info["grad"]]
+        return False
     saved = fnode.info.get("saved", {})
-    ox, oy = outs[0], outs[1] if len(outs) > 1 else None
+    ox, oy = node.outputs[0], (node.outputs[1] if len(node.outputs) > 1 else None)
     for o, shape in ((ox, xs), (oy, ys)):
-        if o is not None and (o.shape != shape or o.dtype != gval.dtype):
-            return None
-    g = get(Ref(node.info["grad"]))
-    yg = get(Ref(saved["y"])) if ox is not None else None
-    xg = get(Ref(saved["x"])) if oy is not None else None
-    env = (ox or oy).env
-
-    def run():
-        gv = g()
-        if ox is not None:
-            env[ox.vid] = np.matmul(gv, np.swapaxes(yg(), -1, -2), out=ox.get())
-        if oy is not None:
-            env[oy.vid] = np.matmul(np.swapaxes(xg(), -1, -2), gv, out=oy.get())
-
-    return run
+        if o is not None and (g.program.values[o].shape != shape or g.program.values[o].dtype != gv.dtype):
+            return False
+    gname = g.a(gv.id)
+    if ox is not None and not g.call(node, ox, "np.matmul", [gname, f"np.swapaxes({g.a(saved['y'])}, -1, -2)"]):
+        return False
+    if oy is not None and not g.call(node, oy, "np.matmul", [f"np.swapaxes({g.a(saved['x'])}, -1, -2)", gname]):
+        return False
+    return True
 
 
 BACKWARD = {
-    E.Add: _add_like(1), E.Sub: _add_like(-1), E.Mul: _mul_backward, E.Relu: _elementwise_backward("relu"),
-    E.Exp: _elementwise_backward("exp"), E.Tanh: _elementwise_backward("tanh"), View: _view_backward,
-    Permute: _view_backward, R.Sum: _sum_backward, L.Matmul: _matmul_backward,
+    E.Add: _emit_add_like(False), E.Sub: _emit_add_like(True), E.Mul: _emit_mul_backward,
+    E.Relu: _emit_result_backward("relu"), E.Exp: _emit_result_backward("exp"),
+    E.Tanh: _emit_result_backward("tanh"), View: _emit_view_backward, Permute: _emit_view_backward,
+    R.Sum: _emit_sum_backward, L.Matmul: _emit_matmul_backward,
 }
 
 
-# --- lowering ------------------------------------------------------------------------------------
+# --- which nodes run on direct kernels ---------------------------------------------------------
 
-def lowerable_pair(node, program) -> bool:
-    """Whether a forward node has a direct kernel (its backward is checked by :func:`annotate`)."""
+def _c_contig(v) -> bool:
+    expect = v.dtype.itemsize
+    for n, st in zip(reversed(v.shape), reversed(v.strides)):
+        if n != 1 and st != expect:
+            return False
+        expect *= n
+    return True
+
+
+def _f_contig(v) -> bool:
+    expect = v.dtype.itemsize
+    for n, st in zip(v.shape, v.strides):
+        if n != 1 and st != expect:
+            return False
+        expect *= n
+    return True
+
+
+def _forward_ok(node, program) -> bool:
     op = node.op
     if node.kind != "call" or node.info.get("saved_copies") or node.info.get("kept"):
         return False
+    if any(isinstance(t, (tuple, list, dict)) for t in node.inputs):
+        return False
     if op.is_view:
         return op in (View, Permute)
-    return op in FORWARD and all(_layout_ok(v, program) for v in node.outputs)
+    v = program.values[node.outputs[0]]
+    return op in FORWARD and (_c_contig(v) or _f_contig(v))
 
 
 def annotate(program) -> None:
-    """Marks which forward/backward pairs run lowered (``info["lowered"]``), before planning.
+    """Marks the forward/backward pairs that run on direct kernels (``info["lowered"]``).
 
-    A backward is lowered when its op is in :data:`BACKWARD`, its forward is lowered too,
-    and its builder accepts the shapes (checked by a dry build at executor time; a
-    refusal there falls back to the op's own code for both).
+    A forward runs lowered only together with its backward (they share no context object
+    then): both must have an emitter that accepts the node (asked with a dry run).
     """
-    backward_of: dict = {}
-    for n in program.nodes:
-        if n.kind == "backward":
-            backward_of[n.info["fwd"]] = n
+    from .replay import DryGen  # noqa: PLC0415  (the code generator lives with replay)
+
+    backward_of = {n.info["fwd"]: n for n in program.nodes if n.kind == "backward"}
     for n in program.nodes:
         if n.kind == "call":
             n.info["in_shapes"] = [program.values[t.id].shape if isinstance(t, Ref) else () for t in n.inputs]
+    dry = DryGen(program)
     for n in program.nodes:
         if n.kind != "call":
             continue
-        ok = lowerable_pair(n, program)
+        ok = _forward_ok(n, program)
         b = backward_of.get(n.index)
         if ok and b is not None:
-            ok = n.op in BACKWARD and not b.info.get("copyslices") and _backward_accepts(b, n, program)
+            ok = n.op in BACKWARD and not b.info.get("copyslices") and dry.accepts(BACKWARD[n.op], b)
+        if ok and not n.op.is_view:
+            ok = dry.accepts(FORWARD[n.op], n)
         n.info["lowered"] = ok
         if b is not None:
             b.info["lowered"] = ok
 
 
-def _backward_accepts(bnode, fnode, program) -> bool:
-    class _Probe:
-        env = None
-
-        def __init__(self, vid):
-            v = program.values[vid]
-            self.vid, self.shape, self.dtype = vid, v.shape, v.dtype
-            self.env = []
-
-        def get(self):  # pragma: no cover - never called by a dry build
-            raise AssertionError
-
-    outs = [None if vid is None else _Probe(vid) for vid in bnode.outputs]
-    return BACKWARD[fnode.op](bnode, fnode, lambda t: (lambda: None), outs, program) is not None
-
-
-def lower(node, program, plan, env, scal, ctxs):
-    """One closure that replays ``node``, or None for the op's own forward/backward."""
+def emit(node, g) -> bool:
+    """Writes the direct kernel of ``node``; False when it runs through the op's own code."""
     kind = node.kind
-
-    def get(t):
-        return _getter(t, env, scal)
-
     if kind == "grad_sum":
-        return _lower_grad_sum(node, program, plan, env)
+        a, b = (g.a(t.id) for t in node.inputs)
+        return g.call(node, node.outputs[0], "np.add", [a, b])
     if kind == "copy":
-        src, o = node.inputs[0].id, _Out(node.outputs[0], program, plan, env)
-
-        def run():
-            dst = o.get()
-            np.copyto(dst, env[src], casting="unsafe")
-            env[o.vid] = dst
-
-        return run
+        o = g.buffer(node, node.outputs[0], None)
+        if o is None:
+            src = g.a(node.inputs[0].id)
+            g.line(f"env[{node.outputs[0]}] = track({src}.astype({np.dtype(g.program.values[node.outputs[0]].dtype).name!r}, order='C'), 'gradients')")
+            return True
+        g.line(f"np.copyto({o}, {g.a(node.inputs[0].id)}, casting='unsafe')")
+        g.done(node.outputs[0], o)
+        return True
     if kind == "fill":
-        o = _Out(node.outputs[0], program, plan, env)
-        value = node.info["fill_value"]
-
-        def run():
-            dst = o.get()
-            dst.fill(value)
-            env[o.vid] = dst
-
-        return run
-    if kind == "create":
-        recipe, shape, dtype = node.info["recipe"], node.info["shape"], node.info["dtype"]
-        from .. import backend  # noqa: PLC0415
-
-        dev = node.info["device"]
-        xp = backend.xp_for(dev)
-        vid = node.outputs[0]
-
-        def run():
-            with backend.device_context(dev):
-                env[vid] = memory.track(recipe(xp, shape, dtype))
-
-        return run
+        o = g.buffer(node, node.outputs[0], None)
+        v = g.program.values[node.outputs[0]]
+        if o is None:
+            g.line(f"env[{v.id}] = track(np.full({v.shape!r}, {node.info['fill_value']!r}, "
+                   f"dtype={np.dtype(v.dtype).name!r}), 'gradients')")
+            return True
+        g.line(f"{o}.fill({node.info['fill_value']!r})")
+        g.done(v.id, o)
+        return True
     if not node.info.get("lowered"):
-        return None
+        return False
     if kind == "call":
-        o = node.outputs[0]
         if node.op.is_view:
-            return _view_forward(node, get, env, o)
-        if node.inplace:
-            target = node.inputs[0].id
-            out = lambda: env[target]  # noqa: E731
-        elif o in plan.offsets:
-            out = lambda: env[o]  # noqa: E731
-        else:
-            spec = _Out(o, program, plan, env)
-            spec.category = "activations"
-            out = spec.get
-        compute = FORWARD[node.op](node, get, out)
-
-        def run():
-            env[o] = _as_array(compute())
-
-        return run
+            return _emit_view(node, g)
+        return FORWARD[node.op](node, g)
     if kind == "backward":
-        fnode = program.nodes[node.info["fwd"]]
-        outs = []
-        for vid in node.outputs:
-            if vid is None:
-                outs.append(None)
-                continue
-            v = program.values[vid]
-            alias = v.edge[1] if v.edge is not None and v.edge[0] == "write" else None
-            outs.append(_Out(vid, program, plan, env, alias_of=alias))
-        return BACKWARD[fnode.op](node, fnode, get, outs, program)
-    return None
+        return BACKWARD[g.fnode(node).op](node, g)
+    return False
 
 
-def _lower_grad_sum(node, program, plan, env):
-    a, b = node.inputs[0].id, node.inputs[1].id
-    o = node.outputs[0]
-    if node.inplace:
-        def run():
-            x = env[a]
-            np.add(x, env[b], out=x)
-            env[o] = x
-        return run
-    spec = _Out(o, program, plan, env)
-
-    def run():
-        env[o] = _as_array(np.add(env[a], env[b], out=spec.get()))
-
-    return run
-
-
-__all__ = ["OUT_CAPABLE", "INPLACE_FORM", "FORWARD", "BACKWARD", "annotate", "lower", "writes_out",
-           "can_write_into", "has_inplace_form", "sum_to"]
+__all__ = ["OUT_CAPABLE", "INPLACE_FORM", "FORWARD", "BACKWARD", "annotate", "emit", "writes_out",
+           "can_write_into", "has_inplace_form", "sum_to", "memory", "_as_array"]

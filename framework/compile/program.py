@@ -1,10 +1,11 @@
 """The Program: nodes (op, inputs, outputs, attributes) over SSA values.
 
 A :class:`Value` is one version of one buffer's contents: shape, dtype, layout (byte
-strides and offset) and, when it shares memory with an earlier value, the *edge* that
-made it so: ``("view", src)`` for a view (or a gradient passed through unchanged) and
-``("write", src)`` for a new version written in place over ``src``'s buffer. Which
-values alias is derived from those edges by :mod:`framework.compile.alias`.
+strides) and, when it shares memory with an earlier value, the *edge* that made it so:
+``("view", src)`` for a view, ``("write", src)`` for a new version written in place over
+``src``'s buffer, ``("alias", src)`` for the very same array seen again after a write
+into its buffer through another view. Which values alias is derived from those edges by
+:mod:`framework.compile.alias`.
 
 A :class:`Node` is one recorded event, in program order. ``kind`` says what replay does:
 
@@ -131,7 +132,7 @@ class Value:
     dtype: np.dtype
     strides: tuple
     producer: int | None = None  # node index; None for program inputs
-    edge: tuple | None = None  # ("view" | "write", source value id)
+    edge: tuple | None = None  # ("view" | "write" | "alias", source value id)
     source: Source | None = None  # program inputs only
     dense: bool = True  # occupies exactly prod(shape) * itemsize bytes (may own a planned buffer)
     name: str = ""

@@ -1,24 +1,30 @@
 """Replay: run a planned program's nodes on arrays, without autograd's bookkeeping.
 
-:func:`build` turns a :class:`Program` and its :class:`~framework.compile.plan.Plan`
-into an :class:`Executor`: one instruction (a closure) per node, over an environment
-list ``env`` that holds the array of every value. Instructions come from the kernel
-table (:mod:`framework.compile.kernels`: a direct NumPy call writing through ``out=``)
-or, for the other ops, call the op's own ``forward``/``backward`` on arrays with a
-fresh context object: no version counters, no graph, no saved-tensor objects, no
-memory bookkeeping beyond counting the buffers a kernel allocates.
+:func:`build` turns a :class:`Program` and its :class:`~framework.compile.plan.Plan` into
+an :class:`Executor`. Nodes with a direct kernel (:mod:`framework.compile.kernels`) become
+straight-line Python in ONE generated function (as ``torch.fx`` generates code for a
+graph): each is a NumPy call writing through ``out=`` into its planned buffer, and the
+arena buffers (and the views of them, computed once) are globals of that function, so a
+replayed op costs one NumPy call. The other nodes call the op's own ``forward`` or
+``backward`` on arrays with a fresh context object (no version counters, no graph, no
+saved-tensor objects), through a closure the generated code calls. ``executor.source``
+is the generated code.
 
-Arena buffers are bound once, when the executor is built. Program inputs are read from
-their sources at each call (parameters keep their arrays across calls, because the
-plan updates them in place).
+Program inputs are bound at each call: their arrays become globals of the generated
+function and entries of ``env``, the list that holds every value a kernel makes at run
+time (and that the op-code closures read).
 """
 
 from __future__ import annotations
 
+import math
+import re
+
 import numpy as np
 
 from .. import memory
-from ..autograd.function import CopySlices
+from ..autograd.function import CopySlices, _as_array
+from ..ops.view import reshape_view
 from ..tensor import _wrap
 from . import kernels
 from .program import Ref, ScalarRef, StatsOut
@@ -55,7 +61,7 @@ def _is_static(template) -> bool:
 
 
 class Executor:
-    """Runs one planned program: ``executor.run(args)`` returns the step's result."""
+    """Runs one planned program: ``executor.run(args, scalar_inputs)`` returns the step's result."""
 
     def __init__(self, program, plan):
         self.program = program
@@ -64,35 +70,46 @@ class Executor:
         self.scal: list = []
         self.ctxs: dict = {}
         self.arena = None
-        self.instructions: list = []
         self.replay_copy_bytes = 0  # bytes inplace kernels returned elsewhere and replay copied back
         self._bind_arena()
         self._build()
 
     # --- building -----------------------------------------------------------------
     def _bind_arena(self) -> None:
-        plan, env, values = self.plan, self.env, self.program.values
+        plan, values = self.plan, self.program.values
         if plan.arena_bytes:
             self.arena = memory.track(np.empty(plan.arena_bytes, dtype=np.uint8), "workspace")
+        self.static = {}
         for vid, off in plan.offsets.items():
             v = values[vid]
-            env[vid] = np.ndarray(v.shape, dtype=v.dtype, buffer=self.arena, offset=off, strides=v.strides)
+            self.static[vid] = np.ndarray(v.shape, dtype=v.dtype, buffer=self.arena, offset=off, strides=v.strides)
 
     def _build(self) -> None:
         program, plan = self.program, self.plan
-        env, scal, ctxs = self.env, self.scal, self.ctxs
-        frees = plan.frees
+        gen = Gen(program, plan, self.static, self.env)
+        inputs = set(program.inputs)
         for node in program.nodes:
-            instr = kernels.lower(node, program, plan, env, scal, ctxs)
-            if instr is None:
-                instr = self._generic(node)
-            self.instructions.append(instr)
-            dead = frees.get(node.index)
+            gen.begin(node)
+            if not kernels.emit(node, gen):
+                name = f"g{node.index}"
+                gen.globals[name] = self._generic(node)
+                gen.line(f"{name}()")
+            dead = [v for v in plan.frees.get(node.index, ()) if v not in gen.static and v not in inputs]
             if dead:
-                self.instructions.append(_freer(env, dead))
+                gen.line(" = ".join(f"env[{v}]" for v in dead) + " = None")
             done = plan.ctx_done.get(node.index)
-            if done is not None:
-                self.instructions.append(_ctx_dropper(ctxs, done))
+            if done is not None and not node.info.get("lowered"):
+                gen.line(f"ctxs.pop({done}, None)")
+        for vid, arr in gen.static.items():
+            self.env[vid] = arr
+        self.static = gen.static
+        gen.globals.update(env=self.env, scal=self.scal, ctxs=self.ctxs)
+        self.source, self._replay = gen.compile(program.name)
+        self.input_names = [(vid, f"a{vid}") for vid in program.inputs]
+        self.globals = gen.globals
+        sinks = set(program.sink_refs())
+        self.leftovers = [v for v in range(len(program.values)) if v not in gen.static and
+                          (v in sinks or v in inputs)]
 
     def _generic(self, node):
         kind = node.kind
@@ -100,7 +117,22 @@ class Executor:
             return self._generic_call(node)
         if kind == "backward":
             return self._generic_backward(node)
+        if kind == "create":
+            return self._create(node)
         raise RuntimeError(f"fw.compile: no instruction for node kind {kind!r}")
+
+    def _create(self, node):
+        """A creation recipe (fw.zeros, fw.randn, ...) called again: random draws stay in step."""
+        from .. import backend  # noqa: PLC0415
+
+        recipe, shape, dtype, dev = (node.info[k] for k in ("recipe", "shape", "dtype", "device"))
+        xp, env, vid, track = backend.xp_for(dev), self.env, node.outputs[0], memory.track
+
+        def run():
+            with backend.device_context(dev):
+                env[vid] = track(recipe(xp, shape, dtype))
+
+        return run
 
     def _out_for(self, node):
         """A function returning the buffer a call node's kernel must write into, or None."""
@@ -225,19 +257,18 @@ class Executor:
 
     def run(self, args, scalar_inputs):
         program = self.program
-        scal = self.scal
-        scal[:] = evaluate(program.scalars, scalar_inputs) if program.scalars else ()
+        self.scal[:] = evaluate(program.scalars, scalar_inputs) if program.scalars else ()
         self.bind_inputs(args)
-        for instr in self.instructions:
-            instr()
+        g = self.globals
+        env = self.env
+        for vid, name in self.input_names:
+            g[name] = env[vid]
+        self._replay()
         result = self._outputs(program.outputs)
         self._write_back(args)
         self.ctxs.clear()
-        env = self.env
-        keep = self.plan.offsets
-        for vid in range(len(env)):  # kernel-owned arrays go; arena views stay bound
-            if vid not in keep:
-                env[vid] = None
+        for vid in self.leftovers:  # what the caller got is theirs now; the batch is not kept
+            env[vid] = None
         return result
 
     def _outputs(self, template):
@@ -302,21 +333,156 @@ def _set_scalar(src, value) -> None:
             group[key] = value
 
 
-def _freer(env, dead):
-    def free():
-        for vid in dead:
-            env[vid] = None
-
-    return free
-
-
-def _ctx_dropper(ctxs, done):
-    def drop():
-        ctxs.pop(done, None)
-
-    return drop
-
-
 def build(program, plan) -> Executor:
     """The executor of a planned program."""
     return Executor(program, plan)
+
+
+# --- code generation ------------------------------------------------------------------------
+
+class Gen:
+    """Writes the generated replay function (see the module docstring and kernels.emit).
+
+    ``static`` maps the values whose array is fixed when the executor is built (arena
+    buffers, versions written into them, views of them) to that array; such a value is the
+    global ``a<id>``. A program input is the global ``a<id>`` too, rebound at every call.
+    Any other value is ``env[<id>]``, set by whatever makes it at run time.
+    """
+
+    def __init__(self, program, plan, static, env):
+        self.program, self.plan = program, plan
+        self.static = dict(static)
+        self.env = env
+        self.inputs = set(program.inputs)
+        self.lines: list[str] = []
+        self.globals = {"np": np, "reshape_view": reshape_view, "track": memory.track, "as_array": _as_array}
+        self.ntemp = 0
+        self.node = None
+
+    # --- names ------------------------------------------------------------------------
+    def a(self, vid) -> str:
+        if vid in self.static:
+            name = f"a{vid}"
+            self.globals[name] = self.static[vid]
+            return name
+        if vid in self.inputs:
+            return f"a{vid}"
+        return f"env[{vid}]"
+
+    def const(self, x) -> str:
+        if type(x) in (int, bool, type(None)) or (type(x) is float and math.isfinite(x)):
+            return repr(x)  # a float's repr reads back as the same float
+        name = f"c{len(self.globals)}"
+        self.globals[name] = x
+        return name
+
+    def s(self, template) -> str:
+        if isinstance(template, Ref):
+            return self.a(template.id)
+        if isinstance(template, ScalarRef):
+            return f"scal[{template.slot}]"
+        return self.const(template)
+
+    def fnode(self, node):
+        return self.program.nodes[node.info["fwd"]]
+
+    # --- statements -----------------------------------------------------------------------
+    def begin(self, node) -> None:
+        """Starts a node: outputs that are new versions of a fixed buffer are fixed too."""
+        self.node = node
+        values = self.program.values
+        for vid in list(node.outputs) + [v.id for v in values if v.producer == node.index and v.edge
+                                         and v.edge[0] == "alias"]:
+            if vid is None or vid in self.static:
+                continue
+            v = values[vid]
+            if v.edge is not None and v.edge[0] in ("write", "alias") and v.edge[1] in self.static:
+                src = self.static[v.edge[1]]
+                if src.shape == v.shape and src.strides == v.strides and src.dtype == v.dtype:
+                    self.static[vid] = src
+        self.line(f"# {node.index}: {node.name}")
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " + text)
+
+    def temp(self, expr: str) -> str:
+        self.ntemp += 1
+        name = f"_t{self.ntemp}"
+        self.line(f"{name} = {expr}")
+        return name
+
+    def target(self, node, vid):
+        """The name of the buffer output ``vid`` of ``node`` must be written into, or None."""
+        v = self.program.values[vid]
+        if node.kind == "call" and node.inplace and vid == node.outputs[0]:
+            return self.a(node.inputs[0].id)
+        if vid in self.static:
+            return self.a(vid)
+        if v.edge is not None and v.edge[0] == "write":
+            return self.a(v.edge[1])
+        return None
+
+    def buffer(self, node, vid, default):
+        out = self.target(node, vid)
+        if out is None and default is not None:
+            out = self.temp(default)
+        return out
+
+    def done(self, vid, name) -> None:
+        if vid not in self.static and name != f"env[{vid}]":
+            self.line(f"env[{vid}] = {name}")
+
+    def call(self, node, vid, func, args, extra="", reshape=None, out_override=None) -> bool:
+        out = out_override or self.target(node, vid)
+        arglist = ", ".join(list(args) + ([extra] if extra else []))
+        if out is not None:
+            dst = out
+            if reshape is not None:
+                if vid in self.static:
+                    name = f"k{vid}"
+                    self.globals[name] = self.static[vid].reshape(reshape)
+                    dst = name
+                else:
+                    dst = f"{out}.reshape({reshape!r})"
+            self.line(f"{func}({arglist}, out={dst})")
+            self.done(vid, out)
+            return True
+        expr = f"{func}({arglist})"
+        if reshape is not None:
+            expr = f"{expr}.reshape({self.program.values[vid].shape!r})"
+        cat = "activations" if node.kind == "call" else "gradients"
+        self.line(f"env[{vid}] = track(as_array({expr}), {cat!r})")
+        return True
+
+    def view(self, o, x, fn, fmt: str) -> bool:
+        if x in self.static:
+            self.static[o] = fn(self.static[x])
+            return True
+        self.line(f"env[{o}] = {fmt.format(self.a(x))}")
+        return True
+
+    def compile(self, name: str):
+        body = self.lines or ["    pass"]
+        source = "def replay():\n" + "\n".join(body) + "\n"
+        # np.multiply -> np_multiply, a global: one lookup less per call
+        for fname in sorted(set(re.findall(r"\bnp\.(\w+)\(", source))):
+            self.globals[f"np_{fname}"] = getattr(np, fname)
+        source = re.sub(r"\bnp\.(\w+)\(", r"np_\1(", source)
+        code = compile(source, f"<fw.compile: {name}>", "exec")
+        scope = self.globals
+        exec(code, scope)  # noqa: S102  (our own generated code, from the captured program)
+        return source, scope["replay"]
+
+
+class DryGen(Gen):
+    """Asks an emitter whether it accepts a node, without writing anything."""
+
+    def __init__(self, program):
+        super().__init__(program, None, {}, None)
+
+    def accepts(self, emitter, node) -> bool:
+        self.lines, self.static = [], {}
+        return bool(emitter(node, self))
+
+    def view(self, o, x, fn, fmt) -> bool:
+        return True
