@@ -252,6 +252,8 @@ class CompiledStep:
             name = f"args[{i}]" if i < len(flat) - len(kw_names) else f"kwargs[{kw_names[i - len(flat)]!r}]"
             if isinstance(a, Tensor):
                 externals.append((a, Source("arg", name, key=i)))
+                if a._grad is not None:  # a step that accumulates into an argument's .grad
+                    externals.append((a._grad, Source("arggrad", name + ".grad", key=i)))
         for p in self.params:
             name = self.param_names[id(p)]
             externals.append((p, Source("param", name, p)))
@@ -367,8 +369,12 @@ class CompiledStep:
         for leaf, vid in rec.leaf_grads.values():
             if id(leaf) in known:
                 continue
-            name = next((s.name for t, s in rec.externals if t is leaf), "tensor")
-            program.writebacks.append(WriteBack(Source("grad", name + ".grad", leaf), vid, "grad"))
+            src = next((s for t, s in rec.externals if t is leaf), None)
+            if src is not None and src.kind == "arg":
+                gsrc = Source("arggrad", src.name + ".grad", key=src.key)
+            else:
+                gsrc = Source("grad", (src.name if src is not None else "tensor") + ".grad", leaf)
+            program.writebacks.append(WriteBack(gsrc, vid, "grad"))
         for name, b, data in entry_state["buffers"]:
             rec.writeback(Source("buffer", name, b), b, data)
         for k, opt, before in entry_state["state"]:

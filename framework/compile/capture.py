@@ -173,6 +173,7 @@ class Recorder:
 
     def _new_value(self, arr, producer=None, edge=None, source=None, name="") -> int:
         v = self.program.new_value(arr.shape, arr.dtype, arr.strides, producer, edge, source, is_dense(arr), name)
+        v.writable = bool(getattr(arr.flags, "writeable", True))
         rec = self._root(arr)
         v.version = rec.version if rec is not None else 0
         self._register(arr, v.id)

@@ -75,7 +75,8 @@ def has_inplace_form(node) -> bool:
 # kernel makes at run time), ``g.s(template)`` a scalar or constant. ``g.call(node, vid,
 # expr_without_out, ...)`` writes a call into the output's buffer. Every emitter runs the
 # same NumPy functions, with the same operands in the same order, as the op's own
-# forward/backward: only where the result goes differs (``out=``). An emitter returns
+# forward/backward: only where the result goes differs (``out=``). (``np_add_reduce`` is
+# ``np.add.reduce``, which ``np.sum`` and ``ndarray.sum`` call.) An emitter returns
 # False to leave the node to the op's own code; ``g.dry`` is set while annotate() asks.
 
 
@@ -116,9 +117,12 @@ def _emit_sum(node, g):
     shape = node.info["in_shapes"][0]
     axes = R._axes(node.params.get("dim"), len(shape)) if len(shape) else ()
     keep = node.params.get("keepdim", False)
-    return g.call(node, node.outputs[0], "np.sum", [g.s(node.inputs[0])], f"axis={axes!r}, keepdims={keep!r}")
+    return g.call(node, node.outputs[0], "np_add_reduce", [g.s(node.inputs[0])], f"axis={axes!r}, keepdims={keep!r}")
 
 
+# Div has a direct forward only: with a backward (which reads its result and divides
+# again) the pair runs through the op's own code.
+FORWARD_ONLY = frozenset({E.Div})
 FORWARD = {
     E.Add: _emit_binary("np.add"), E.Sub: _emit_binary("np.subtract"), E.Mul: _emit_unary("np.multiply"),
     E.Div: _emit_unary("np.true_divide"), E.Neg: _emit_unary("np.negative"), E.Exp: _emit_unary("np.exp"),
@@ -184,7 +188,7 @@ def _emit_add_like(negate_second):
                     return False
             else:
                 axes, keep = _sum_axes(gv.shape, shape)
-                if not g.call(node, o, "np.sum", [src], f"axis={axes!r}, keepdims=True", reshape=keep):
+                if not g.call(node, o, "np_add_reduce", [src], f"axis={axes!r}, keepdims=True", reshape=keep):
                     return False
         return True
 
@@ -223,14 +227,18 @@ def _emit_result_backward(kind):
             return g.call(node, o, "np.multiply", [gname, f"({r} > 0)"])
         if kind == "exp":
             return g.call(node, o, "np.multiply", [gname, r])
-        # tanh: g * (1 - y * y); (1 - y * y) gets its own buffer unless the output buffer is free
+        # tanh: g * (1 - y * y); sigmoid: g * ((1 - y) * y). The factor gets a buffer of its
+        # own (as the op's) unless the output's buffer is a new one, distinct from g's.
         out = g.target(node, o)
-        if out is None or out == gname:
-            d = g.temp(f"np.multiply({r}, {r}, out=np.empty_like({r}))")
-        else:
-            d = out
+        fresh = out is not None and out != gname
+        if kind == "tanh":
+            d = out if fresh else g.temp(f"np.empty_like({r})")
             g.line(f"np.multiply({r}, {r}, out={d})")
-        g.line(f"np.subtract(1, {d}, out={d})")
+            g.line(f"np.subtract(1, {d}, out={d})")
+        else:
+            d = out if fresh else g.temp(f"np.empty_like({r})")
+            g.line(f"np.subtract(1, {r}, out={d})")
+            g.line(f"np.multiply({d}, {r}, out={d})")
         return g.call(node, o, "np.multiply", [gname, d], out_override=out if out is not None else d)
 
     return emit
@@ -274,15 +282,21 @@ def _emit_matmul_backward(node, g):
         if o is not None and (g.program.values[o].shape != shape or g.program.values[o].dtype != gv.dtype):
             return False
     gname = g.a(gv.id)
-    if ox is not None and not g.call(node, ox, "np.matmul", [gname, f"np.swapaxes({g.a(saved['y'])}, -1, -2)"]):
+    if ox is not None and not g.call(node, ox, "np.matmul", [gname, f"{g.a(saved['y'])}.swapaxes(-1, -2)"]):
         return False
-    if oy is not None and not g.call(node, oy, "np.matmul", [f"np.swapaxes({g.a(saved['x'])}, -1, -2)", gname]):
+    if oy is not None and not g.call(node, oy, "np.matmul", [f"{g.a(saved['x'])}.swapaxes(-1, -2)", gname]):
         return False
     return True
 
 
+def _emit_neg_backward(node, g):
+    o = node.outputs[0]
+    return o is not None and g.call(node, o, "np.negative", [g.a(node.info["grad"])])
+
+
 BACKWARD = {
     E.Add: _emit_add_like(False), E.Sub: _emit_add_like(True), E.Mul: _emit_mul_backward,
+    E.Neg: _emit_neg_backward, E.Sigmoid: _emit_result_backward("sigmoid"),
     E.Relu: _emit_result_backward("relu"), E.Exp: _emit_result_backward("exp"),
     E.Tanh: _emit_result_backward("tanh"), View: _emit_view_backward, Permute: _emit_view_backward,
     R.Sum: _emit_sum_backward, L.Matmul: _emit_matmul_backward,

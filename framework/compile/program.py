@@ -71,8 +71,10 @@ class Source:
 
     ``kind`` is one of ``arg`` (``key`` = argument index), ``param`` (``obj`` = the
     Parameter), ``grad`` (``obj`` = the leaf whose ``.grad`` is read), ``buffer`` and
-    ``tensor`` (``obj`` = the tensor), ``state`` (``obj`` = (optimizer, parameter), ``key``
-    = the state entry). ``name`` is what printing shows.
+    ``tensor`` (``obj`` = the tensor), ``arggrad`` (the ``.grad`` of argument ``key``),
+    ``state`` (``obj`` = (optimizer, parameter), ``key`` = the state entry), ``group`` (an
+    optimizer hyperparameter: ``obj`` = (optimizer, group index)). ``name`` is what
+    printing shows.
     """
 
     kind: str
@@ -87,8 +89,8 @@ class Source:
             return args[self.key]._data
         if kind == "param" or kind == "buffer" or kind == "tensor":
             return self.obj._data
-        if kind == "grad":
-            g = self.obj._grad
+        if kind == "grad" or kind == "arggrad":
+            g = (args[self.key] if kind == "arggrad" else self.obj)._grad
             return None if g is None else g._data
         opt, p = self.obj
         t = opt.state.get(p, {}).get(self.key)
@@ -101,6 +103,8 @@ class Source:
             return args[self.key]
         if kind == "grad":
             return self.obj._grad
+        if kind == "arggrad":
+            return args[self.key]._grad
         if kind == "state":
             opt, p = self.obj
             return opt.state[p][self.key]
@@ -138,6 +142,7 @@ class Value:
     name: str = ""
     version: int = 0  # writes into its buffer before it was defined (capture bookkeeping)
     dead: bool = False  # its producer was removed by dead-code elimination
+    writable: bool = True  # False for read-only views (a broadcast gradient): never written over
 
     @property
     def nbytes(self) -> int:

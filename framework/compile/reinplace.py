@@ -28,7 +28,8 @@ from .alias import UnionFind, alias_classes
 from .kernels import has_inplace_form
 from .program import Ref
 
-_REINPLACE_BACKWARD = ("ReluBackward", "ExpBackward", "TanhBackward", "MulBackward")
+_REINPLACE_BACKWARD = ("ReluBackward", "ExpBackward", "TanhBackward", "SigmoidBackward", "NegBackward",
+                       "MulBackward")
 
 
 def _layout(v):
@@ -101,7 +102,7 @@ def reinplace(program) -> list[int]:
         else:
             continue
         vx, vo = values[x], values[out]
-        if vo.edge is not None or not vo.dense or _layout(vx) != _layout(vo):
+        if vo.edge is not None or not vo.dense or not vx.writable or _layout(vx) != _layout(vo):
             continue
         candidates.append((n, x, out))
 

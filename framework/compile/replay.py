@@ -293,7 +293,8 @@ class Executor:
                 _set_scalar(src, wb.value)
                 continue
             if how == "grad":
-                src.obj._grad = None if wb.value is None else _wrap(env[wb.value])
+                leaf = args[src.key] if src.kind == "arggrad" else src.obj
+                leaf._grad = None if wb.value is None else _wrap(env[wb.value])
                 continue
             arr = env[wb.value]
             t = src.tensor(args) if src.kind != "state" else src.obj[0].state.get(src.obj[1], {}).get(src.key)
@@ -351,22 +352,32 @@ class Gen:
 
     def __init__(self, program, plan, static, env):
         self.program, self.plan = program, plan
+        self.refreshes: dict = {}  # node index -> values it re-versions without producing them
+        for v in program.values:
+            if v.edge is not None and v.edge[0] == "alias" and v.producer is not None:
+                self.refreshes.setdefault(v.producer, []).append(v.id)
         self.static = dict(static)
         self.env = env
         self.inputs = set(program.inputs)
         self.lines: list[str] = []
-        self.globals = {"np": np, "reshape_view": reshape_view, "track": memory.track, "as_array": _as_array}
+        self.globals = {"np": np, "np_add_reduce": np.add.reduce, "reshape_view": reshape_view,
+                        "track": memory.track, "as_array": _as_array}
         self.ntemp = 0
         self.node = None
+        self.names: dict = {}  # value id -> the one name of its array (versions share it)
 
     # --- names ------------------------------------------------------------------------
     def a(self, vid) -> str:
+        name = self.names.get(vid)
+        if name is not None:
+            return name
         if vid in self.static:
-            name = f"a{vid}"
+            name = self.names[vid] = f"a{vid}"
             self.globals[name] = self.static[vid]
             return name
         if vid in self.inputs:
-            return f"a{vid}"
+            name = self.names[vid] = f"a{vid}"
+            return name
         return f"env[{vid}]"
 
     def const(self, x) -> str:
@@ -388,18 +399,24 @@ class Gen:
 
     # --- statements -----------------------------------------------------------------------
     def begin(self, node) -> None:
-        """Starts a node: outputs that are new versions of a fixed buffer are fixed too."""
+        """Starts a node. An output that is a new version of a buffer, in the same layout,
+        is the same array as the version before: it gets the same name (and is fixed when
+        that one is)."""
         self.node = node
         values = self.program.values
-        for vid in list(node.outputs) + [v.id for v in values if v.producer == node.index and v.edge
-                                         and v.edge[0] == "alias"]:
-            if vid is None or vid in self.static:
+        for vid in list(node.outputs) + self.refreshes.get(node.index, []):
+            if vid is None or vid in self.names:
                 continue
             v = values[vid]
-            if v.edge is not None and v.edge[0] in ("write", "alias") and v.edge[1] in self.static:
-                src = self.static[v.edge[1]]
-                if src.shape == v.shape and src.strides == v.strides and src.dtype == v.dtype:
-                    self.static[vid] = src
+            if v.edge is None or v.edge[0] not in ("write", "alias"):
+                continue
+            src = values[v.edge[1]]
+            if (src.shape, src.strides, src.dtype) != (v.shape, v.strides, v.dtype):
+                continue
+            if src.id in self.static or src.id in self.inputs or src.id in self.names:
+                self.names[vid] = self.a(src.id)
+                if src.id in self.static:
+                    self.static[vid] = self.static[src.id]
         self.line(f"# {node.index}: {node.name}")
 
     def line(self, text: str) -> None:
@@ -429,6 +446,7 @@ class Gen:
         return out
 
     def done(self, vid, name) -> None:
+        """The output ``vid`` is now in array ``name``: op-code closures read it from env."""
         if vid not in self.static and name != f"env[{vid}]":
             self.line(f"env[{vid}] = {name}")
 
@@ -481,7 +499,7 @@ class DryGen(Gen):
         super().__init__(program, None, {}, None)
 
     def accepts(self, emitter, node) -> bool:
-        self.lines, self.static = [], {}
+        self.lines, self.static, self.names = [], {}, {}
         return bool(emitter(node, self))
 
     def view(self, o, x, fn, fmt) -> bool:
