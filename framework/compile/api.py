@@ -24,7 +24,7 @@ from ..tensor import Tensor
 from . import alias, kernels, replay
 from .capture import CaptureError, Recorder, _RefuseValueReads
 from .dce import eliminate_dead_code
-from .plan import plan_memory
+from .plan import plan_memory, verify
 from .program import Source, WriteBack
 from .reinplace import reinplace
 from .scalars import Sym, Tape, evaluate, guards_hold
@@ -452,6 +452,12 @@ class CompiledStep:
         """Runs the passes and the planner on a captured program, then builds its executor."""
         t0 = time.perf_counter()
         program = entry.program
+        # what each node's kernel allocated for its results while capturing (before the
+        # passes rewrite outputs into their inputs): the plan separates it from temporaries
+        for v in program.values:
+            if v.producer is not None and v.edge is None:
+                info = program.nodes[v.producer].info
+                info["new_bytes"] = info.get("new_bytes", 0) + v.nbytes
         kernels.annotate(program)
         alias.bind_writebacks(program)
         before = {id(wb.source): wb.how for wb in program.writebacks}
@@ -467,6 +473,7 @@ class CompiledStep:
                         if wb.how == "bound" and before.get(id(wb.source)) == "rebind")
         transient = _transients(program, entry.timeline)
         entry.plan = plan = plan_memory(program, classes, transient)
+        verify(program, plan)
         entry.eager_peak_bytes = entry.timeline.peak - entry.start_bytes + plan.persistent_bytes
         entry.timeline = None  # its events were only needed for the transients
         entry.executor = replay.build(program, plan)
@@ -523,7 +530,8 @@ def _unflatten(result, n_args):
 
 
 def _transients(program, timeline) -> dict:
-    """node index -> bytes its kernel held beyond its inputs and outputs while capturing."""
+    """node index -> the most bytes its kernel held beyond what was live before it (its new
+    outputs, what it kept for backward, its temporaries) while capturing."""
     if timeline is None:
         return {}
     events = timeline.events
@@ -536,11 +544,9 @@ def _transients(program, timeline) -> dict:
         if e1 <= e0:
             continue
         before = events[e0 - 1][1] if e0 > 0 else events[0][1]
-        after = events[e1 - 1][1]
         peak = max(e[1] for e in events[e0:e1])
-        extra = peak - max(before, after)
-        if extra > 0:
-            out[n.index] = extra
+        if peak > before:
+            out[n.index] = peak - before
     return out
 
 

@@ -86,7 +86,7 @@ def _emit_binary(ufunc):
         alpha = node.params.get("alpha", 1)
         if isinstance(alpha, ScalarRef):
             al = g.s(alpha)
-            y = g.temp(f"({y} * {al} if {al} != 1 else {y})")  # the op's `if alpha != 1: y = y * alpha`
+            y = f"({y} * {al} if {al} != 1 else {y})"  # the op's `if alpha != 1: y = y * alpha`
         elif alpha != 1:
             y = f"({y} * {g.const(alpha)})"
         return g.call(node, node.outputs[0], ufunc, [x, y])

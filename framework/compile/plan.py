@@ -20,12 +20,25 @@ arena planner and MXNet's memory planner. The plan's peak is
 where private bytes are what forward kernels keep in their context for backward (BatchNorm
 statistics, dropout masks, copies an inplace op had to make), and the transient workspace
 of each node was measured while capturing. The *lower bound* replaces the arena by the
-most bytes its classes hold at one node.
+bytes its classes hold at each node: what a step needs if every buffer is allocated when
+made and freed after its last use.
+
+The arena is allocated for the whole step, while the buffers kernels allocate come and
+go: an arena holding every class it could would add its full size to the kernels' own
+peak. So the planner also builds a second arena: the classes live at the step's peak
+node (they are part of the peak anyway), then every other class that fits into a gap of
+that arena without making it larger, then, while that lowers the peak, the largest class
+live at the peak node that was left out; the classes left out are allocated when made,
+like kernel-owned ones. A third plan has no arena at all (everything allocated when made:
+the lower bound). The planner keeps the one with the largest arena among those whose peak
+is within 0.1% (or 1 KiB) of the lowest.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from . import kernels
 from .alias import AliasClasses, alias_classes
@@ -164,6 +177,93 @@ def overlapping(items, offsets) -> list:
     return bad
 
 
+def fit(placed: list, size: int, start: int, end: int, top: int, align: int = ALIGN):
+    """The lowest aligned offset where ``size`` bytes fit below ``top`` among ``placed``
+    ``(offset, size, start, end)`` items whose intervals overlap ``[start, end]``; None if none."""
+    size_al = -(-max(size, 1) // align) * align
+    busy = sorted((o, s) for o, s, a, b in placed if a <= end and start <= b)
+    prev_end = 0
+    for o, s in busy:
+        if o - prev_end >= size_al:
+            break
+        prev_end = max(prev_end, -(-(o + s) // align) * align)
+    return prev_end if prev_end + size <= top else None
+
+
+def _span(iv_c, n):
+    s, e = iv_c
+    return max(s, 0), min(e, n - 1) + 1
+
+
+def choose_arena(program, placement, iv, nb, kernel_curve):
+    """The arena classes and offsets with the lowest plan peak (see the module docstring).
+
+    Returns ``(offsets, arena bytes, classes left out)``.
+    """
+    n = len(program.nodes)
+    cands = [c for c, p in placement.items() if p == "arena"]
+    items = {c: (c, nb[c], *iv[c]) for c in cands}
+    kernel = np.asarray(kernel_curve, dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
+    full, full_top = greedy_by_size(list(items.values()))
+    full_peak = full_top + (int(kernel.max()) if n else 0)
+    if not cands or n == 0:
+        return full, full_top, []
+    # the node where everything allocated when made would peak
+    live = kernel.copy()
+    for c in cands:
+        a, b = _span(iv[c], n)
+        live[a:b] += nb[c]
+    t = int(live.argmax())
+    core = [it for it in items.values() if it[2] <= t <= it[3]]
+    offsets, top = greedy_by_size(core)
+    placed = {c: (offsets[c], -(-max(sz, 1) // ALIGN) * ALIGN, a, b) for c, sz, a, b in core}
+    out = set()
+    for c, size, a, b in sorted((it for it in items.values() if it[0] not in offsets), key=lambda it: (-it[1], it[2])):
+        off = fit(list(placed.values()), size, a, b, top)
+        if off is None:
+            out.add(c)
+        else:
+            offsets[c] = off
+            placed[c] = (off, -(-max(size, 1) // ALIGN) * ALIGN, a, b)
+    curve = kernel.copy()
+    for c in out:
+        a, b = _span(iv[c], n)
+        curve[a:b] += nb[c]
+    # Then, while the peak falls: bring a left-out class live at the peak node into the
+    # arena (at its lowest free offset, growing the arena if it must).
+    for _ in range(256):
+        t = int(curve.argmax())
+        peak = top + int(curve[t])
+        gain = None
+        for c in sorted((c for c in out if iv[c][0] <= t <= iv[c][1]), key=lambda c: -nb[c]):
+            _, size, a, b = items[c]
+            off = fit(list(placed.values()), size, a, b, 1 << 62)
+            new_top = max(top, off + size)
+            trial = curve.copy()
+            lo, hi = _span(iv[c], n)
+            trial[lo:hi] -= nb[c]
+            new_peak = new_top + int(trial.max())
+            if new_peak < peak:
+                gain = (c, off, new_top, trial)
+                break
+        if gain is None:
+            break
+        c, off, top, curve = gain
+        out.discard(c)
+        offsets[c] = off
+        placed[c] = (off, -(-max(nb[c], 1) // ALIGN) * ALIGN, iv[c][0], iv[c][1])
+    hybrid_peak = top + int(curve.max())
+    # Everything allocated when made: the lower bound itself (no arena at all).
+    plans = [(full_peak, full_top, full, []), (hybrid_peak, top, offsets, sorted(out)),
+             (int(live.max()), 0, {}, sorted(cands))]
+    best = min(p[0] for p in plans)
+    # Among the plans within 0.1% (or one page) of the lowest peak, the one with the largest
+    # arena (fewer allocations at replay; tiny buffers lose a little to the alignment).
+    slack = max(best // 1000, 1024)
+    peak, top, offsets, out = max((p for p in plans if p[0] <= best + slack), key=lambda p: (p[1], -p[0]))
+    return offsets, top, out
+
+
 def plan_memory(program, classes: AliasClasses | None = None, transient: dict | None = None) -> Plan:
     """Places every class, packs the arena, and computes the peaks and the floor."""
     classes = classes or alias_classes(program)
@@ -171,16 +271,83 @@ def plan_memory(program, classes: AliasClasses | None = None, transient: dict | 
     nb = class_bytes(program, classes)
     placement, why = place(program, classes)
     plan = Plan(classes, placement, why, iv, nb)
+    _contexts(program, plan)
+    transient = _workspace(program, plan, transient or {})
+    kernel_curve = _kernel_curve(program, plan, transient)
+    offsets, plan.arena_bytes, left_out = choose_arena(program, placement, iv, nb, kernel_curve)
+    for c in left_out:
+        placement[c] = "kernel"
+        why[c] = "allocated when made: the plan's peak is lower with it outside the arena"
     items = [(c, nb[c], *iv[c]) for c, p in placement.items() if p == "arena"]
-    offsets, plan.arena_bytes = greedy_by_size(items)
     bad = overlapping(items, offsets)
     if bad:  # pragma: no cover - a planner bug, caught here rather than as wrong numbers
         raise AssertionError(f"memory plan overlaps: {bad[:3]}")
     plan.offsets = offsets
     _frees(program, plan)
-    _contexts(program, plan)
-    _peaks(program, plan, transient or {})
+    _peaks(program, plan, transient)
     return plan
+
+
+def _workspace(program, plan, inner: dict) -> dict:
+    """node index -> its kernel's temporaries: the most it held beyond what was live before
+    it (measured while capturing) less the new buffers it made and what it kept for
+    backward, which the plan counts on its own (in the arena or from that node on). This
+    assumes a kernel allocates its outputs before its temporaries peak, as the ops that
+    write through ``out=`` do (dropout draws its uniforms first: there the estimate is low
+    by up to its output's size; the report's measured replay peak shows the difference)."""
+    out = {}
+    for i, extra in inner.items():
+        node = program.nodes[i]
+        made = node.info.get("new_bytes", 0)
+        kept = sum(b for _, b in node.info.get("kept", ()))
+        w = extra - made - kept
+        if w > 0:
+            out[i] = w
+    return out
+
+
+def _kernel_curve(program, plan, transient) -> list[int]:
+    """Bytes at each node outside the arena and the inputs: kernel classes, private, transient."""
+    n = len(program.nodes)
+    curve = [transient.get(i, 0) + p for i, p in zip(range(n), _private(program, plan))]
+    for c, p in plan.placement.items():
+        if p != "kernel":
+            continue
+        s, e = plan.intervals[c]
+        for i in range(max(s, 0), min(e, n - 1) + 1):
+            curve[i] += plan.nbytes[c]
+    return curve
+
+
+def verify(program, plan: Plan) -> None:
+    """Checks a planned program; raises AssertionError on the first violation.
+
+    - no two arena buffers whose intervals overlap share a byte;
+    - no value is read after a later write into its buffer (its class): the capture
+      guaranteed it for the step as written (eager's version checks), the passes must keep
+      it for every rewrite;
+    - every value is defined before it is read.
+    """
+    items = [(c, plan.nbytes[c], *plan.intervals[c]) for c, p in plan.placement.items() if p == "arena"]
+    bad = overlapping(items, plan.offsets)
+    if bad:
+        raise AssertionError(f"fw.compile plan: arena buffers overlap: {bad[:3]}")
+    classes, values = plan.classes, program.values
+    writes: dict = {}
+    for v in values:
+        if v.edge is not None and v.edge[0] == "write" and v.producer is not None and not v.dead:
+            writes.setdefault(classes.of[v.id], []).append(v.producer)
+    for n in program.nodes:
+        for vid in n.value_refs():
+            v = values[vid]
+            born = -1 if v.producer is None else v.producer
+            if v.dead or born > n.index or (v.producer is None and v.source is None):
+                raise AssertionError(f"fw.compile plan: node {n.index} ({n.name}) reads %{vid} before it exists")
+            for w in writes.get(classes.of[vid], ()):
+                if born < w < n.index:
+                    raise AssertionError(
+                        f"fw.compile plan: node {n.index} ({n.name}) reads %{vid}, overwritten by node {w} "
+                        f"({program.nodes[w].name}) since it was made at node {born}")
 
 
 def _frees(program, plan: Plan) -> None:

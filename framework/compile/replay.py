@@ -63,6 +63,8 @@ def _is_static(template) -> bool:
 class Executor:
     """Runs one planned program: ``executor.run(args, scalar_inputs)`` returns the step's result."""
 
+    debug_marks = False  # set to put a memory.mark() before every node (to compare with the plan)
+
     def __init__(self, program, plan):
         self.program = program
         self.plan = plan
@@ -90,10 +92,13 @@ class Executor:
         inputs = set(program.inputs)
         for node in program.nodes:
             gen.begin(node)
+            if self.debug_marks:
+                gen.line(f"mark('node {node.index}')")
             if not kernels.emit(node, gen):
                 name = f"g{node.index}"
                 gen.globals[name] = self._generic(node)
                 gen.line(f"{name}()")
+            gen.end()
             dead = [v for v in plan.frees.get(node.index, ()) if v not in gen.static and v not in inputs]
             if dead:
                 gen.line(" = ".join(f"env[{v}]" for v in dead) + " = None")
@@ -361,10 +366,11 @@ class Gen:
         self.inputs = set(program.inputs)
         self.lines: list[str] = []
         self.globals = {"np": np, "np_add_reduce": np.add.reduce, "reshape_view": reshape_view,
-                        "track": memory.track, "as_array": _as_array}
+                        "track": memory.track, "as_array": _as_array, "mark": memory.mark}
         self.ntemp = 0
         self.node = None
         self.names: dict = {}  # value id -> the one name of its array (versions share it)
+        self.temps: list = []  # locals of the current node
 
     # --- names ------------------------------------------------------------------------
     def a(self, vid) -> str:
@@ -426,7 +432,14 @@ class Gen:
         self.ntemp += 1
         name = f"_t{self.ntemp}"
         self.line(f"{name} = {expr}")
+        self.temps.append(name)
         return name
+
+    def end(self) -> None:
+        """Ends a node: its temporaries go now (a local would keep an array alive to the end)."""
+        if self.temps:
+            self.line("del " + ", ".join(self.temps))
+            self.temps = []
 
     def target(self, node, vid):
         """The name of the buffer output ``vid`` of ``node`` must be written into, or None."""
