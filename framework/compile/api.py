@@ -227,7 +227,10 @@ class CompiledStep:
         return "changed: " + ", ".join(diff) if diff else "no cached program matched"
 
     def _capture(self, flat, n_args, kw_names, key, reason):
-        silent = any(e.exit_key == key for e in self.cache) or not self.cache
+        # Silent: the first capture, and the one that follows a step which changed its own
+        # guarded state (the first optimizer step creates the momentum buffers).
+        silent = not self.cache or (any(e.exit_key == key for e in self.cache)
+                                    and not any(e.key == key for e in self.cache))
         if not silent and not self._warned:
             self._warned = True
             warnings.warn(f"fw.compile({self.__name__}): capturing the step again ({reason}); "
