@@ -201,6 +201,8 @@ class CompiledStep:
                 self._build(entry)
             try:
                 if entry.replays == 0:  # the first replay measures its own peak (see report())
+                    for leaf in entry.program.cleared_grads:  # freed first: not part of the baseline
+                        leaf._grad = None
                     with memory.record_timeline("cpu") as tl:
                         result = entry.executor.run(flat, entry.scalar_inputs(flat))
                     # the arena was allocated before this call: count it with the step's inputs
@@ -378,6 +380,11 @@ class CompiledStep:
             else:
                 gsrc = Source("grad", (src.name if src is not None else "tensor") + ".grad", leaf)
             program.writebacks.append(WriteBack(gsrc, vid, "grad"))
+        # A gradient the step dropped without reading (zero_grad(set_to_none=True)) is
+        # dropped at the start of each replay too, as eager frees it before the forward.
+        read = {id(program.values[v].source.obj) for v in program.inputs if program.values[v].source.kind == "grad"}
+        program.cleared_grads = [p for p, _, grad in entry_state["params"]
+                                 if grad is not None and id(p) not in read and p._grad is not grad]
         for name, b, data in entry_state["buffers"]:
             rec.writeback(Source("buffer", name, b), b, data)
         for k, opt, before in entry_state["state"]:

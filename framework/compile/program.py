@@ -245,6 +245,7 @@ class Program:
     writebacks: list = field(default_factory=list)
     scalars: list = field(default_factory=list)  # traced scalar expressions (see scalars.py)
     guards: list = field(default_factory=list)  # comparisons on traced scalars (see scalars.py)
+    cleared_grads: list = field(default_factory=list)  # leaves whose .grad the step drops first
     name: str = "step"
 
     # --- building -----------------------------------------------------------------

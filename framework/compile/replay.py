@@ -223,7 +223,13 @@ class Executor:
         fresh = [vid is not None and vid not in self.plan.offsets and self.program.values[vid].edge is None
                  for vid in outputs]
 
+        category = memory.category
+
         def run():
+            with category("gradients"):  # as the engine does: buffers a backward makes are gradients
+                _backward()
+
+        def _backward():
             ctx = ctxs[fwd]
             ctx.reuse_grad = reuse
             d = ctx.__dict__
@@ -263,6 +269,8 @@ class Executor:
     def run(self, args, scalar_inputs):
         program = self.program
         self.scal[:] = evaluate(program.scalars, scalar_inputs) if program.scalars else ()
+        for leaf in program.cleared_grads:  # the step's zero_grad(set_to_none=True)
+            leaf._grad = None
         self.bind_inputs(args)
         g = self.globals
         env = self.env
