@@ -131,12 +131,13 @@ def bind_writebacks(program, classes: AliasClasses | None = None) -> AliasClasse
     Returns the classes it used.
     """
     classes = classes or alias_classes(program)
+    inputs = input_index(program)
     out = []
     for wb in program.writebacks:
         if wb.how in ("scalar", "const", "grad") or wb.value is None:
             out.append(wb)
             continue
-        src = _input_value(program, wb.source)
+        src = inputs.get(source_key(wb.source))
         if src is not None and classes.same(src, wb.value):
             out.append(replace(wb, how="bound"))
         else:
@@ -145,12 +146,16 @@ def bind_writebacks(program, classes: AliasClasses | None = None) -> AliasClasse
     return classes
 
 
-def _input_value(program, source):
-    """The program input read from ``source`` (None when the step never read it)."""
-    for vid in program.inputs:
-        if program.values[vid].source.same(source):
-            return vid
-    return None
+def source_key(source) -> tuple:
+    """A key that two sources reading the same place share (identity of their objects)."""
+    obj = source.obj
+    ids = tuple(id(o) for o in obj) if isinstance(obj, tuple) else id(obj)
+    return source.kind, ids, source.key
+
+
+def input_index(program) -> dict:
+    """source key -> the program input read from it."""
+    return {source_key(program.values[vid].source): vid for vid in program.inputs}
 
 
 def unbound_inputs(program, classes: AliasClasses | None = None) -> list:

@@ -137,17 +137,8 @@ class Recorder:
         self.timeline = None  # memory timeline of the capture (set by the caller)
 
     # --- values ---------------------------------------------------------------------
-    def _register(self, arr, vid: int) -> None:
-        self.arrays[id(arr)] = (weakref.ref(arr), vid)
-        root = memory.root_buffer(arr)
-        rec = self.roots.get(id(root))
-        if rec is None or rec.ref() is not root:
-            rec = self.roots[id(root)] = _Root(root, vid)
-        else:
-            rec.latest = vid
-        self.vroot[vid] = rec
-
     def _root(self, arr):
+        """The record of ``arr``'s buffer, None when no value lives in it yet."""
         root = memory.root_buffer(arr)
         rec = self.roots.get(id(root))
         if rec is not None and rec.ref() is root:
@@ -163,20 +154,24 @@ class Recorder:
                 return self.external(pend[1])
             return None
         vid = entry[1]
-        rec = self._root(arr)
-        v = self.program.values[vid]
-        if rec is not None and rec.version > v.version:
+        rec = self.vroot[vid]
+        if rec.version > self.program.values[vid].version:
             # The buffer was written through another array since this one was last seen.
-            nv = self._new_value(arr, producer=rec.writer, edge=("alias", vid))
-            return nv
+            return self._new_value(arr, producer=rec.writer, edge=("alias", vid), rec=rec)
         return vid
 
-    def _new_value(self, arr, producer=None, edge=None, source=None, name="") -> int:
+    def _new_value(self, arr, producer=None, edge=None, source=None, name="", rec=None) -> int:
         v = self.program.new_value(arr.shape, arr.dtype, arr.strides, producer, edge, source, is_dense(arr), name)
         v.writable = bool(getattr(arr.flags, "writeable", True))
-        rec = self._root(arr)
-        v.version = rec.version if rec is not None else 0
-        self._register(arr, v.id)
+        if rec is None:
+            root = memory.root_buffer(arr)
+            rec = self.roots.get(id(root))
+            if rec is None or rec.ref() is not root:
+                rec = self.roots[id(root)] = _Root(root, v.id)
+        v.version = rec.version
+        rec.latest = v.id
+        self.arrays[id(arr)] = (weakref.ref(arr), v.id)
+        self.vroot[v.id] = rec
         return v.id
 
     def value_of(self, t: Tensor) -> int:
@@ -215,20 +210,17 @@ class Recorder:
             return self._new_value(arr, producer=producer)
         src = rec.latest
         for vid in inputs:
-            if vid is not None and self._root_of_value(vid) is rec:
+            if vid is not None and self.vroot.get(vid) is rec:
                 src = vid
                 break
-        return self._new_value(arr, producer=producer, edge=("view", src))
-
-    def _root_of_value(self, vid):
-        return self.vroot.get(vid)
+        return self._new_value(arr, producer=producer, edge=("view", src), rec=rec)
 
     def _write(self, arr, producer: int, src_vid: int) -> int:
-        """A new version of ``arr``'s buffer, written by node ``producer``."""
-        rec = self._root(arr)
+        """A new version of ``arr``'s buffer (that of value ``src_vid``), written by ``producer``."""
+        rec = self.vroot[src_vid]
         rec.version += 1
         rec.writer = producer
-        return self._new_value(arr, producer=producer, edge=("write", src_vid))
+        return self._new_value(arr, producer=producer, edge=("write", src_vid), rec=rec)
 
     # --- templates ------------------------------------------------------------------------
     def _template(self, x, site):

@@ -24,7 +24,7 @@ the copy). No copy is ever added.
 
 from __future__ import annotations
 
-from .alias import UnionFind, alias_classes
+from .alias import UnionFind, alias_classes, input_index, source_key
 from .kernels import has_inplace_form
 from .program import Ref
 
@@ -60,10 +60,11 @@ def reinplace(program) -> list[int]:
         pinned[i] = True
         last_use[i] = end
     wb_class = {}  # class index of a write-back's value -> the external class it must reach
+    inputs = input_index(program)
     for wb in program.writebacks:
         if wb.how in ("scalar", "const", "grad") or wb.value is None or not wb.source.mutable_state:
             continue
-        inp = _input_of(program, wb.source)
+        inp = inputs.get(source_key(wb.source))
         if inp is not None:
             wb_class[ids[classes.of[wb.value]]] = ids[classes.of[inp]]
 
@@ -129,35 +130,33 @@ def reinplace(program) -> list[int]:
     # was made from the input by a node with an inplace form: that node writes into the
     # input's buffer instead, and with it the whole chain (the write-back disappears).
     by_out = {out: (n, x) for n, x, out in candidates}
-    for wcls, ecls in wb_class.items():
-        c = uf.find(wcls)
-        if uf.find(ecls) == c:
-            continue
-        owner = next((v for v in classes.members if uf.find(ids[v]) == c and values[v].edge is None), None)
-        hit = by_out.get(owner)
-        if hit is None or uf.find(ids[classes.of[hit[1]]]) != uf.find(ecls):
-            continue
-        if _only_sink_is_writeback(program, classes, owner, ids, uf, c):
-            try_rewrite(hit[0], hit[1], owner, True)
-    if redirect:
-        replace_uses(program, redirect)
-    return done
-
-
-def _only_sink_is_writeback(program, classes, owner, ids, uf, c) -> bool:
-    """The class is pinned only by one write-back of state (not returned, not a gradient)."""
-    count = 0
+    owners = {}  # union-find root -> the value that owns the buffer
+    for c in classes.members:
+        if values[c].edge is None:
+            owners.setdefault(uf.find(ids[c]), c)
+    sinks: dict = {}  # union-find root -> write-backs of state that end in it (-1: something else pins it)
     for vid in program.output_refs():
-        if uf.find(ids[classes.of[vid]]) == c:
-            return False
+        sinks[cls(vid)] = -1
     for wb in program.writebacks:
         if wb.value is None or wb.how in ("scalar", "const"):
             continue
-        if uf.find(ids[classes.of[wb.value]]) == c:
-            if wb.how == "grad" or not wb.source.mutable_state:
-                return False
-            count += 1
-    return count == 1
+        r = cls(wb.value)
+        if wb.how == "grad" or not wb.source.mutable_state or sinks.get(r) == -1:
+            sinks[r] = -1
+        else:
+            sinks[r] = sinks.get(r, 0) + 1
+    for wcls, ecls in wb_class.items():
+        c = uf.find(wcls)
+        if uf.find(ecls) == c or sinks.get(c) != 1:
+            continue  # already bound, or the class must also survive as something else
+        owner = owners.get(c)
+        hit = by_out.get(owner)
+        if hit is None or uf.find(ids[classes.of[hit[1]]]) != uf.find(ecls):
+            continue
+        try_rewrite(hit[0], hit[1], owner, True)
+    if redirect:
+        replace_uses(program, redirect)
+    return done
 
 
 def _backward_target(n, program):
@@ -168,13 +167,6 @@ def _backward_target(n, program):
     if len(outs) != 1 or outs[0] != n.outputs[0]:
         return None
     return n.info["grad"], outs[0]
-
-
-def _input_of(program, source):
-    for vid in program.inputs:
-        if program.values[vid].source.same(source):
-            return vid
-    return None
 
 
 def replace_uses(program, redirect: dict) -> None:
