@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import memory
 from ..autograd.function import _as_array
+from ..ops import conv as C
 from ..ops import dropout as D
 from ..ops import elementwise as E
 from ..ops import linalg as L
@@ -41,6 +42,24 @@ OUT_CAPABLE = frozenset({
     N.BatchNormEval, N.InPlaceABN, D.Dropout,
 })
 INPLACE_FORM = OUT_CAPABLE
+
+
+def _conv_overwrites(node, program) -> bool:
+    """Conv2d's backward writes its input gradient over the incoming one when it may reuse it
+    and that gradient has the input's shape and is C-contiguous (framework/ops/conv.py)."""
+    fnode = program.nodes[node.info["fwd"]]
+    g = program.values[node.info["grad"]]
+    x = program.values[fnode.inputs[0].id]
+    return fnode.info.get("needs", (False,))[0] and g.shape == x.shape and _c_contig(g)
+
+
+# Ops whose own backward writes its (first) gradient over the incoming one when the engine
+# lets it (``ctx.reuse_grad``), and when exactly: the re-inplace pass grants that where the
+# incoming gradient is dead, and replay checks at every call that the kernel did so.
+REUSES_GRAD = {
+    C.Conv2d: _conv_overwrites,
+    D.Dropout: lambda node, program: node.outputs[0] is not None,
+}
 
 
 def writes_out(op) -> bool:

@@ -30,8 +30,8 @@ node (they are part of the peak anyway), then every other class that fits into a
 that arena without making it larger, then, while that lowers the peak, the largest class
 live at the peak node that was left out; the classes left out are allocated when made,
 like kernel-owned ones. A third plan has no arena at all (everything allocated when made:
-the lower bound). The planner keeps the one with the largest arena among those whose peak
-is within 0.1% (or 1 KiB) of the lowest.
+the lower bound). The planner keeps the plan with the lowest peak and, among equals, the
+largest arena (fewer allocations at replay).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import numpy as np
 from . import kernels
 from .alias import AliasClasses, alias_classes
 
-ALIGN = 64
+ALIGN = 16
 
 
 @dataclass
@@ -195,7 +195,7 @@ def _span(iv_c, n):
     return max(s, 0), min(e, n - 1) + 1
 
 
-def choose_arena(program, placement, iv, nb, kernel_curve):
+def choose_arena(program, placement, iv, nb, kernel_curve, persistent: int = 0):
     """The arena classes and offsets with the lowest plan peak (see the module docstring).
 
     Returns ``(offsets, arena bytes, classes left out)``.
@@ -257,10 +257,8 @@ def choose_arena(program, placement, iv, nb, kernel_curve):
     plans = [(full_peak, full_top, full, []), (hybrid_peak, top, offsets, sorted(out)),
              (int(live.max()), 0, {}, sorted(cands))]
     best = min(p[0] for p in plans)
-    # Among the plans within 0.1% (or one page) of the lowest peak, the one with the largest
-    # arena (fewer allocations at replay; tiny buffers lose a little to the alignment).
-    slack = max(best // 1000, 1024)
-    peak, top, offsets, out = max((p for p in plans if p[0] <= best + slack), key=lambda p: (p[1], -p[0]))
+    # The lowest peak; among equals, the largest arena (fewer allocations at replay).
+    peak, top, offsets, out = max((p for p in plans if p[0] == best), key=lambda p: p[1])
     return offsets, top, out
 
 
@@ -274,7 +272,8 @@ def plan_memory(program, classes: AliasClasses | None = None, transient: dict | 
     _contexts(program, plan)
     transient = _workspace(program, plan, transient or {})
     kernel_curve = _kernel_curve(program, plan, transient)
-    offsets, plan.arena_bytes, left_out = choose_arena(program, placement, iv, nb, kernel_curve)
+    persistent = sum(nb[c] for c, p in placement.items() if p == "external")
+    offsets, plan.arena_bytes, left_out = choose_arena(program, placement, iv, nb, kernel_curve, persistent)
     for c in left_out:
         placement[c] = "kernel"
         why[c] = "allocated when made: the plan's peak is lower with it outside the arena"
@@ -301,6 +300,11 @@ def _workspace(program, plan, inner: dict) -> dict:
         made = node.info.get("new_bytes", 0)
         kept = sum(b for _, b in node.info.get("kept", ()))
         w = extra - made - kept
+        if node.info.get("planned_reuse"):
+            # Re-inplaced into its gradient, the op's own backward may need a workspace to
+            # write over it (Conv2d builds each chunk aside) that the capture did not see:
+            # counted as up to its whole output, so the plan stays an upper bound.
+            w = max(w, 0) + program.values[node.outputs[0]].nbytes
         if w > 0:
             out[i] = w
     return out

@@ -25,7 +25,7 @@ the copy). No copy is ever added.
 from __future__ import annotations
 
 from .alias import UnionFind, alias_classes, input_index, source_key
-from .kernels import has_inplace_form
+from .kernels import REUSES_GRAD, has_inplace_form
 from .program import Ref
 
 _REINPLACE_BACKWARD = ("ReluBackward", "ExpBackward", "TanhBackward", "SigmoidBackward", "NegBackward",
@@ -116,8 +116,10 @@ def reinplace(program) -> list[int]:
         if pinned[cx] and not into_input:
             return False
         values[out].edge = ("write", x)
-        n.inplace = True
+        n.inplace = n.kind == "call"
         n.reinplaced = True
+        if n.kind == "backward" and not n.info.get("lowered"):
+            n.info["reuse_grad"] = n.info["planned_reuse"] = True
         merge(cx, co)
         done.append(n.index)
         return True
@@ -160,7 +162,16 @@ def reinplace(program) -> list[int]:
 
 
 def _backward_target(n, program):
-    """(incoming gradient, output) of a lowered elementwise backward that may write over it."""
+    """(incoming gradient, output) of a backward that may write its result over the gradient:
+    a lowered elementwise one, or an op's own backward that does so when allowed
+    (kernels.REUSES_GRAD: its first output then IS the gradient's buffer)."""
+    if n.info.get("reuse_grad"):
+        return None  # the capture already saw it write over its gradient
+    reuses = REUSES_GRAD.get(n.op)
+    if reuses is not None and not n.info.get("lowered") and not n.info.get("copyslices"):
+        if n.outputs and n.outputs[0] is not None and reuses(n, program):
+            return n.info["grad"], n.outputs[0]
+        return None
     if not n.info.get("lowered") or n.info.get("label") not in _REINPLACE_BACKWARD:
         return None
     outs = [o for o in n.outputs if o is not None]

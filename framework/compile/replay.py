@@ -215,6 +215,7 @@ class Executor:
         saved = list(fnode.info.get("saved", {}).items())
         gv = node.info["grad"]
         reuse = node.info.get("reuse_grad", False)
+        planned = node.info.get("planned_reuse", False)
         outputs = node.outputs
         view_fn = node.info.get("copyslices")
         n_in = len(fnode.inputs)
@@ -245,6 +246,11 @@ class Executor:
                 outs = backward(ctx, g)
             if type(outs) is not tuple:
                 outs = (outs,)
+            if planned and outs[0] is not g:
+                raise RuntimeError(
+                    f"fw.compile: {node.name} was planned to write its gradient over the incoming one "
+                    "(kernels.REUSES_GRAD) but returned another array: the op's backward changed; "
+                    "update its entry in framework/compile/kernels.py")
             for vid, o, f in zip(outputs, outs, fresh):
                 if vid is not None:
                     if isinstance(o, np.generic):
