@@ -5,7 +5,7 @@
     %0: f32[32, 64] = args[0]
     %3: f32[32, 256] = Matmul(%0, %2)                         # models/mlp.py:77
     %4: f32[32, 256] = add_(%3, %1)                           # write %3
-    %9 = MatmulBackward(%8; x=%0, y=%2) -> %10, %11
+    %10: f32[32, 64], %11: f32[64, 256] = MatmulBackward(%8; x=%0, y=%2)
     return %7
     layers.1.weight <- %31 (bound)
 """
@@ -44,11 +44,14 @@ def _site(site) -> str:
     return f"{file}:{line}"
 
 
-def _vals(program, vids) -> str:
+def _vals(program, vids, passed=None) -> str:
     parts = []
     for vid in vids:
         if vid is None:
             parts.append("None")
+            continue
+        if vid == passed:
+            parts.append(f"%{vid} (passed on)")  # a gradient the backward hands on unchanged
             continue
         v = program.values[vid]
         parts.append(f"%{vid}: {v.describe()}")
@@ -79,7 +82,7 @@ def format_node(program, n) -> str:
     site = _site(n.site)
     if site:
         notes.append(site)
-    line = f"{_vals(program, n.outputs)} = {body}"
+    line = f"{_vals(program, n.outputs, n.info.get('grad'))} = {body}"
     return f"{line:<72}  # {', '.join(notes)}" if notes else line
 
 
