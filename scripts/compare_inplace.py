@@ -8,6 +8,8 @@ experiment folder, so the runs overlay in one dashboard. ``on+abn`` is policy ``
 with the model's BatchNorm+activation fused as InPlace-ABN (``model.args.norm``);
 ``auto`` (and ``auto+abn``) is policy auto, which runs an op in place only where it
 proves the input dead (the table shows how many ops per step and the MB they saved).
+``compiled`` runs the step compiled (``compile: true``, captured under policy ``off``):
+the table adds the compiled step's planned peak and its number of inplace chains.
 Prints a table (peak MB, floor MB, MB and % saved against the first policy, samples/s,
 final loss, eval metric) and writes ``compare.png`` next to the runs: peak memory and
 throughput per policy, and the memory timeline of one step per policy.
@@ -25,7 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from trainers.cli import run_cli  # noqa: E402
 
 VARIANTS = {"off": ("off", None), "on": ("on", None), "auto": ("auto", None), "on+abn": ("on", "inplace_abn"),
-            "off+abn": ("off", "inplace_abn"), "auto+abn": ("auto", "inplace_abn")}
+            "off+abn": ("off", "inplace_abn"), "auto+abn": ("auto", "inplace_abn"),
+            # the training step compiled (fw.compile), captured under policy off: every inplace
+            # decision is the compiler's (docs/COMPILE.md)
+            "compiled": ("off", None)}
 
 
 def parse_args(argv=None):
@@ -61,12 +66,13 @@ def compare(args) -> int:
     results = []
     for name in names:
         policy, norm = VARIANTS[name]
-        overrides = list(args.overrides) + [f"inplace={policy}"]
+        compiled = name == "compiled"
+        overrides = list(args.overrides) + [f"inplace={policy}", f"compile={str(compiled).lower()}"]
         if norm:
             overrides.append(f"model.args.norm={norm}")
         cfg = load_config(args.config, overrides)
         gc.collect()
-        trainer = Trainer(cfg, run_name=default_run_name(policy, 1, norm))
+        trainer = Trainer(cfg, run_name=default_run_name(policy, 1, "compiled" if compiled else norm))
         results.append((name, trainer.fit()))
         del trainer
     base = results[0][1]
@@ -78,6 +84,7 @@ def compare(args) -> int:
             "saved MB": saved, "saved %": 100.0 * saved / base.peak_mb if base.peak_mb else 0.0,
             "samples/s": r.samples_per_sec, "auto ops/step": r.auto_ops_per_step,
             "auto MB/step": r.auto_saved_mb_per_step,
+            "planned MB": r.planned_peak_mb, "inplace chains": r.inplace_chains,
             "final loss": r.final_loss, f"eval {r.eval_name}": r.eval_metric,
         })
     print(format_summary(rows, [(k, k) for k in rows[0]]))

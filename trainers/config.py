@@ -80,6 +80,9 @@ SCHEMA: dict[str, Any] = {
                         pattern=r"cpu|cuda(:[0-9]+)?", pattern_doc="cpu, cuda or cuda:N (e.g. cuda:0)"),
     "inplace":    Field("str", "on", "Inplace policy of every inplace site of the run",
                         choices=("on", "off", "auto"), from_bool={True: "on", False: "off"}),
+    "compile":    Field("bool", False, "Run the training step compiled (`fw.compile`, docs/COMPILE.md): captured "
+                        "while the first steps run, then replayed with inplace decisions and a memory plan made on "
+                        "the whole step; the run name gets `_compiled`. CPU only; not with train.grad_clip"),
     "threads":    Field("int", 0, "Threads per process for NumPy's BLAS (0: the library's default, "
                         "or cores / processes under MPI); small models run fastest on 1", min=0),
     "data": {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import types
 import warnings
+import weakref
 
 import numpy as np
 
@@ -345,18 +346,27 @@ class CompiledStep:
         return restore
 
     def _snapshot(self):
+        """What the step may change, held by weak references: capture must not keep alive
+        what the step frees (the previous gradients, replaced optimizer state)."""
+        def ref(x):
+            return None if x is None else weakref.ref(x)
+
         return {
-            "params": [(p, p._data, p._grad) for p in self.params],
-            "buffers": [(name, b, b._data) for name, b in self.buffers],
-            "state": [(k, opt, {p: dict(st) for p, st in opt.state.items()}) for k, opt in enumerate(self.optimizers)],
+            "params": [(p, ref(p._data), ref(p._grad), ref(p._grad._data) if p._grad is not None else None)
+                       for p in self.params],
+            "buffers": [(name, b, ref(b._data)) for name, b in self.buffers],
+            "state": [(k, opt, {p: {sk: ref(v) if isinstance(v, Tensor) else v for sk, v in st.items()}
+                                for p, st in opt.state.items()}) for k, opt in enumerate(self.optimizers)],
         }
 
     def _writebacks(self, rec, entry_state):
         program = rec.program
-        for p, data, grad in entry_state["params"]:
+        for p, dref, gref, gdref in entry_state["params"]:
             name = self.param_names[id(p)]
-            rec.writeback(Source("param", name, p), p, data)
-            if p._grad is not grad or (grad is not None and p._grad._data is not grad._data):
+            rec.writeback(Source("param", name, p), p, dref())
+            grad = gref() if gref is not None else None
+            if gref is not None and grad is None or p._grad is not grad or (
+                    grad is not None and p._grad._data is not gdref()):
                 if p._grad is None:
                     program.writebacks.append(WriteBack(Source("grad", name + ".grad", p), None, "grad"))
                 else:
@@ -374,7 +384,7 @@ class CompiledStep:
         for leaf, vid in rec.leaf_grads.values():
             if id(leaf) in known:
                 continue
-            src = next((s for t, s in rec.externals if t is leaf), None)
+            src = next((s for r, s in rec.externals if r() is leaf), None)
             if src is not None and src.kind == "arg":
                 gsrc = Source("arggrad", src.name + ".grad", key=src.key)
             else:
@@ -383,10 +393,10 @@ class CompiledStep:
         # A gradient the step dropped without reading (zero_grad(set_to_none=True)) is
         # dropped at the start of each replay too, as eager frees it before the forward.
         read = {id(program.values[v].source.obj) for v in program.inputs if program.values[v].source.kind == "grad"}
-        program.cleared_grads = [p for p, _, grad in entry_state["params"]
-                                 if grad is not None and id(p) not in read and p._grad is not grad]
-        for name, b, data in entry_state["buffers"]:
-            rec.writeback(Source("buffer", name, b), b, data)
+        program.cleared_grads = [p for p, _, gref, _ in entry_state["params"]
+                                 if gref is not None and id(p) not in read and p._grad is not gref()]
+        for name, b, dref in entry_state["buffers"]:
+            rec.writeback(Source("buffer", name, b), b, dref())
         for k, opt, before in entry_state["state"]:
             for p, st in opt.state.items():
                 pname = self.param_names.get(id(p), "?")
@@ -403,8 +413,9 @@ class CompiledStep:
                                                    "recorded ops")
                             program.writebacks.append(WriteBack(src, vid, "rebind"))
                         else:
-                            rec.writeback(src, sv, old[sk]._data if isinstance(old[sk], Tensor) else None)
-                    elif sk not in old or (not isinstance(old[sk], Sym) and old[sk] != sv):
+                            before_t = old[sk]() if isinstance(old[sk], weakref.ref) else None
+                            rec.writeback(src, sv, before_t._data if before_t is not None else None)
+                    elif sk not in old or (not isinstance(old[sk], (Sym, weakref.ref)) and old[sk] != sv):
                         program.writebacks.append(WriteBack(src, sv, "const"))
         for _, opt, gi, name, v in self._swapped:
             now = opt.param_groups[gi].get(name)

@@ -124,13 +124,14 @@ class Recorder:
 
     def __init__(self, externals: list, tape: Tape, name: str = "step"):
         self.program = Program(name=name)
-        self.sources = {id(t): src for t, src in externals}
-        self.externals = externals  # keeps the (tensor, source) pairs of the entry state
+        # weak references: capture must not keep alive what the step frees (old gradients)
+        self.externals = [(weakref.ref(t), src) for t, src in externals]
+        self.sources = {id(t): (r, src) for (t, _), (r, src) in zip(externals, self.externals)}
         self.tape = tape
         self.arrays: dict = {}  # id(array) -> (weakref(array), value id)
         self.roots: dict = {}  # id(root buffer) -> _Root
         self.vroot: dict = {}  # value id -> _Root of its buffer
-        self.pending = {id(t._data): (weakref.ref(t._data), t) for t, _ in externals}
+        self.pending = {id(t._data): (weakref.ref(t._data), weakref.ref(t)) for t, _ in externals}
         self.ctx_nodes: dict = {}  # id(ctx) -> (ctx, forward node index)
         self.leaf_grads: dict = {}  # id(leaf) -> (leaf, value id of its accumulated gradient)
         self.unknown: list = []  # external tensors no source describes (checked at the end)
@@ -150,8 +151,8 @@ class Recorder:
         entry = self.arrays.get(id(arr))
         if entry is None or entry[0]() is not arr:
             pend = self.pending.get(id(arr))
-            if pend is not None and pend[0]() is arr:
-                return self.external(pend[1])
+            if pend is not None and pend[0]() is arr and pend[1]() is not None:
+                return self.external(pend[1]())
             return None
         vid = entry[1]
         rec = self.vroot[vid]
@@ -183,7 +184,8 @@ class Recorder:
 
     def external(self, t: Tensor) -> int:
         """A new program input for tensor ``t`` (read from its source at replay)."""
-        src = self.sources.get(id(t))
+        entry = self.sources.get(id(t))
+        src = entry[1] if entry is not None and entry[0]() is t else None
         arr = t._data
         if src is None:
             rec = self._root(arr)

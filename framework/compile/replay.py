@@ -288,6 +288,8 @@ class Executor:
         self.ctxs.clear()
         for vid in self.leftovers:  # what the caller got is theirs now; the batch is not kept
             env[vid] = None
+        for _, name in self.input_names:
+            g[name] = None
         return result
 
     def _outputs(self, template):
