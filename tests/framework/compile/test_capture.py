@@ -269,3 +269,12 @@ def test_compile_takes_arguments_as_a_decorator():
     assert step(fw.ones(3)).item() == 6.0
     assert w.grad.tolist() == [3.0]
     assert isinstance(np.asarray(step.report()["eager_peak_bytes"]), np.ndarray)
+
+
+def test_explain_true_prints_the_plan_after_each_capture(capsys):
+    model, opt = _setup()
+    f = fw.compile(train_step(model, opt), explain=True)
+    for x, y in batches("mlp", 2):
+        f(x, y)
+    out = capsys.readouterr().out
+    assert "inplace chains (input first):" in out and "memory plan" in out
