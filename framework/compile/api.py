@@ -216,10 +216,10 @@ class CompiledStep:
                 break
             entry.replays += 1
             self.last = entry
-            return _unflatten(result, len(args))
+            return result
         if self.cache and reason is None:
             reason = self._why(key)
-        return self._capture(flat, len(args), kw_names, key, reason)
+        return self._capture(flat, kw_names, key, reason)
 
     def _why(self, key) -> str:
         names = ("inplace policy", "grad mode", "anomaly mode", "argument shapes/dtypes/devices", "keyword names",
@@ -229,7 +229,7 @@ class CompiledStep:
         diff = [n for n, a, b in zip(names, key, last) if a != b]
         return "changed: " + ", ".join(diff) if diff else "no cached program matched"
 
-    def _capture(self, flat, n_args, kw_names, key, reason):
+    def _capture(self, flat, kw_names, key, reason):
         # Silent: the first capture, and the one that follows a step which changed its own
         # guarded state (the first optimizer step creates the momentum buffers).
         silent = not self.cache or (any(e.exit_key == key for e in self.cache)
@@ -249,7 +249,7 @@ class CompiledStep:
         self.last = entry
         if self.explain_on_capture and entry.executor is not None:
             self.explain()
-        return _unflatten(result, n_args)
+        return result
 
     def _record(self, flat, kw_names, key):
         externals, readers = [], []
@@ -544,10 +544,6 @@ def _group_reader(opt, gi, name, j):
 
 def _state_reader(opt, p, key):
     return lambda flat: opt.state[p][key]
-
-
-def _unflatten(result, n_args):
-    return result
 
 
 def _transients(program, timeline) -> dict:

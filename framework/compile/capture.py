@@ -1,12 +1,17 @@
 """Capture: run a step eagerly while recording every op into a :class:`Program`.
 
 The :class:`Recorder` is installed as ``framework.autograd.function.capture`` for the
-duration of one call. The eager core calls it at four places (each behind one check of
-that global): the apply path of every op, the backward engine (root gradient, each
-node's backward, gradient sums, leaf accumulation) and creation recipes. Each hook runs
-the real eager code with the recorder switched off (so nothing nested inside a recorded
-event, such as the view ops a ``CopySlices`` backward makes, is recorded twice), then
-records what happened.
+duration of one call. The eager core calls it from lines that each check that global
+first (``None`` when nothing is captured): one at the top of the apply path of every op
+(``function._apply``), four in the backward engine (the root gradient, each node's
+backward, gradient sums, the accumulation into a leaf's ``.grad``) and one in the
+creation recipes (``creation._filled``). Each hook runs the real eager code with the
+recorder switched off (so nothing nested inside a recorded event, such as the view ops a
+``CopySlices`` backward makes, is recorded twice), then records what happened.
+
+Reading a tensor's value into Python (``.item()``, ``bool(t)``, ...) is refused by
+conversions installed on ``Tensor`` for the duration of the capture (here, not in
+tensor.py, so that they cost nothing when no step is captured).
 
 Arrays are identified by object (a weak reference each, so capture does not keep
 anything alive that eager would free) and by their root buffer. Every write into a
@@ -24,7 +29,7 @@ import numpy as np
 from .. import memory
 from ..autograd import engine as _engine
 from ..autograd import function as _function
-from ..autograd.function import CopySlices, call_site
+from ..autograd.function import CopySlices
 from ..backend import is_array
 from ..tensor import Tensor
 from .program import Program, Ref, ScalarRef, Source, StatsOut, WriteBack
@@ -117,7 +122,7 @@ class Recorder:
     """Records one eager run of a step (see the module docstring).
 
     Args:
-        sources: ``id(tensor) -> Source`` for every external tensor the step may read
+        externals: ``(tensor, Source)`` for every external tensor the step may read
             (arguments, parameters and their gradients, buffers, optimizer state).
         tape: the scalar tape (traced hyperparameters).
     """
@@ -187,6 +192,10 @@ class Recorder:
         entry = self.sources.get(id(t))
         src = entry[1] if entry is not None and entry[0]() is t else None
         arr = t._data
+        if not isinstance(arr, np.ndarray):
+            raise CaptureError(
+                f"fw.compile: {src.name if src is not None else 'a tensor'} is on {t.device}; compiled steps run "
+                "on the CPU only (the replay code calls NumPy)")
         if src is None:
             rec = self._root(arr)
             if rec is not None and self.program.values[rec.latest].source is None:
@@ -225,7 +234,7 @@ class Recorder:
         return self._new_value(arr, producer=producer, edge=("write", src_vid), rec=rec)
 
     # --- templates ------------------------------------------------------------------------
-    def _template(self, x, site):
+    def _template(self, x):
         """(template, concrete object) of an op argument that is not a tensor."""
         if isinstance(x, Sym):
             return ScalarRef(x._slot), x.value
@@ -235,7 +244,7 @@ class Recorder:
             vid = self.lookup(x)
             return (x if vid is None else Ref(vid)), x
         if type(x) in (tuple, list):
-            items = [self._template(i, site) for i in x]
+            items = [self._template(i) for i in x]
             if all(t is c for t, c in items):
                 return x, x
             return type(x)(t for t, _ in items), type(x)(c for _, c in items)
@@ -265,7 +274,7 @@ class Recorder:
                 concrete.append(x)
                 in_vids.append(vid)
             else:
-                t, c = self._template(x, site)
+                t, c = self._template(x)
                 in_templates.append(t)
                 concrete.append(c)
                 in_vids.append(t.id if isinstance(t, Ref) else None)
@@ -275,7 +284,7 @@ class Recorder:
                 stats_keys = k
                 p_concrete[k] = x
                 continue
-            t, c = self._template(x, site)
+            t, c = self._template(x)
             p_templates[k], p_concrete[k] = t, c
         before = None
         if inplace and isinstance(concrete[0], Tensor):
@@ -441,10 +450,6 @@ class Recorder:
         node.outputs = [self._new_value(t._data, producer=node.index)]
 
     # --- the end of the step ------------------------------------------------------------------------
-    def final_value(self, t: Tensor):
-        """The value a tensor holds now (None when the step never read or made it)."""
-        return self.lookup(t._data)
-
     def output_template(self, result):
         """The template of what the step returned (tensors become value references)."""
         if result is None or isinstance(result, (bool, int, float, str)):

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import memory
-from ..autograd.function import _as_array
 from ..ops import conv as C
 from ..ops import dropout as D
 from ..ops import elementwise as E
@@ -33,7 +31,6 @@ from ..ops import linalg as L
 from ..ops import norm as N
 from ..ops import reduce as R
 from ..ops.view import Permute, View, reshape_view
-from ..ops.broadcast import sum_to
 from .program import Ref, ScalarRef
 
 OUT_CAPABLE = frozenset({
@@ -417,5 +414,5 @@ def emit(node, g) -> bool:
     return False
 
 
-__all__ = ["OUT_CAPABLE", "INPLACE_FORM", "FORWARD", "BACKWARD", "annotate", "emit", "writes_out",
-           "can_write_into", "has_inplace_form", "sum_to", "memory", "_as_array"]
+__all__ = ["OUT_CAPABLE", "INPLACE_FORM", "FORWARD", "FORWARD_ONLY", "BACKWARD", "REUSES_GRAD", "annotate", "emit",
+           "writes_out", "can_write_into", "has_inplace_form"]
