@@ -1,11 +1,12 @@
-"""Pass 1: alias classes (union-find over view and write edges) and inplace chains.
+"""Pass 1: alias classes (union-find over view, write and alias edges) and inplace chains.
 
 Every value that shares memory with an earlier one carries the edge that made it so
 (``view``: a view op, or a gradient passed on unchanged; ``write``: a new version written
-in place). A union-find over those edges puts each value into the class of the buffer
-it lives in; the class root is the value that owns the buffer (a program input, or the
-first output written into it). Memory is planned per class, and a class is live from
-its first definition to the last read of any of its members.
+in place; ``alias``: the same array seen again after a write through another view). A
+union-find over those edges puts each value into the class of the buffer it lives in;
+the class is named by the value that owns the buffer (a program input, or the first
+output written into it). Memory is planned per class, and a class is live from its first
+definition to the last read of any of its members.
 
 An *inplace chain* is the sequence of nodes that write one class, in program order: for
 a parameter updated by SGD under policy ``on``, ``[layers.0.weight, add_]``; for a
@@ -13,8 +14,8 @@ momentum buffer, ``[opt.state[...].momentum_buffer, mul_, add_]``. For every pro
 the step updates (parameters, running statistics, optimizer state) this pass decides how
 its write-back happens: ``bound`` when the final value already lives in the input's own
 buffer (the chain ends where it started: no copy-out), else ``rebind`` (the tensor is
-pointed at the new array, as eager ``off`` does) or ``copy`` (when the new array is one
-the plan reuses, so it cannot be handed over).
+pointed at the new array, as eager ``off`` does; the plan then keeps that array out of
+the arena, so it can be handed over).
 """
 
 from __future__ import annotations
@@ -28,11 +29,6 @@ class UnionFind:
     def __init__(self, n: int = 0):
         self.parent = list(range(n))
         self.rank = [0] * n
-
-    def add(self) -> int:
-        self.parent.append(len(self.parent))
-        self.rank.append(0)
-        return len(self.parent) - 1
 
     def find(self, x: int) -> int:
         parent = self.parent
@@ -57,24 +53,23 @@ class UnionFind:
 class AliasClasses:
     """The result of :func:`alias_classes`.
 
+    A class is named by its owner: the value that owns the buffer (the member without an
+    edge: a program input, or the first output written into the buffer).
+
     Attributes:
         of: value id -> class id (the id of the class's owner value).
         members: class id -> value ids, in creation order.
-        owner: class id -> the value that owns the buffer (no edge, or a program input).
     """
 
     of: dict
     members: dict
-
-    def owner(self, cls: int) -> int:
-        return cls
 
     def same(self, a: int, b: int) -> bool:
         return self.of[a] == self.of[b]
 
 
 def alias_classes(program) -> AliasClasses:
-    """Union-find over the program's view and write edges (see the module docstring)."""
+    """Union-find over the program's view, write and alias edges (see the module docstring)."""
     values = program.values
     uf = UnionFind(len(values))
     for v in values:
@@ -126,7 +121,7 @@ def inplace_chains(program, classes: AliasClasses | None = None) -> list[list[st
 
 def bind_writebacks(program, classes: AliasClasses | None = None) -> AliasClasses:
     """Decides each write-back of an updated input: ``bound`` when its final value lives in
-    the input's own class; ``rebind`` otherwise (the plan may turn it into ``copy``).
+    the input's own class; ``rebind`` otherwise.
 
     Returns the classes it used.
     """
@@ -160,6 +155,5 @@ def input_index(program) -> dict:
 
 def unbound_inputs(program, classes: AliasClasses | None = None) -> list:
     """Write-backs of parameters, buffers and optimizer state whose chain does not end in
-    the input's own buffer (after the passes this should be empty: each is a copy-out or
-    a rebind the report names)."""
-    return [wb for wb in program.writebacks if wb.how in ("rebind", "copy") and wb.source.mutable_state]
+    the input's own buffer (rebound instead; the report names them)."""
+    return [wb for wb in program.writebacks if wb.how == "rebind" and wb.source.mutable_state]

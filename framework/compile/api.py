@@ -454,7 +454,9 @@ class CompiledStep:
         op names, input first), ``reinplaced_ops``, ``removed_ops`` (DCE),
         ``copies_avoided_bytes`` (write-backs bound to their own buffer by the passes, and
         copies elided), ``unbound_writebacks`` (inputs whose chain does not end in their
-        own buffer), ``kernel_owned`` (buffers not in the arena, with the reason), ``nodes``,
+        own buffer), ``kernel_owned`` (buffers not in the arena, with the reason),
+        ``replay_copy_bytes`` (bytes inplace ops whose kernel returned another array copied
+        back, over all replays: eager copies them too), ``nodes``,
         ``captures``, ``replays``, ``capture_seconds``, ``build_seconds``.
         """
         from .report import make_report  # noqa: PLC0415

@@ -10,7 +10,7 @@ value the step returns or writes back is live to the end. Each class gets a *pla
               side outputs, values returned to the caller or handed to persistent state);
               it is freed after its last use, as eager would
 
-Arena classes are placed greedy by size, largest first, each at the lowest offset (64-byte
+Arena classes are placed greedy by size, largest first, each at the lowest offset (16-byte
 aligned) that no already placed class with an overlapping interval occupies: TFLite's
 arena planner and MXNet's memory planner. The plan's peak is
 

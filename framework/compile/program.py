@@ -225,8 +225,9 @@ class WriteBack:
 
     ``how`` is decided by the passes: ``bound`` (the value already lives in the input's
     own buffer: nothing to do), ``rebind`` (the tensor is pointed at the value's array),
-    ``copy`` (copied into the input's buffer: reported), ``grad`` (a parameter's new
-    ``.grad``), ``scalar`` (a Python number in optimizer state: ``value`` is a scalar slot).
+    ``grad`` (a leaf's new ``.grad``), ``scalar`` (a Python number in optimizer state or
+    a hyperparameter: ``value`` is a scalar slot), ``const`` (a Python number the step
+    set: ``value`` is that number).
     """
 
     source: Source

@@ -319,11 +319,7 @@ class Executor:
                 continue
             arr = env[wb.value]
             t = src.tensor(args) if src.kind != "state" else src.obj[0].state.get(src.obj[1], {}).get(src.key)
-            if how == "bound":
-                pass
-            elif how == "copy":
-                np.copyto(t._data, arr)
-            elif how == "rebind":
+            if how == "rebind":
                 if src.kind == "state" and t is None:
                     opt, p = src.obj
                     opt.state.setdefault(p, {})[src.key] = _wrap(arr)

@@ -37,6 +37,8 @@ def make_report(compiled, entry) -> dict:
         "copies_elided": entry.report["copies_elided"],
         "unbound_writebacks": [wb.source.name for wb in unbound_inputs(program)],
         "kernel_owned": kernel_owned,
+        # an inplace op whose own kernel returned another array is copied back (as eager does)
+        "replay_copy_bytes": entry.executor.replay_copy_bytes if entry.executor is not None else 0,
         "nodes": len(program.nodes),
         "direct_kernels": sum(1 for n in program.nodes if n.info.get("lowered") or n.kind in ("grad_sum", "copy", "fill")),
         "captures": compiled.captures,

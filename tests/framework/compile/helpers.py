@@ -19,7 +19,7 @@ def make_model(kind: str, norm=None, seed: int = 0):
         return MLP(in_features=64, num_classes=10, hidden=(16, 16), dropout=0.1, norm=norm)
     if kind == "convnet":
         return ConvNet(in_channels=1, num_classes=10, channels=(4, 6), image_size=8, norm=norm or "bn")
-    return ResNet(depth=8, width=4, in_channels=3, norm=norm or "bn")
+    return ResNet(depth=20, width=4, in_channels=3, norm=norm or "bn")  # ResNet-20, tiny width
 
 
 def batches(kind: str, n: int, seed: int = 1):
