@@ -277,10 +277,15 @@ def main(argv=None) -> dict:
          f"{resnet['planned_peak'] / resnet['floor']:.3f}"),
         ("quickstart MLP compiled / eager >= 1.5x (policy auto)", mlp_auto >= 1.5, f"{mlp_auto:.2f}x"),
         ("replayed tiny op <= 2 µs (with its backward)", tiny["compiled"] <= 2.0, f"{tiny['compiled']:.2f} µs"),
-        ("first call <= 3x an eager step", all(c["first_call_s"] <= 3 * c["eager_s"] and
-                                                c["second_call_s"] <= 3 * c["eager_s"] for c in caps.values()),
-         ", ".join(f"{n}: {c['first_call_s'] / c['eager_s']:.2f}x / {c['second_call_s'] / c['eager_s']:.2f}x"
-                   for n, c in caps.items())),
+        ("first call (capture) <= 3x an eager step", all(c["first_call_s"] <= 3 * c["eager_s"] for c in caps.values()),
+         ", ".join(f"{n}: {c['first_call_s'] / c['eager_s']:.2f}x" for n, c in caps.items())),
+        ("second call (capture again + plan + code) <= 3x an eager step",
+         all(c["second_call_s"] <= 3 * c["eager_s"] for c in caps.values()),
+         ", ".join(f"{n}: {c['second_call_s'] / c['eager_s']:.2f}x" for n, c in caps.items())),
+        ("(not a target) compiled under off: planned peak <= eager auto peak",
+         all(m["off"]["planned_peak"] <= m["eager_auto_peak"] for m in mem),
+         ", ".join(f"{m['model']}: {m['off']['planned_peak'] / m['eager_auto_peak']:.4f} "
+                   f"(measured {m['off']['replay_peak'] / m['eager_auto_peak']:.4f})" for m in mem)),
     ]
     print("\n### Targets\n")
     print(common.markdown_table(["target (issue 13)", "met", "value"],
