@@ -2,7 +2,8 @@
 
 The plan figure follows the classic memory-planner drawings: one box per arena buffer,
 its lifetime (first definition to last use, in node indices) on x and its offset in the
-arena on y; buffers the kernels allocate themselves are drawn above the arena, hatched.
+arena on y; buffers the kernels allocate themselves are drawn above the arena, hatched,
+packed as if freed memory were reused perfectly.
 """
 
 from __future__ import annotations
@@ -100,14 +101,19 @@ def draw_plan(program, plan, path: str, title: str = "memory plan") -> str:
         s, e = plan.intervals[c]
         ax.add_patch(Rectangle((max(s, 0), off / MB), max(e - max(s, 0), 0.6), plan.nbytes[c] / MB,
                                facecolor=cmap(k % 20), edgecolor="black", linewidth=0.4))
-    y = top
-    kernel = sorted(((plan.intervals[c], plan.nbytes[c]) for c, p in plan.placement.items() if p == "kernel"))
-    for (s, e), nb in kernel:  # stacked above the arena, in order of definition
-        ax.add_patch(Rectangle((max(s, 0), y), max(min(e, n) - max(s, 0), 0.6), nb / MB, facecolor="none",
+    # Buffers the kernels allocate, drawn above the arena where they would sit if freed
+    # memory were reused perfectly (packed the same greedy way): their height over time.
+    from .plan import greedy_by_size  # noqa: PLC0415
+
+    kernel = [(c, plan.nbytes[c], max(plan.intervals[c][0], 0), min(plan.intervals[c][1], n))
+              for c, p in plan.placement.items() if p == "kernel"]
+    koff, ktop = greedy_by_size(kernel)
+    for c, nb, s, e in kernel:
+        ax.add_patch(Rectangle((s, top + koff[c] / MB), max(e - s, 0.6), nb / MB, facecolor="none",
                                edgecolor="grey", hatch="///", linewidth=0.4))
-        y += nb / MB
+    y = top + ktop / MB
     ax.axhline(top, color="black", linewidth=1)
-    ax.text(0, top, " arena top", va="bottom", fontsize=8)
+    ax.text(0, top, " arena top; above: buffers the kernels allocate (hatched)", va="bottom", fontsize=8)
     ax.set_xlim(0, n)
     ax.set_ylim(0, max(y, top) * 1.05 + 1e-6)
     ax.set_xlabel("node (program order): lifetime")
