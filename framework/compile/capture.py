@@ -296,11 +296,12 @@ class Recorder:
         program = self.program
         node = program.add_node("call", op=cls, inputs=in_templates, params=p_templates, inplace=inplace, site=site)
         idx = node.index
-        target = concrete[0] if inplace else None
         if inplace:
-            ovid = self._write(target._data, idx, in_vids[0])
-            ctx = target._grad_fn if target._grad_fn is not before[0] else None
-            base = target._base
+            # ``out`` is the written tensor (the target itself today; read from what the apply
+            # path returned, so that a tensor object standing for the new version works too)
+            ovid = self._write(out._data, idx, in_vids[0])
+            ctx = out._grad_fn if out._grad_fn is not before[0] else None
+            base = out._base
             if base is not None and base._grad_fn is not before[1] and isinstance(base._grad_fn, CopySlices):
                 ctx = base._grad_fn.fn
         else:

@@ -99,6 +99,11 @@ class Executor:
                 gen.globals[name] = self._generic(node)
                 gen.line(f"{name}()")
             gen.end()
+            # The same arrays, seen again after this node wrote their buffer through another
+            # view ("alias" values): op-code closures read them from env.
+            for vid in gen.refreshes.get(node.index, ()):
+                if vid not in gen.static:
+                    gen.line(f"env[{vid}] = {gen.a(program.values[vid].edge[1])}")
             dead = [v for v in plan.frees.get(node.index, ()) if v not in gen.static and v not in inputs]
             if dead:
                 gen.line(" = ".join(f"env[{v}]" for v in dead) + " = None")
