@@ -304,3 +304,25 @@ def test_an_inplace_op_on_a_view_of_a_non_leaf_replays_its_history(policy):
         b = step(x).item()
         assert a == b and ga.tobytes() == w.grad.numpy().tobytes()
     assert any(n.info.get("copyslices") for n in compiled.program.nodes)
+
+
+@pytest.mark.parametrize("policy", ["off", "on"])
+def test_a_step_that_accumulates_gradients_reads_them_and_keyword_arguments_work(policy):
+    # no zero_grad: each step adds into .grad (in place under on); the optimizer steps every call
+    results = []
+    for compiled in (False, True):
+        model, opt = _setup(policy=policy)
+
+        def step(x, target=None):
+            loss = F.cross_entropy(model(x), target)
+            loss.backward()
+            opt.step()
+            return {"loss": loss}
+
+        f = fw.compile(step) if compiled else step
+        losses = [f(x, target=y)["loss"].item() for x, y in batches("mlp", 4)]
+        results.append((losses, [p.grad.numpy().copy() for p in model.parameters()]))
+        if compiled:
+            assert any(v.source.kind == "grad" for v in (f.program.values[i] for i in f.program.inputs))
+    assert results[0][0] == results[1][0]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(results[0][1], results[1][1]))
