@@ -22,7 +22,9 @@ on one GPU, one variant alive at a time:
 Targets (printed with yes/NO): ResNet-20 at batch 256, peak under on+InPlace-ABN <=
 PyTorch's; samples/s >= 0.5x PyTorch's.
 
-Without CuPy and a GPU it prints one line and exits with status 2.
+Without CuPy and a GPU it prints one line and exits with status 2. Under
+``INPLACE_LAB_CUPY=standin`` (the test suite's CuPy stand-in) it runs its whole path on the
+CPU and says so: the pool figures are the stand-in's, the speeds are NumPy's.
 
 Run:  python benchmarks/bench_gpu.py [--quick] [--json PATH] [--models resnet20 ...] [--no-torch]
 """
@@ -142,15 +144,15 @@ def _import_torch_cuda():
     return torch, None
 
 
-def _env(cp, device_index: int, torch) -> dict:
-    props = cp.cuda.runtime.getDeviceProperties(device_index)
-    name = props.get("name", b"?")
+def _env(device, torch) -> dict:
+    props = backend.device_properties(device)
     env = {
-        "gpu": name.decode() if isinstance(name, bytes) else str(name),
-        "device": f"cuda:{device_index}",
-        "cupy": cp.__version__,
-        "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),
-        "cuda_driver": cp.cuda.runtime.driverGetVersion(),
+        "gpu": props["name"],
+        "device": str(device),
+        "cupy": props["cupy"],
+        "cupy_choice": backend.cupy_choice(),  # "standin": NumPy on the CPU, not a GPU
+        "cuda_runtime": props["cuda_runtime"],
+        "cuda_driver": props["cuda_driver"],
         "python": platform.python_version(),
         "numpy": np.__version__,
         "cpu": common.cpu_model(),
@@ -266,12 +268,14 @@ def main(argv=None) -> int:
         print(line, file=sys.stderr)
         return 2
 
-    cp = backend.cupy_module()
-    cp.cuda.Device(device.index).use()  # before anything is allocated
+    backend.use_device(device)  # before anything is allocated
     torch, why_no_torch = (None, "--no-torch") if args.no_torch else _import_torch_cuda()
     if torch is not None:
         torch.backends.cudnn.benchmark = True
-    sync = cp.cuda.Device(device.index).synchronize
+
+    def sync():
+        backend.synchronize(device)
+
     rows = []
     with memory.gpu_hook():
         for model in args.models:
@@ -280,7 +284,7 @@ def main(argv=None) -> int:
             if torch is not None:
                 rows.append(measure_torch(model, torch, device.index, batches[model], params))
     results = {
-        "benchmark": "bench_gpu", "command": common.command_line(), "env": _env(cp, device.index, torch),
+        "benchmark": "bench_gpu", "command": common.command_line(), "env": _env(device, torch),
         "params": {**params, "quick": args.quick, "batches": {m: batches[m] for m in args.models}},
         "torch_missing": why_no_torch, "rows": rows,
     }
@@ -292,6 +296,9 @@ def main(argv=None) -> int:
                                            if torch is not None else f"; no PyTorch column: {why_no_torch}"))
     print(f"peak: pool hook over {params['mem_steps']} steps after {params['warmup']} warmup steps; "
           f"samples/s: median of {params['rounds']} rounds x {params['steps']} steps, synchronized")
+    if env["cupy_choice"] == "standin":
+        print("CuPy stand-in (framework.testing.cupy_standin): NumPy on the CPU. The code path and the "
+              "pool accounting ran; no GPU did, so these are not GPU numbers")
     if args.json:
         common.write_json(args.json, results)
     return 0

@@ -9,7 +9,7 @@ norm), one training step (SGD, momentum 0.9) is measured:
   gradients and momentum buffers exist), from ``reset_peak()`` with only that variant
   alive;
 - floor: parameters + gradients + optimizer state + ``memory.saved_bytes()`` at the
-  forward/backward boundary (DESIGN.md), the saved parameters (weights that linear, conv
+  forward/backward boundary (docs/DESIGN.md), the saved parameters (weights that linear, conv
   and BN nodes hold) counted once; peak / floor says how much the step allocates beyond
   what it must hold;
 - activation memory: peak minus parameters, gradients and optimizer state;

@@ -1,26 +1,52 @@
-"""The one place that chooses the array module: NumPy on the CPU, CuPy on a GPU.
+"""The one place that chooses the array module and makes every device decision.
 
-Every other module asks this one for ``xp`` (the array module of a device or an
-array) instead of importing NumPy or CuPy for compute, so the same op code runs on
-both. CuPy is imported lazily and only when a CUDA device is asked for, so the
-framework imports and its tests run on machines without it.
+NumPy on the CPU, CuPy on a GPU. Every other module asks this one for ``xp`` (the array
+module of a device or an array) instead of importing NumPy or CuPy for compute, so the
+same op code runs on both. Device specs (``"cpu"``, ``"cuda"``, ``"cuda:N"``) are parsed
+here only (:func:`parse_device`), and CuPy's device API (devices, streams, events) is
+called here only: the trainer, memory accounting and the communicators use the small
+functions below.
+
+CuPy is imported lazily and only when a CUDA device is asked for, so the framework
+imports and its tests run on machines without it. The environment variable
+``INPLACE_LAB_CUPY`` (:data:`CUPY_ENV`) says what to load as CuPy: ``cupy`` (the
+default: the real one), ``standin`` (:mod:`framework.testing.cupy_standin`, CuPy's
+behaviour on the CPU, so GPU code paths run in tests without a GPU) or ``none`` (behave
+as if CuPy were not installed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
+import os
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+
+#: The environment variable that chooses what :func:`cupy_module` loads.
+CUPY_ENV = "INPLACE_LAB_CUPY"
+# What each choice loads: (the module used as ``cupy``, the one used as ``cupyx``).
+_CUPY_MODULES = {
+    "cupy": ("cupy", "cupyx"),
+    "standin": ("framework.testing.cupy_standin", "framework.testing.cupy_standin.cupyx"),
+    "none": None,
+}
 _cupy = None  # the module once imported; False when the import failed
+_cupyx = None
 
 
 @dataclass(frozen=True)
 class Device:
-    """A device: ``Device("cpu")``, ``Device("cuda", 0)``. Printed as PyTorch prints it."""
+    """A device: ``Device("cpu")``, ``Device("cuda", 0)``. Printed as PyTorch prints it.
+
+    ``index`` is None only for a bare ``"cuda"`` as :func:`parse_device` returns it (a GPU
+    still to be chosen); :func:`device` resolves it.
+    """
 
     type: str
     index: int | None = None
@@ -35,8 +61,15 @@ class Device:
 CPU = Device("cpu")
 
 
-def device(spec: str | Device | None) -> Device:
-    """Parses ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` into a :class:`Device`."""
+def parse_device(spec: str | Device | None) -> Device:
+    """Parses ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (or a :class:`Device`): the one parser.
+
+    A bare ``"cuda"`` keeps ``index`` None (which GPU is decided later: the trainer gives
+    each process its local rank's); ``None`` means the CPU.
+
+    Raises:
+        ValueError: not a device spec (the message says what is allowed).
+    """
     if spec is None:
         return CPU
     if isinstance(spec, Device):
@@ -49,25 +82,55 @@ def device(spec: str | Device | None) -> Device:
         if index not in (None, "0"):
             raise ValueError(f"unknown device {spec!r}: there is one cpu device, write 'cpu'")
         return CPU
-    return Device("cuda", int(index) if index is not None else 0)
+    return Device("cuda", int(index) if index is not None else None)
+
+
+def device(spec: str | Device | None) -> Device:
+    """Parses a device spec like :func:`parse_device`; a bare ``"cuda"`` is ``cuda:0``."""
+    dev = parse_device(spec)
+    return Device("cuda", 0) if dev.type == "cuda" and dev.index is None else dev
+
+
+def cupy_choice() -> str:
+    """What :func:`cupy_module` loads: ``"cupy"``, ``"standin"`` or ``"none"`` (from :data:`CUPY_ENV`).
+
+    Raises:
+        ValueError: the environment variable holds something else.
+    """
+    choice = os.environ.get(CUPY_ENV, "").strip() or "cupy"
+    if choice not in _CUPY_MODULES:
+        raise ValueError(f"{CUPY_ENV}={choice!r}: use one of {', '.join(_CUPY_MODULES)}")
+    return choice
 
 
 def cupy_module():
-    """Returns the CuPy module, or None when CuPy is missing or sees no GPU."""
-    global _cupy
+    """Returns the CuPy module (or its stand-in), or None when it is missing or sees no GPU."""
+    global _cupy, _cupyx
     if _cupy is None:
+        names = _CUPY_MODULES[cupy_choice()]
         try:
-            import cupy  # noqa: PLC0415  (optional dependency)
-
+            if names is None:
+                raise ImportError(f"{CUPY_ENV}=none")
+            cupy = importlib.import_module(names[0])
             cupy.cuda.runtime.getDeviceCount()
+            _cupyx = importlib.import_module(names[1])
             _cupy = cupy
         except Exception:  # ImportError, or CUDA present but no usable device
             _cupy = False
     return _cupy or None
 
 
+def forget_cupy() -> None:
+    """Makes the next :func:`cupy_module` call load again (after :data:`CUPY_ENV` changed).
+
+    Only for a process that has no device arrays yet (the test suite's start).
+    """
+    global _cupy, _cupyx
+    _cupy = _cupyx = None
+
+
 def is_cuda_available() -> bool:
-    """True when CuPy is installed and sees at least one GPU."""
+    """True when CuPy (or its stand-in) is loaded and sees at least one GPU."""
     return cupy_module() is not None
 
 
@@ -75,9 +138,10 @@ def cuda_unavailable_reason() -> str | None:
     """Why CuPy cannot run here (a clause for an error message), or None when it can."""
     if is_cuda_available():
         return None
-    import importlib.util  # noqa: PLC0415
-
-    if importlib.util.find_spec("cupy") is None:
+    choice = cupy_choice()
+    if choice == "none":
+        return f"CuPy is switched off ({CUPY_ENV}=none)"
+    if choice == "cupy" and importlib.util.find_spec("cupy") is None:
         return "CuPy is not installed: pip install -e '.[gpu]' on a machine with CUDA"
     return ("CuPy sees no usable GPU (no CUDA driver or device here: check nvidia-smi and "
             "CUDA_VISIBLE_DEVICES)")
@@ -208,9 +272,7 @@ def scatter_add(array, index, values) -> None:
     if isinstance(array, np.ndarray):
         np.add.at(array, index, values)
         return
-    import cupyx  # noqa: PLC0415  (present wherever CuPy is)
-
-    cupyx.scatter_add(array, index, values)
+    _cupyx.scatter_add(array, index, values)
 
 
 def index_like(item, array):
@@ -239,4 +301,89 @@ def rng_key(xp):
     (a CuPy generator keeps its state on the device that was current when it was made)."""
     if xp is np:
         return "numpy"
-    return f"{xp.__name__}:{xp.cuda.runtime.getDevice()}"
+    return f"cupy:{xp.cuda.runtime.getDevice()}"
+
+
+# --- CuPy's device API: the GPU calls the rest of the framework makes -------------------------
+#
+# Streams and events are CuPy's objects, passed around opaquely; a stream's ``ptr`` is the
+# handle NCCL calls take.
+
+def _cupy_or_raise():
+    cp = cupy_module()
+    if cp is None:
+        raise RuntimeError(f"a GPU was asked for, but {cuda_unavailable_reason()}")
+    return cp
+
+
+def device_count() -> int:
+    """How many GPUs CuPy sees (0 without CuPy or a GPU)."""
+    cp = cupy_module()
+    return 0 if cp is None else cp.cuda.runtime.getDeviceCount()
+
+
+def current_device() -> Device:
+    """CuPy's current device of the calling thread (where new GPU arrays go)."""
+    return Device("cuda", _cupy_or_raise().cuda.runtime.getDevice())
+
+
+def use_device(dev: Device) -> None:
+    """Makes GPU ``dev`` CuPy's current device for the calling thread (until changed)."""
+    _cupy_or_raise().cuda.Device(dev.index).use()
+
+
+def synchronize(dev: Device) -> None:
+    """Waits until ``dev`` has finished its queued work (a no-op on the CPU)."""
+    if dev.type == "cuda":
+        _cupy_or_raise().cuda.Device(dev.index).synchronize()
+
+
+def device_properties(dev: Device) -> dict:
+    """Name, memory and versions of GPU ``dev`` (for reports)."""
+    cp = _cupy_or_raise()
+    props = cp.cuda.runtime.getDeviceProperties(dev.index)
+    name = props["name"]
+    return {
+        "name": name.decode() if isinstance(name, bytes) else str(name),
+        "total_memory": int(props["totalGlobalMem"]),
+        "cupy": cp.__version__,
+        "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),
+        "cuda_driver": cp.cuda.runtime.driverGetVersion(),
+    }
+
+
+def current_stream():
+    """CuPy's current stream of the current device (where kernels are queued now)."""
+    return _cupy_or_raise().cuda.get_current_stream()
+
+
+def new_stream():
+    """A new non-blocking CUDA stream on the current device (e.g. for communication)."""
+    return _cupy_or_raise().cuda.Stream(non_blocking=True)
+
+
+def record_event(stream=None):
+    """An event recorded on ``stream`` (default: the current stream): marks the work queued so far."""
+    return (current_stream() if stream is None else stream).record()
+
+
+def wait_event(event, stream=None) -> None:
+    """Makes ``stream`` (default: the current stream) wait on the GPU for ``event``; the host goes on."""
+    (current_stream() if stream is None else stream).wait_event(event)
+
+
+def event_done(event) -> bool:
+    """Whether the GPU has passed ``event``."""
+    return bool(event.done)
+
+
+def nccl_module():
+    """CuPy's NCCL module (``cupy.cuda.nccl``, or the stand-in's), or None when it cannot be used."""
+    cp = cupy_module()
+    if cp is None:
+        return None
+    try:
+        nccl = importlib.import_module(cp.__name__ + ".cuda.nccl")
+    except ImportError:
+        return None
+    return nccl if getattr(nccl, "available", False) else None

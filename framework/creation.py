@@ -60,10 +60,15 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
 
 
 def from_numpy(array: np.ndarray) -> Tensor:
-    """A tensor that SHARES memory with a NumPy array (changes show through both)."""
+    """A tensor that SHARES memory with a NumPy array (changes show through both).
+
+    It allocates nothing, so :mod:`framework.memory` does not count the array: it is the
+    caller's (a view of a large array would otherwise count the whole of it, for as long
+    as the caller keeps that array).
+    """
     if not isinstance(array, np.ndarray):
         raise TypeError(f"expected np.ndarray (got {type(array).__name__})")
-    return _new(array, False)
+    return _wrap(array)
 
 
 def _size(size):

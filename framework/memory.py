@@ -317,10 +317,7 @@ def _kind(device) -> str:
     while a pool hook is registered, else the host."""
     if device is None:
         return "cuda" if _gpu_counter is not None else "cpu"
-    kind = getattr(device, "type", None) or str(device).split(":", 1)[0].strip()
-    if kind not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'")
-    return kind
+    return backend.parse_device(device).type
 
 
 def _counter_for(device) -> "PoolCounter | None":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from framework import nn
 
 from . import register_model
-from .layers import ABN, LEAKY_SLOPE, check_choice, positive_int
+from .layers import ABN, LEAKY_SLOPE, check_choice, positive_int, positive_ints
 
 NORMS = (None, "bn", "inplace_abn")
 
@@ -29,9 +29,7 @@ class ConvNet(nn.Module):
         positive_int("in_channels", in_channels)
         positive_int("num_classes", num_classes)
         positive_int("image_size", image_size)
-        if isinstance(channels, int):
-            channels = (channels,)
-        channels = tuple(positive_int("each entry of channels", c) for c in channels)
+        channels = positive_ints("channels", channels)
         if not channels:
             raise ValueError("channels must name at least one block, e.g. channels=[32, 64]")
         check_choice("norm", norm, NORMS)

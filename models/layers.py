@@ -1,55 +1,34 @@
 """Building blocks shared by the models: policy-following activations and the ABN site.
 
-``ABN`` is the BatchNorm + leaky ReLU SITE of a model built with ``norm="inplace_abn"``.
-``nn.InPlaceABN`` is always in place; a model's site follows the inplace policy like
-every other site (DESIGN.md: ``off`` takes the out-of-place path at every site):
-
-- policy ``on``: ``nn.InPlaceABN`` (written over its input; keeps only the output);
-- policy ``off``: the same function out of place, ``leaky_relu(batch_norm(x, weight=|w| +
-  eps, bias) [+ residual])``: BN keeps its input and the activation its output, as an
-  unfused pair.
-
-Both compute ``y = leaky_relu(x_hat * (|w| + eps) + b [+ residual])`` with the same
-per-element arithmetic in forward; backward differs only by rounding (InPlace-ABN
-rebuilds ``x_hat`` from ``y`` and the residual). Parameters and buffers are those of
-``nn.InPlaceABN`` (same state dict).
+``ABN`` is the BatchNorm + leaky ReLU SITE of a model built with ``norm="inplace_abn"``:
+InPlace-ABN's function, written over its input where the inplace policy allows it and
+into a new tensor otherwise (same numbers either way). Parameters and buffers are those
+of ``nn.InPlaceABN`` (same state dict).
 """
 
 from __future__ import annotations
 
 import framework as fw
 from framework import nn
-from framework.nn import functional as F
 
 LEAKY_SLOPE = 0.01
 
 
 class ABN(nn.InPlaceABN):
-    """BatchNorm + leaky ReLU: fused in place under policy ``on``, unfused under ``off``."""
+    """BatchNorm + leaky ReLU as InPlace-ABN, and a site of the inplace policy.
+
+    Where the policy lets the site write over its input (``on``; ``auto`` when the input
+    is provably dead, e.g. ``abn(conv(x))``), the function runs over the input's buffer
+    and consumes it; otherwise (``off``) it writes a new tensor. Both paths compute the
+    same function bit for bit: backward rebuilds everything from the output either way.
+    """
 
     @fw.inplace.passes_ownership
     def forward(self, input, residual=None):
-        """``leaky_relu(BN(input) [+ residual])``: in place over ``input`` under ``on`` (and
-        under ``auto`` when ``input`` arrives as a temporary, e.g. ``abn(conv(x))``)."""
-        site = fw.inplace.can_write(input, None)
-        if site:
-            return super().forward(input, residual=residual)
-        if input.dim() < 2 or input.shape[1] != self.num_features:
-            raise ValueError(
-                f"ABN({self.num_features}) expects an input of shape (N, {self.num_features}, ...), "
-                f"got {tuple(input.shape)}"
-            )
-        if residual is not None and residual.shape != input.shape:
-            raise ValueError(
-                f"ABN({self.num_features}): residual has shape {tuple(residual.shape)}, expected the "
-                f"input's shape {tuple(input.shape)}"
-            )
-        scale = self.weight.abs() + self.eps  # InPlace-ABN's |gamma| + eps keeps the affine step invertible
-        z = F.batch_norm(input, self.running_mean, self.running_var, scale, self.bias,
-                         training=self.training, momentum=self.momentum, eps=self.eps)
-        if residual is not None:
-            z = z + residual
-        return F.leaky_relu(z, self.negative_slope, inplace=False)
+        where = fw.inplace.site_target(input, "ABN")
+        if where is None:
+            return self._abn(input, residual, inplace=False)
+        return self._abn(fw.inplace.consume(input, "ABN", where), residual, inplace=True)
 
 
 def make_activation(name: str) -> nn.Module:
@@ -75,3 +54,16 @@ def positive_int(what: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
     return value
+
+
+def positive_ints(what: str, value) -> tuple[int, ...]:
+    """A positive int or a list of them, as a tuple; an error shows the whole value.
+
+    (A string is refused as a whole: iterated, ``"foo"`` would be reported as ``'f'``.)
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        raise ValueError(f"{what} must be a positive integer or a list of them (e.g. [64, 64]), got {value!r}")
+    return tuple(value)

@@ -7,7 +7,7 @@ import math
 from framework import nn
 
 from . import register_model
-from .layers import ABN, LEAKY_SLOPE, check_choice, make_activation, positive_int
+from .layers import ABN, LEAKY_SLOPE, check_choice, make_activation, positive_int, positive_ints
 
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "leaky_relu")
 NORMS = (None, "bn", "inplace_abn")
@@ -35,9 +35,7 @@ class MLP(nn.Module):
         super().__init__()
         positive_int("in_features", in_features)
         positive_int("num_classes", num_classes)
-        if isinstance(hidden, int):
-            hidden = (hidden,)
-        hidden = tuple(positive_int("each hidden width", h) for h in hidden)
+        hidden = positive_ints("hidden", hidden)
         check_choice("activation", activation, ACTIVATIONS)
         check_choice("norm", norm, NORMS)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:

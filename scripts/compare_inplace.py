@@ -3,16 +3,23 @@
 
     python scripts/compare_inplace.py --config configs/resnet20_synthetic.yaml --policies off,on,on+abn
 
-Each policy runs the same config (same seed, same data) into the same TensorBoard
-experiment folder, so the runs overlay in one dashboard. ``on+abn`` is policy ``on``
-with the model's BatchNorm+activation fused as InPlace-ABN (``model.args.norm``);
-``auto`` (and ``auto+abn``) is policy auto, which runs an op in place only where it
-proves the input dead (the table shows how many ops per step and the MB they saved).
-``compiled`` runs the step compiled (``compile: true``, captured under policy ``off``):
-the table adds the compiled step's planned peak and its number of inplace chains.
-Prints a table (peak MB, floor MB, MB and % saved against the first policy, samples/s,
-final loss, eval metric) and writes ``compare.png`` next to the runs: peak memory and
-throughput per policy, and the memory timeline of one step per policy.
+Each policy trains the same config (same seed, same data) into the same TensorBoard
+experiment folder, so the runs overlay in one dashboard; its progress display is
+labelled with the policy. ``on+abn`` is policy ``on`` with the model's BatchNorm +
+activation fused as InPlace-ABN (``model.args.norm``); ``auto`` (and ``auto+abn``) is
+policy auto, which runs an op in place only where it proves the input dead (the table
+then shows how many ops per step and the MB they saved). ``compiled`` runs the step
+compiled (``compile: true``, captured under policy ``off``): the table then adds the
+compiled step's planned peak and its number of inplace chains.
+
+Memory (peak, floor) comes from the training runs. Throughput is measured apart, as a
+distribution: ``--rounds`` rounds of ``--round-steps`` training steps per policy, the
+policies taking turns in a rotating order so that a busy machine slows them alike. The
+table shows the median samples/s, the spread of the rounds and the speed against the
+first policy, marked ``(noise)`` when the rounds do not agree on its sign.
+
+Writes ``compare.png`` next to the runs: peak and floor memory, samples/s per round,
+and each policy's memory timeline of one step against the position in the step.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,8 +36,8 @@ from trainers.cli import run_cli  # noqa: E402
 
 VARIANTS = {"off": ("off", None), "on": ("on", None), "auto": ("auto", None), "on+abn": ("on", "inplace_abn"),
             "off+abn": ("off", "inplace_abn"), "auto+abn": ("auto", "inplace_abn"),
-            # the training step compiled (fw.compile), captured under policy off: every inplace
-            # decision is the compiler's (docs/COMPILE.md)
+            # the step compiled (fw.compile) and captured under off: every inplace decision is
+            # the compiler's (docs/COMPILE.md)
             "compiled": ("off", None)}
 
 
@@ -39,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--policies", default="off,on", help=f"comma-separated, from: {', '.join(VARIANTS)} (default off,on)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key for every run (repeatable)")
+    p.add_argument("--rounds", type=int, default=5, help="throughput rounds per policy (default 5)")
+    p.add_argument("--round-steps", type=int, default=5, help="training steps per throughput round (default 5)")
     return p.parse_args(argv)
 
 
@@ -54,78 +64,108 @@ def parse_policies(text: str):
     bad = [n for n in names if n not in VARIANTS]
     if bad or not names:
         raise ConfigError(f"unknown policy {', '.join(bad) or '(none)'} in --policies; use a comma-separated list of: {', '.join(VARIANTS)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--policies names a policy twice ({text}); name each once")
     return names
 
 
-def compare(args) -> int:
+def policy_config(args, name: str):
     from trainers.config import load_config  # noqa: PLC0415
-    from trainers.logging import default_run_name, format_summary  # noqa: PLC0415
+
+    policy, norm = VARIANTS[name]
+    # Each policy gets its own run folder, named after it (logging.run_name would put them in one).
+    overrides = list(args.overrides) + [f"inplace={policy}", "logging.run_name=null",
+                                        f"compile={str(name == 'compiled').lower()}"]
+    return load_config(args.config, overrides + ([f"model.args.norm={norm}"] if norm else []))
+
+
+def compare(args) -> int:
+    from trainers.config import ConfigError  # noqa: PLC0415
+    from trainers.logging import format_summary, plot_comparison  # noqa: PLC0415
     from trainers.trainer import Trainer  # noqa: PLC0415
 
     names = parse_policies(args.policies)
-    results = []
+    if args.rounds < 1 or args.round_steps < 1:
+        raise ConfigError(f"--rounds and --round-steps must be >= 1, got {args.rounds} and {args.round_steps}")
+    configs = {name: policy_config(args, name) for name in names}
+
+    # Memory, losses and TensorBoard runs: one training run per policy. Only one trainer
+    # is alive at a time, so no run's peak holds another run's model.
+    results = {}
     for name in names:
-        policy, norm = VARIANTS[name]
-        compiled = name == "compiled"
-        overrides = list(args.overrides) + [f"inplace={policy}", f"compile={str(compiled).lower()}"]
-        if norm:
-            overrides.append(f"model.args.norm={norm}")
-        cfg = load_config(args.config, overrides)
         gc.collect()
-        trainer = Trainer(cfg, run_name=default_run_name(policy, 1, "compiled" if compiled else norm))
-        results.append((name, trainer.fit()))
+        trainer = Trainer(configs[name], resume=False, label=name)
+        results[name] = trainer.fit()
         del trainer
-    base = results[0][1]
-    rows = []
-    for name, r in results:
-        saved = base.peak_mb - r.peak_mb
-        rows.append({
-            "policy": name, "peak MB": r.peak_mb, "floor MB": r.floor_mb,
-            "saved MB": saved, "saved %": 100.0 * saved / base.peak_mb if base.peak_mb else 0.0,
-            "samples/s": r.samples_per_sec, "auto ops/step": r.auto_ops_per_step,
-            "auto MB/step": r.auto_saved_mb_per_step,
-            "planned MB": r.planned_peak_mb, "inplace chains": r.inplace_chains,
-            "final loss": r.final_loss, f"eval {r.eval_name}": r.eval_metric,
-        })
-    print(format_summary(rows, [(k, k) for k in rows[0]]))
-    out = os.path.join(os.path.dirname(base.run_dir), "compare.png")
-    write_figure(results, out)
-    print(f"figure: {out}\nTensorBoard: tensorboard --logdir {os.path.dirname(base.run_dir)}")
+
+    rates = measure_throughput(Trainer, configs, args.rounds, args.round_steps)
+    print(format_summary(*table(names, results, rates)))
+    print(f"samples/s: median of {args.rounds} rounds of {args.round_steps} steps per policy, the policies "
+          f"taking turns; spread: (max - min) / median. 'vs {names[0]}': median of the per-round ratios, "
+          "(noise) when the rounds disagree on its sign.")
+    experiment = os.path.dirname(results[names[0]].run_dir)
+    out = os.path.join(experiment, "compare.png")
+    runs = [{"name": n, "peak_mb": results[n].peak_mb, "floor_mb": results[n].floor_mb,
+             "samples_per_sec": rates[n], "timeline": results[n].timeline} for n in names]
+    plot_comparison(runs, title=f"{configs[names[0]].experiment}: inplace policies").savefig(out)
+    print(f"figure: {out}\nTensorBoard: tensorboard --logdir {experiment}")
     return 0
 
 
-def write_figure(results, path: str) -> None:
-    import matplotlib  # noqa: PLC0415
+def measure_throughput(trainer_cls, configs: dict, rounds: int, steps: int) -> dict[str, list[float]]:
+    """Samples/s of ``rounds`` rounds of ``steps`` steps per policy, the order rotating each round.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    Each policy gets a fresh trainer (nothing logged or saved), warmed up by one
+    untimed step; all stay alive so that the rounds can alternate.
+    """
+    trainers = {name: trainer_cls(cfg, resume=False) for name, cfg in configs.items()}
+    for trainer in trainers.values():
+        trainer.time_steps(1 if trainer.compiled is None else 2)  # a compiled step captures twice
+    names = list(trainers)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            gc.collect()
+            gc.disable()  # a collection inside one round would land on one policy only
+            try:
+                rates[name].append(trainers[name].time_steps(steps))
+            finally:
+                gc.enable()
+    return rates
 
-    names = [n for n, _ in results]
-    fig = plt.figure(figsize=(12, 7), constrained_layout=True)
-    grid = fig.add_gridspec(2, 2)
-    ax = fig.add_subplot(grid[0, 0])
-    ax.bar(names, [r.peak_mb for _, r in results], color="tab:blue", label="peak")
-    ax.plot(names, [r.floor_mb for _, r in results], "k_", markersize=40, mew=2, label="floor")
-    ax.set_ylabel("MB")
-    ax.set_title("peak memory per training step")
-    ax.legend()
-    ax = fig.add_subplot(grid[0, 1])
-    ax.bar(names, [r.samples_per_sec for _, r in results], color="tab:green")
-    ax.set_ylabel("samples / s")
-    ax.set_title("throughput")
-    ax = fig.add_subplot(grid[1, :])
-    for name, r in results:
-        if r.timeline is not None and r.timeline.events:
-            t = [e[0] * 1000 for e in r.timeline.events]
-            mb = [e[1] / 2**20 for e in r.timeline.events]
-            ax.step(t, mb, where="post", label=name)
-    ax.set_xlabel("ms into the step")
-    ax.set_ylabel("allocated MB")
-    ax.set_title("memory timeline of one training step")
-    ax.legend()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+
+def table(names, results, rates):
+    """Rows and columns of the summary; the auto columns only when an auto policy ran."""
+    base, base_rates = results[names[0]], rates[names[0]]
+    rows = []
+    for name in names:
+        r, rate = results[name], rates[name]
+        saved = base.peak_mb - r.peak_mb
+        median = statistics.median(rate)
+        row = {
+            "policy": name, "peak MB": r.peak_mb, "floor MB": r.floor_mb, "saved MB": saved,
+            "saved %": 100.0 * saved / base.peak_mb if base.peak_mb else 0.0,
+            "samples/s": median, "spread %": 100.0 * (max(rate) - min(rate)) / median,
+            f"vs {names[0]}": "-" if name == names[0] else speed_vs(rate, base_rates),
+            "auto ops/step": r.auto_ops_per_step, "auto MB/step": r.auto_saved_mb_per_step,
+            "planned MB": r.planned_peak_mb, "inplace chains": r.inplace_chains,
+            "final loss": r.final_loss, f"eval {r.eval_name}": r.eval_metric,
+        }
+        rows.append(row)
+    keys = list(rows[0])
+    if not any(VARIANTS[n][0] == "auto" for n in names):
+        keys = [k for k in keys if not k.startswith("auto ")]
+    if "compiled" not in names:
+        keys = [k for k in keys if k not in ("planned MB", "inplace chains")]
+    return rows, [(k, k) for k in keys]
+
+
+def speed_vs(rates: list[float], base: list[float]) -> str:
+    """Median speed-up over ``base`` from paired rounds, e.g. ``+3.1%`` or ``-0.4% (noise)``."""
+    ratios = [a / b for a, b in zip(rates, base)]
+    text = f"{100.0 * (statistics.median(ratios) - 1.0):+.1f}%"
+    return text + " (noise)" if min(ratios) <= 1.0 <= max(ratios) else text
 
 
 if __name__ == "__main__":

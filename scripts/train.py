@@ -2,9 +2,10 @@
 """Train one config: ``python scripts/train.py --config configs/quickstart.yaml [--set k=v ...] [--resume [PATH]]``.
 
 Runs the same way under ``mpiexec -n N``. A mistake in the input (missing file, bad
-YAML, unknown key, wrong type, bad value, a non-finite loss) prints one line saying
-what is wrong and how to fix it, without a traceback, and exits with status 2 (bad
-input) or 3 (training stopped).
+YAML, unknown key, wrong type, bad value, unknown model or model argument, a checkpoint
+that cannot be read or trusted) prints one line saying what is wrong and how to fix it,
+without a traceback, and exits with status 2; a non-finite loss stops training with
+status 3. Resuming a run that has already finished says so and changes nothing.
 """
 
 from __future__ import annotations
@@ -40,9 +41,16 @@ def _train(args):
     cfg = load_config(args.config, args.overrides)
     trainer = Trainer(cfg, resume=args.resume)
     result = trainer.fit()
-    if trainer.comm.is_main:
-        print(summary_table([result]))
-        print(f"TensorBoard logs: {result.run_dir}  (tensorboard --logdir {cfg.logging.logdir})")
+    if not trainer.comm.is_main:
+        return 0
+    if result is None:
+        print(f"{trainer.run_name} has already finished: checkpoint {trainer.last_checkpoint} is at step "
+              f"{trainer.step} of {trainer.total_steps}; nothing was trained, logged or saved. To train "
+              "longer, raise train.max_steps or train.epochs.")
+        return 0
+    print(summary_table([result]))
+    experiment = os.path.dirname(result.run_dir)
+    print(f"TensorBoard logs: {result.run_dir}  (tensorboard --logdir {experiment})")
     return 0
 
 

@@ -1,11 +1,24 @@
-"""Shared test fixtures: the GPU leg (``requires_gpu``, ``backend``) and a clean global state.
+"""Shared test fixtures: the GPU leg (on CuPy or its stand-in) and a clean global state.
 
-Tests marked ``@pytest.mark.gpu`` (or decorated with :data:`requires_gpu`) run only when
-CuPy sees a CUDA device and are skipped with a reason otherwise, so the suite passes on
-a CPU-only machine and checks the GPU path where one exists.
+Which CuPy the ``gpu`` leg runs on is decided once, here, before any test module is
+imported, from the environment variable ``INPLACE_LAB_CUPY`` (``framework.backend.CUPY_ENV``):
+
+- unset: real CuPy where it sees a GPU; elsewhere the CuPy stand-in
+  (:mod:`framework.testing.cupy_standin`: CuPy's API and behaviour on the CPU, with two
+  simulated GPUs), so every ``gpu`` test runs on every machine;
+- ``cupy``: real CuPy only (without a GPU the ``gpu`` tests are skipped, with the reason);
+- ``standin``: the stand-in even where a GPU exists;
+- ``none``: as if CuPy were not installed (the ``gpu`` tests are skipped).
+
+The choice is written back to the environment, so the jobs the tests launch (``mpiexec``
+workers, scripts) load the same module. Tests marked ``@pytest.mark.gpu`` (or decorated
+with :data:`requires_gpu`) run when the chosen CuPy sees a device and are skipped with a
+reason otherwise.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -13,11 +26,32 @@ from framework import backend as fw_backend
 from framework import inplace
 from framework.autograd.grad_mode import state as _grad_state
 
+
+def _choose_cupy() -> str:
+    if os.environ.get(fw_backend.CUPY_ENV, "").strip():
+        return fw_backend.cupy_choice()
+    choice = "cupy" if fw_backend.is_cuda_available() else "standin"
+    os.environ[fw_backend.CUPY_ENV] = choice  # inherited by the jobs the tests launch
+    fw_backend.forget_cupy()
+    return choice
+
+
+CUPY_CHOICE = _choose_cupy()
 CUDA_AVAILABLE = fw_backend.is_cuda_available()
-NO_GPU_REASON = "needs CuPy and a CUDA device (framework.backend.is_cuda_available() is False)"
+NO_GPU_REASON = (f"needs CuPy and a CUDA device ({fw_backend.CUPY_ENV}={CUPY_CHOICE}: "
+                 f"{fw_backend.cuda_unavailable_reason()})")
 
 #: Skip marker for tests that need a GPU; use together with ``@pytest.mark.gpu``.
 requires_gpu = pytest.mark.skipif(not CUDA_AVAILABLE, reason=NO_GPU_REASON)
+
+
+def pytest_report_header(config):
+    if not CUDA_AVAILABLE:
+        return f"gpu leg: skipped ({NO_GPU_REASON})"
+    cp = fw_backend.cupy_module()
+    what = ("the CuPy stand-in (framework.testing.cupy_standin, NumPy on the CPU)"
+            if CUPY_CHOICE == "standin" else f"CuPy {cp.__version__}")
+    return f"gpu leg: {what}, {fw_backend.device_count()} GPU(s)"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,12 +66,31 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_gpu])])
 def backend(request):
-    """The device a test runs on: ``"cpu"``, and ``"cuda"`` where a GPU is available.
+    """The device a test runs on: ``"cpu"``, and ``"cuda"`` where a GPU (or the stand-in) is available.
 
     The same test body then checks NumPy and CuPy; compare values with
     ``framework.testing.to_numpy`` (it copies from the GPU).
     """
     return request.param
+
+
+@pytest.fixture
+def cupy():
+    """The CuPy module the gpu leg runs on (real CuPy or the stand-in): ``cupy.arange(...)``."""
+    cp = fw_backend.cupy_module()
+    if cp is None:
+        pytest.skip(NO_GPU_REASON)
+    return cp
+
+
+@pytest.fixture
+def without_cupy(monkeypatch):
+    """The backend as on a machine without CuPy (what a CPU-only user sees), on any machine.
+
+    Jobs launched from the test get ``INPLACE_LAB_CUPY=none`` too.
+    """
+    monkeypatch.setenv(fw_backend.CUPY_ENV, "none")
+    monkeypatch.setattr(fw_backend, "_cupy", False)
 
 
 @pytest.fixture(autouse=True)

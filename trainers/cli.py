@@ -1,8 +1,10 @@
 """What every command-line entry point shares: user errors as one line, no traceback.
 
-Errors a user can cause (config, data and model arguments, checkpoints, a non-finite
-loss) print ``error: ...`` and exit non-zero. Anything else is a bug and keeps its
-traceback; under MPI the abort hook ends every rank instead of leaving them hanging.
+Errors a user can cause print ``error: ...`` and exit non-zero: bad input (the config,
+the model's name and arguments, a checkpoint that cannot be read or trusted) with
+status 2, a loss that stopped being finite with status 3. Anything else is a bug and
+keeps its traceback; under MPI the abort hook ends every rank instead of leaving them
+hanging.
 """
 
 from __future__ import annotations

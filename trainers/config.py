@@ -22,7 +22,7 @@ import difflib
 import os
 import re
 import sys
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import yaml
 
@@ -55,7 +55,8 @@ class Field:
         min: Inclusive lower bound (numbers; each element for lists).
         gt: Exclusive lower bound.
         lt: Exclusive upper bound.
-        pattern: Regex the whole string must match, described by ``pattern_doc``.
+        parse: The function that parses such values (the one parser of them, raising
+            ValueError for a bad one), described by ``parse_doc``.
         from_bool: Maps YAML booleans to values, because YAML 1.1 reads bare
             ``on``/``off``/``yes``/``no`` as booleans.
     """
@@ -67,9 +68,18 @@ class Field:
     min: float | None = None
     gt: float | None = None
     lt: float | None = None
-    pattern: str | None = None
-    pattern_doc: str = ""
+    parse: Callable[[str], Any] | None = None
+    parse_doc: str = ""
     from_bool: Mapping[bool, Any] | None = None
+
+
+def _parse_device(spec: str):
+    """The framework's one device parser (``framework.backend.parse_device``)."""
+    # Imported here, not at the top: ``python -m trainers.config`` prints the reference
+    # without importing the framework (a test holds it to that).
+    from framework.backend import parse_device  # noqa: PLC0415
+
+    return parse_device(spec)
 
 
 # fmt: off
@@ -77,9 +87,12 @@ SCHEMA: dict[str, Any] = {
     "experiment": Field("str", "default", "TensorBoard experiment folder: runs are written to `<logdir>/<experiment>/<run>`"),
     "seed":       Field("int", 0, "Random seed for parameter init, data order and synthetic data"),
     "device":     Field("str", "cpu", "Where to compute: the CPU (NumPy) or a GPU (CuPy; `cuda` gives each MPI rank GPU local_rank % GPUs, `cuda:N` is GPU N)",
-                        pattern=r"cpu|cuda(:[0-9]+)?", pattern_doc="cpu, cuda or cuda:N (e.g. cuda:0)"),
-    "inplace":    Field("str", "on", "Inplace policy of every inplace site of the run",
-                        choices=("on", "off", "auto"), from_bool={True: "on", False: "off"}),
+                        parse=_parse_device, parse_doc="cpu, cuda or cuda:N (e.g. cuda:0)"),
+    "inplace":    Field("str", "auto", "Inplace policy of every inplace site of the run: `off` (the "
+                        "reference), `auto` (in place only where the input is provably dead: the "
+                        "numbers of `off`, bit for bit) or `on` (every site in place; reading an "
+                        "overwritten input stops the run with an error naming the site)",
+                        choices=("off", "auto", "on"), from_bool={True: "on", False: "off"}),
     "compile":    Field("bool", False, "Run the training step compiled (`fw.compile`, docs/COMPILE.md): captured "
                         "while the first steps run, then replayed with inplace decisions and a memory plan made on "
                         "the whole step; the run name gets `_compiled`. CPU only; not with train.grad_clip"),
@@ -103,7 +116,10 @@ SCHEMA: dict[str, Any] = {
     },
     "model": {
         "name": Field("str", "mlp", "Model name in the model registry (`models.build_model` checks it)"),
-        "args": Field("dict", {}, "Keyword arguments of the model constructor (free-form; checked by the model)"),
+        "args": Field("dict", {}, "Keyword arguments of the model constructor (free-form; checked by the model). "
+                      "Merged key by key over a base file's while the model stays the same; replaced (by this "
+                      "file's or override's own `model.args`, or none) where a file or `--set` names another "
+                      "`model.name`"),
     },
     "optim": {
         "name":         Field("str", "sgd", "Optimizer", choices=("sgd", "adam", "adamw")),
@@ -131,8 +147,10 @@ SCHEMA: dict[str, Any] = {
     },
     "logging": {
         "logdir":   Field("str", "runs", "Root folder of TensorBoard logs"),
-        "run_name": Field("str?", None, "Run folder name; null = derived from the inplace policy and world size"),
-        "progress": Field("bool", True, "Show a tqdm progress bar (rank 0)"),
+        "run_name": Field("str?", None, "Run folder name; null = derived from the inplace policy, the number of "
+                          "processes and whether the model uses InPlace-ABN (`inplace-on_np1_inplace_abn`)"),
+        "progress": Field("bool", True, "Show progress on rank 0: a tqdm bar on a terminal, else a line every "
+                          "few seconds"),
         "timeline": Field("bool", True, "Log a memory-timeline figure of one training step"),
     },
     "checkpoint": {
@@ -334,8 +352,11 @@ def _coerce(field: Field, value: Any, key: str, source: str | None) -> Any:
         close = difflib.get_close_matches(str(out), list(map(str, field.choices)), n=1)
         tail = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"{key} must be one of {choices}, got {_show(out)}{_where(source)}{tail}")
-    if field.pattern is not None and isinstance(out, str) and not re.fullmatch(field.pattern, out):
-        raise ConfigError(f"{key} must be {field.pattern_doc}, got {out!r}{_where(source)}")
+    if field.parse is not None and isinstance(out, str):
+        try:
+            field.parse(out)
+        except ValueError:
+            raise ConfigError(f"{key} must be {field.parse_doc}, got {out!r}{_where(source)}") from None
     numbers = out if isinstance(out, list) else [out]
     for x in numbers:
         if not _is_number(x):
@@ -391,6 +412,22 @@ def _merge(base: dict, child: Mapping) -> dict:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def _merge_config(base: dict, child: Mapping) -> dict:
+    """Deep-merges a config tree over its base, as :func:`_merge`, except for ``model.args``.
+
+    The arguments belong to the model they were written for: when ``child`` names a
+    different ``model.name`` than ``base`` (or the default), its own ``model.args`` (or
+    none) replace the base's instead of merging with them, as Hydra's config groups and
+    detectron2's ``_BASE_`` users expect when they swap the model.
+    """
+    merged = _merge(base, child)
+    child_model = child.get("model", {})
+    base_name = base.get("model", {}).get("name", SCHEMA["model"]["name"].default)
+    if "name" in child_model and child_model["name"] != base_name:
+        merged["model"]["args"] = copy.deepcopy(child_model.get("args", {}))
+    return merged
 
 
 def _fill_defaults(tree: Mapping[str, Any], node: Mapping[str, Any]) -> dict:
@@ -506,9 +543,11 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
 
     Args:
         path: The YAML file. It may name ``base: other.yaml`` (relative to itself); the
-            file is deep-merged over its base (mappings merge, lists replace).
+            file is deep-merged over its base (mappings merge, lists replace; ``model.args``
+            is replaced when the file names another ``model.name``, see :func:`_merge_config`).
         overrides: ``"dotted.key=value"`` strings; values are parsed as YAML
-            (``true``, ``1e-3``, ``[64, 64]``, ``null``).
+            (``true``, ``1e-3``, ``[64, 64]``, ``null``). They are merged together, then
+            over the file, by the same rule (so their order does not matter).
 
     Returns:
         The complete, validated ``Config``.
@@ -517,9 +556,10 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         ConfigError: With a one-line message naming the key and the file or override.
     """
     tree = _load_file(os.fspath(path), chain=())
+    override_tree: dict = {}
     for text in overrides:
-        tree = _merge(tree, _parse_override(text))
-    return Config(_fill_defaults(tree, SCHEMA))
+        override_tree = _merge(override_tree, _parse_override(text))
+    return Config(_fill_defaults(_merge_config(tree, override_tree), SCHEMA))
 
 
 def _load_file(path: str, chain: tuple[tuple[str, str], ...], named_by: str | None = None) -> dict:
@@ -556,7 +596,7 @@ def _load_file(path: str, chain: tuple[tuple[str, str], ...], named_by: str | No
         raise ConfigError(f"base in {path} must be a path to another YAML file, got {_show(base)}")
     base_path = os.path.normpath(os.path.join(os.path.dirname(path), os.path.expanduser(base)))
     parent = _load_file(base_path, chain + ((real, path),), named_by=path)
-    return _merge(parent, tree)
+    return _merge_config(parent, tree)
 
 
 def _parse_override(text: str) -> dict:
@@ -622,8 +662,8 @@ def reference_markdown() -> str:
         doc = field.doc.rstrip(".")
         if field.choices:
             doc += ". One of: " + ", ".join(f"`{c}`" for c in field.choices)
-        if field.pattern_doc:
-            doc += f". Must be {field.pattern_doc}"
+        if field.parse_doc:
+            doc += f". Must be {field.parse_doc}"
         if _bounds_text(field):
             doc += f". Must be {_bounds_text(field)}"
         doc = doc.replace("|", "\\|")

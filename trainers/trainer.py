@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -29,16 +28,14 @@ import framework as fw
 from framework import backend, memory
 from framework.distributed.comm import get_world
 
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict
 from .data import DataLoader, load_dataset
-from .logging import Progress, RunLogger, default_run_name, format_summary, run_dir
-
-MB = 1024 * 1024
+from .logging import MB, Progress, RunLogger, default_run_name, format_summary, run_dir
 
 
 class TrainingError(Exception):
-    """A run that cannot go on (non-finite loss, bad model arguments, bad checkpoint)."""
+    """A run that cannot go on: its loss stopped being finite (exit status 3)."""
 
 
 @dataclass
@@ -78,11 +75,19 @@ def build_data(cfg: Config):
 
 
 def build_model_for(cfg: Config, train_set):
-    """The config's model; sizes it can take from the data set are filled in."""
+    """The config's model; sizes it can take from the data set are filled in.
+
+    Raises:
+        ConfigError: an unknown ``model.name``, or ``model.args`` the model refuses
+            (the model's message names the argument).
+    """
     from models import build_model, model_signature  # noqa: PLC0415
 
     args = dict(cfg.model.args)
-    params = model_signature(cfg.model.name).parameters
+    try:
+        params = model_signature(cfg.model.name).parameters
+    except ValueError as e:
+        raise ConfigError(f"model.name: {e}") from None
     shape = train_set.input_shape
     derived = {
         "num_classes": train_set.num_classes if train_set.num_classes else train_set.y.shape[-1],
@@ -93,7 +98,21 @@ def build_model_for(cfg: Config, train_set):
     for key, value in derived.items():
         if key in params and key not in args and value is not None:
             args[key] = value
-    return build_model(cfg.model.name, **args)
+    try:
+        return build_model(cfg.model.name, **args)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model.args of model {cfg.model.name!r}: {e}") from None
+
+
+def uses_inplace_abn(model) -> bool:
+    """Whether the model fuses BatchNorm and activation as InPlace-ABN anywhere."""
+    return any(isinstance(m, fw.nn.InPlaceABN) for m in model.modules())
+
+
+def compiled(cfg: Config) -> bool | None:
+    """The config's ``compile`` switch; None where this version's config has no such key."""
+    value = cfg["compile"] if "compile" in cfg else None
+    return value if isinstance(value, bool) else None
 
 
 def build_optimizer(cfg: Config, params):
@@ -139,10 +158,15 @@ def clip_grad_norm_(params, max_norm: float) -> float:
     return total
 
 
-_CUDA_SPEC = re.compile(r"^cuda(?::(\d+))?$")
+def _parse_device(spec) -> backend.Device:
+    """``backend.parse_device`` with a bad spec as a ConfigError (one line)."""
+    try:
+        return backend.parse_device(spec)
+    except ValueError as e:
+        raise ConfigError(f"device: {e}") from None
 
 
-def gpu_index(spec: str, local_rank: int, device_count: int) -> int:
+def gpu_index(spec, local_rank: int, device_count: int) -> int:
     """The GPU a process uses for ``device: cuda`` or ``cuda:N``.
 
     ``cuda`` gives each process GPU ``local_rank % device_count``: under ``mpiexec -n 4``
@@ -151,22 +175,21 @@ def gpu_index(spec: str, local_rank: int, device_count: int) -> int:
     with ``CUDA_VISIBLE_DEVICES``).
 
     Raises:
-        ConfigError: no GPU, ``N`` out of range, or not a cuda device string.
+        ConfigError: no GPU, ``N`` out of range, or not a cuda device spec.
     """
-    m = _CUDA_SPEC.match(str(spec).strip())
-    if m is None:
+    dev = _parse_device(spec)
+    if dev.type != "cuda":
         raise ConfigError(f"device {spec!r} is not a GPU: use 'cuda' or 'cuda:N'")
     if device_count < 1:
         raise ConfigError(f"device: {spec} asks for a GPU, but CUDA reports none; set device: cpu")
-    if m.group(1) is None:
+    if dev.index is None:
         return local_rank % device_count
-    index = int(m.group(1))
-    if index >= device_count:
+    if dev.index >= device_count:
         raise ConfigError(
             f"device: {spec}, but this machine has {device_count} GPU{'s' if device_count > 1 else ''} "
             f"(cuda:0 to cuda:{device_count - 1}); use device: cuda to give each process its local GPU"
         )
-    return index
+    return dev.index
 
 
 def no_gpu_message(spec: str) -> str:
@@ -186,22 +209,20 @@ def select_device(spec: str, local_rank: int = 0):
     Raises:
         ConfigError: a GPU was asked for and none can be used (one line: what and how to fix).
     """
-    dev = fw.device(spec)
+    dev = _parse_device(spec)
     if dev.type == "cpu":
         return dev
-    cp = backend.cupy_module()
-    if cp is None:
+    if not backend.is_cuda_available():
         raise ConfigError(no_gpu_message(spec))
-    index = gpu_index(spec, local_rank, cp.cuda.runtime.getDeviceCount())
-    cp.cuda.Device(index).use()
+    dev = backend.Device("cuda", gpu_index(dev, local_rank, backend.device_count()))
+    backend.use_device(dev)
     memory.enable_gpu_hook()
-    return backend.Device("cuda", index)
+    return dev
 
 
 def synchronize(device) -> None:
     """Waits for the device's queued work (a no-op on the CPU): call before reading a clock."""
-    if device.type == "cuda":
-        backend.cupy_module().cuda.Device(device.index).synchronize()
+    backend.synchronize(device)
 
 
 def to_host(value) -> np.ndarray:
@@ -241,6 +262,14 @@ def limit_threads(threads: int, comm) -> None:
 # --- the trainer ---------------------------------------------------------------------------------
 
 
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def _add_auto_stats(window: dict, before: dict, after: dict) -> None:
     """Adds one step's auto-inplace counters (``memory.stats()`` deltas) to ``window``."""
     for key, value in after.items():
@@ -255,10 +284,24 @@ def _new_window() -> dict:
 
 
 class Trainer:
-    """Trains the model a config describes. ``Trainer(cfg).fit()`` returns a :class:`RunResult`."""
+    """Trains the model a config describes. ``Trainer(cfg).fit()`` returns a :class:`RunResult`.
 
-    def __init__(self, cfg: Config, resume: str | bool | None = None, comm=None, run_name: str | None = None):
+    Args:
+        cfg: The run's config.
+        resume: A checkpoint path, ``"auto"``/True (the run's latest), or False; None
+            takes ``checkpoint.resume`` from the config.
+        comm: The communicator (default: MPI's world, or one process).
+        run_name: The run's folder name; default ``logging.run_name``, else
+            :func:`~trainers.logging.default_run_name` of the policy, the number of
+            processes, ``inplace_abn`` when the model uses it and ``compiled`` when the
+            config compiles the step.
+        label: What the progress display calls the run (default ``train``).
+    """
+
+    def __init__(self, cfg: Config, resume: str | bool | None = None, comm=None, run_name: str | None = None,
+                 label: str | None = None):
         self.cfg = cfg
+        self.label = label or "train"
         self.comm = comm or get_world()
         limit_threads(cfg.threads, self.comm)
         fw.inplace.set_policy(cfg.inplace)
@@ -270,32 +313,29 @@ class Trainer:
 
         self.train_set, self.test_set = build_data(cfg)
         self.classification = self.train_set.num_classes is not None
-        try:
-            self.model = build_model_for(cfg, self.train_set)
-        except (TypeError, ValueError) as e:
-            raise TrainingError(f"model {cfg.model.name!r}: {e}") from None
+        self.model = build_model_for(cfg, self.train_set)
         self.model.to(self.device)
+        self._check_model_fits_data()
+        self.inplace_abn = uses_inplace_abn(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         _check_compile(cfg, self.device)
         # Several processes: gradients are averaged through in-place allreduced buckets
         # (framework/distributed/data_parallel.py); parameters start from rank 0's.
         self.dp = None
-        if self.comm.size > 1 and cfg.compile:
-            # A compiled step averages its gradients with ops of its own (between backward
-            # and the update): DataParallel's backward hooks cannot be captured.
-            from framework.distributed.comm import for_device  # noqa: PLC0415
-
-            self.comm = for_device(self.comm, self.device, cfg.distributed.backend)
-            _broadcast(list(self.model.parameters()) + list(self.model.buffers()), self.comm)
-        elif self.comm.size > 1:
+        if self.comm.size > 1:
             from framework.distributed.comm import for_device  # noqa: PLC0415
             from framework.distributed.data_parallel import DataParallel  # noqa: PLC0415
 
             try:  # NCCL for GPU buffers, or MPI (host staging on a GPU)
                 self.comm = for_device(self.comm, self.device, cfg.distributed.backend)
-            except (RuntimeError, ValueError) as e:
-                raise TrainingError(str(e)) from None
+            except (RuntimeError, ValueError) as e:  # a backend this device cannot use: bad input
+                raise ConfigError(str(e)) from None
 
+        if self.comm.size > 1 and cfg.compile:
+            # A compiled step averages its gradients with ops of its own (between backward
+            # and the update): DataParallel's backward hooks cannot be captured.
+            _broadcast(list(self.model.parameters()) + list(self.model.buffers()), self.comm)
+        elif self.comm.size > 1:
             if cfg.distributed.sync_bn:
                 from framework.distributed.sync_batchnorm import SyncBatchNorm  # noqa: PLC0415
 
@@ -326,7 +366,8 @@ class Trainer:
             self.total_steps = min(self.total_steps, cfg.train.max_steps)
 
         self.run_name = run_name or cfg.logging.run_name or default_run_name(
-            cfg.inplace, self.comm.size, "compiled" if cfg.compile else None)
+            cfg.inplace, self.comm.size, "inplace_abn" if self.inplace_abn else None,
+            "compiled" if compiled(cfg) else None)
         self.run_dir = run_dir(cfg.logging.logdir, cfg.experiment, self.run_name)
         self.ckpt_dir = os.path.join(cfg.checkpoint.dir, cfg.experiment, self.run_name)
         self.step = 0
@@ -336,6 +377,40 @@ class Trainer:
             resume = cfg.checkpoint.resume
         if resume:
             self._resume(resume)
+
+    @property
+    def finished(self) -> bool:
+        """True when a resumed checkpoint is at (or past) the run's last step: nothing to train."""
+        return self.resumed and self.step >= self.total_steps
+
+    def _check_model_fits_data(self) -> None:
+        """Runs one training sample through the model (eval mode, no grad) before training.
+
+        Model arguments that do not fit the data (``in_features``, ``image_size``,
+        ``num_classes``) are bad input: found here, they stop the run with one line
+        (exit 2) instead of a traceback from the first step. Eval mode updates no
+        running statistics and draws no dropout masks, so training is unchanged.
+        """
+        # Copies: a tensor of a view would hold (and count) the whole data set's buffer.
+        x, y = self._to_tensors(self.train_set.x[:1].copy(), self.train_set.y[:1].copy())
+        self.model.eval()
+        try:
+            with fw.no_grad():
+                out = self.model(x)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"model {self.cfg.model.name!r} does not fit data {self.cfg.data.name!r}: {e}; "
+                              "check model.args") from None
+        finally:
+            self.model.train()
+        if self.classification:
+            want, what = (self.train_set.num_classes,), "num_classes"
+        else:
+            want, what = tuple(self.train_set.y.shape[1:]), "the target shape"
+        if tuple(out.shape[1:]) != want:
+            raise ConfigError(
+                f"model {self.cfg.model.name!r} gives outputs of shape {tuple(out.shape[1:])} per sample, but data "
+                f"{self.cfg.data.name!r} needs {want} ({what}); leave model.args.num_classes out, or fix it"
+            )
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -368,7 +443,7 @@ class Trainer:
         saved_cfg = config_from_dict(state["config"], source=f"checkpoint {path}")
         for key in ("model", "data", "seed"):
             if saved_cfg.to_dict()[key] != self.cfg.to_dict()[key]:
-                raise TrainingError(
+                raise CheckpointError(
                     f"checkpoint {path} was written with a different '{key}' config; "
                     "resume with the same config, or start a new run (another checkpoint.dir or run name)"
                 )
@@ -500,16 +575,28 @@ class Trainer:
         return (float(to_host(score)) if score is not None else 0.0) / max(total, 1)
 
     # --- the loop -------------------------------------------------------------------------------
-    def fit(self) -> RunResult:
+    def fit(self) -> RunResult | None:
+        """Trains to the last step, logging and checkpointing on the way.
+
+        Returns:
+            The run's :class:`RunResult`; None when the run had already :attr:`finished`
+            (a resumed checkpoint at its last step): then nothing is trained, logged or
+            saved, and the run's event files and checkpoints stay as they were.
+        """
+        if self.finished:
+            return None
         cfg = self.cfg
-        # purge_step makes TensorBoard drop the points an earlier run in this directory
-        # logged at or after this step: a re-run replaces its curves, a resumed run drops
-        # what the interrupted run logged after its checkpoint. No file is deleted.
-        logger = RunLogger(self.run_dir, enabled=self.comm.is_main, purge_step=self.step)
-        logger.config_text(cfg.to_yaml())
+        # purge_step makes TensorBoard drop the points an earlier attempt in this directory
+        # logged at or after it: a fresh run replaces all of them, a run resumed at step N
+        # those after N (up to N they were flushed before the checkpoint and are the same
+        # points this run would log). No file is deleted.
+        first_step = self.step + 1 if self.resumed else 0
+        logger = RunLogger(self.run_dir, enabled=self.comm.is_main, purge_step=first_step)
+        if not self.resumed or _read_text(os.path.join(self.run_dir, "config.yaml")) != cfg.to_yaml():
+            logger.config_text(cfg.to_yaml(), step=first_step)  # again only if it changed
         progress = Progress(total=self.total_steps, initial=self.step,
                             disable=not (cfg.logging.progress and self.comm.is_main),
-                            log_every=cfg.train.log_every)
+                            log_every=cfg.train.log_every, desc=self.label)
         eval_name = "accuracy" if self.classification else "mse"
         losses: list[float] = []
         window = _new_window()
@@ -520,15 +607,21 @@ class Trainer:
         timed = {"time": 0.0, "samples": 0, "steps": 0}
         self._auto_run: dict = {}  # auto-inplace counters over the whole run
         eval_metric = None
+        # The timeline of one step, the third (the first two warm caches and the allocator),
+        # logged when recorded: a run resumed after it already has it.
         timeline = None
-        timeline_step = self.step + min(2, max(self.total_steps - self.step - 1, 0))
+        timeline_step = min(2, max(self.total_steps - 1, 0))
         try:
             while self.step < self.total_steps:
                 for xb, yb in self.loader:
                     if self.step >= self.total_steps:
                         break
                     lr = learning_rate(cfg, self.step, self.total_steps)
-                    log_now = (self.step + 1) % cfg.train.log_every == 0 or self.step + 1 == self.total_steps
+                    # A checkpoint step is a log point too: a run resumed there logs the
+                    # same windows, and so the same points, as one that was not stopped.
+                    done = self.step + 1
+                    log_now = done % cfg.train.log_every == 0 or done == self.total_steps or (
+                        cfg.checkpoint.every and done % cfg.checkpoint.every == 0)
                     # The step's time includes copying its batch to the device (a host-to-GPU
                     # copy also waits for the previous step's queued kernels).
                     t0 = time.perf_counter()
@@ -537,7 +630,8 @@ class Trainer:
                     # between steps (eval batches are larger) must not show up in it.
                     memory.reset_peak()
                     before = memory.stats()
-                    if cfg.logging.timeline and self.step == timeline_step and timeline is None:
+                    record = cfg.logging.timeline and self.step == timeline_step and timeline is None
+                    if record:
                         with memory.record_timeline(self.mem_device) as tl:
                             loss, correct, saved = self._train_step(x, y, lr)
                         timeline = tl
@@ -554,6 +648,8 @@ class Trainer:
                     self.step += 1
                     losses.append(loss)
                     floor = max(floor, self.floor_bytes(saved))
+                    if record:
+                        logger.timeline_figure(timeline_step, timeline, floor_bytes=self.floor_bytes(saved))
                     window["loss"] += loss
                     if correct is not None:  # summed on the device, read at the log point
                         window["correct"] = correct if window["correct"] is None else window["correct"] + correct
@@ -580,24 +676,63 @@ class Trainer:
                         eval_metric = self.evaluate()
                         logger.scalars(self.step, {f"eval/{eval_name}": eval_metric})
                     if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                        logger.flush()  # every point logged so far is on disk before the checkpoint
                         self.save()
-            if timeline is not None:
-                logger.timeline_figure(timeline_step, timeline, floor_bytes=floor)
         finally:
             progress.close()
         if not cfg.checkpoint.every or self.step % cfg.checkpoint.every:
+            logger.flush()
             self.save()
         peak_run = max(peak_run, window["peak"])
         result = self._result(losses, eval_metric, eval_name, peak_run, floor, timeline, timed)
         logger.hparams(
-            {"inplace": cfg.inplace, "model": cfg.model.name, "world_size": self.comm.size,
-             "batch_size": cfg.data.batch_size, "optimizer": cfg.optim.name, "lr": cfg.optim.lr},
+            self.hparams(),
             {"hparams/peak_mb": result.peak_mb, "hparams/floor_mb": result.floor_mb,
              "hparams/samples_per_sec": result.samples_per_sec, "hparams/final_loss": result.final_loss,
              f"hparams/eval_{eval_name}": eval_metric if eval_metric is not None else float("nan")},
         )
         logger.close()
         return result
+
+    def hparams(self) -> dict:
+        """What tells this run apart from the others of its experiment (the HPARAMS tab).
+
+        The same keys in every run of an experiment (TensorBoard takes the columns from
+        one run); ``run`` shows the run's whole name; ``compiled`` appears where the config
+        has a ``compile`` key.
+        """
+        cfg = self.cfg
+        hp = {"run": self.run_name, "inplace": cfg.inplace, "inplace_abn": self.inplace_abn}
+        if compiled(cfg) is not None:
+            hp["compiled"] = compiled(cfg)
+        hp.update({"processes": self.comm.size, "model": cfg.model.name, "batch_size": cfg.data.batch_size,
+                   "optimizer": cfg.optim.name, "lr": cfg.optim.lr})
+        return hp
+
+    def time_steps(self, steps: int) -> float:
+        """Samples per second of ``steps`` more training steps, not logged or saved.
+
+        Sets this trainer's inplace policy first, so that trainers of several policies
+        can take turns in one process (``scripts/compare_inplace.py`` alternates them to
+        measure throughput as a distribution). Training goes on from where it is.
+        """
+        fw.inplace.set_policy(self.cfg.inplace)
+        lr = learning_rate(self.cfg, max(self.total_steps - 1, 0), self.total_steps)
+        batches = iter(self.loader)
+        seconds, samples = 0.0, 0
+        for _ in range(steps):
+            batch = next(batches, None)
+            if batch is None:  # the epoch ended: the loader goes on with the next one
+                batches = iter(self.loader)
+                batch = next(batches)
+            t0 = time.perf_counter()
+            x, y = self._to_tensors(*batch)
+            self._train_step(x, y, lr)
+            synchronize(self.device)
+            seconds += time.perf_counter() - t0
+            samples += len(batch[0]) * self.comm.size
+            del x, y
+        return samples / seconds if seconds > 0 else float("nan")
 
     def _window_metrics(self, window, peak, floor) -> dict:
         n = max(window["steps"], 1)
@@ -658,9 +793,9 @@ def _check_compile(cfg: Config, device) -> None:
     if not cfg.compile:
         return
     if device.type != "cpu":
-        raise TrainingError("compile: true runs on the CPU only (the replay code calls NumPy); set device: cpu")
+        raise ConfigError("compile: true runs on the CPU only (the replay code calls NumPy); set device: cpu")
     if cfg.train.grad_clip > 0:
-        raise TrainingError(
+        raise ConfigError(
             "compile: true cannot clip gradients: train.grad_clip reads the gradient norm into Python, "
             "which a replayed step does not run; set train.grad_clip: 0 or compile: false")
 

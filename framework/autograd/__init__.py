@@ -1,30 +1,65 @@
-"""Autograd: the Function contract, the backward engine and grad modes.
+"""Autograd: the op contract, the backward engine, grad modes and custom Functions.
 
-``function`` and ``engine`` import the Tensor class, which itself needs grad modes at
-import time, so they are loaded on first use (PEP 562) rather than here.
+Two classes are called ``Function``, as in PyTorch (``torch.autograd.Function`` for
+users, C++ nodes inside):
+
+- ``framework.autograd.Function`` (module ``custom_function``) is PyTorch's user API:
+  subclass it with static ``forward(ctx, ...)``/``backward(ctx, ...)`` on tensors,
+  ``ctx.save_for_backward``, ``ctx.mark_dirty``, and call ``MyFn.apply(...)``.
+- ``framework.autograd.OpFunction`` (``framework.autograd.function.Function``) is the
+  base of the framework's built-in ops: forward and backward on raw arrays, saved
+  tensors declared with ``saves``, the one apply path that makes inplace safe.
+
+``function``, ``engine``, ``custom_function`` and ``graph`` import the Tensor class,
+which itself needs grad modes at import time, so they are loaded on first use (PEP 562)
+rather than here.
 """
 
-from .grad_mode import detect_anomaly, enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .grad_mode import (
+    detect_anomaly,
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 
-_LAZY = {"backward": "engine", "grad": "engine", "Function": "function", "SavedTensor": "function"}
+# public name -> (module, name in it)
+_LAZY = {
+    "backward": ("engine", "backward"),
+    "grad": ("engine", "grad"),
+    "Function": ("custom_function", "Function"),
+    "FunctionCtx": ("custom_function", "FunctionCtx"),
+    "OpFunction": ("function", "Function"),
+    "SavedTensor": ("function", "SavedTensor"),
+}
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        import importlib  # noqa: PLC0415
+    import importlib  # noqa: PLC0415
 
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    if name in ("graph", "custom_function", "function", "engine"):
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "Function",
+    "FunctionCtx",
+    "OpFunction",
     "SavedTensor",
     "backward",
     "detect_anomaly",
     "enable_grad",
     "grad",
+    "graph",
+    "inference_mode",
     "is_grad_enabled",
+    "is_inference_mode_enabled",
     "no_grad",
     "set_grad_enabled",
 ]

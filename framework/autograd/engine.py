@@ -7,11 +7,11 @@ incoming edge has run, so its hooks and post-accumulate hooks run once (PyTorch'
 AccumulateGrad). Without ``retain_graph`` a node frees its saved tensors right after its
 backward, so activation memory falls as backward proceeds.
 
-Gradient accumulation is an inplace site of the policy: under ``on`` a second gradient
-is added into the first one's buffer when the engine can prove that buffer is its own
-(it owns its memory and no other reference to it exists: Paddle's ``use_count == 1``
-rule, with the reference count calibrated at import); otherwise, and always under
-``off``, the sum is a new array. A leaf's first gradient is stolen into ``.grad`` under
+Gradient accumulation is an inplace site of the policy: under ``on`` and ``auto`` a
+second gradient is added into the first one's buffer when the engine can prove that
+buffer is its own (it owns its memory and no other reference to it exists: Paddle's
+``use_count == 1`` rule, with the reference count measured at import); otherwise, and
+always under ``off``, the sum is a new array. A leaf's first gradient is stolen into ``.grad`` under
 the same proof and copied otherwise, so ``.grad`` never aliases another gradient.
 """
 
@@ -26,61 +26,46 @@ from .function import Function, _as_array
 from .grad_mode import no_grad, state
 
 
-def _refcount(array) -> int:
+def _count(array) -> int:  # the twin of _is_exclusive, measured at import
     return sys.getrefcount(array)
 
 
-def _exclusive_probe(array) -> int:  # stands where _is_exclusive stands
-    return _refcount(array)
-
-
-def _probe_caller(array) -> int:  # stands where _sum_grads stands
-    return _exclusive_probe(array)
-
-
-def _calibrate() -> int:
-    # The engine asks about an array held by exactly one slot (a dict entry or a list
-    # item) and passed down _sum_grads -> _is_exclusive -> _refcount: measure that count
-    # through a chain of the same depth on this interpreter. (Measuring one frame short
-    # made the proof always fail, so the policy's accumulation site never ran in place.)
+def _measure_one_local() -> int:
     import numpy as np  # noqa: PLC0415
 
-    slot = {0: np.zeros(1)}
-    return _probe_caller(slot[0])
+    held = np.zeros(1)
+    return _count(held)
 
 
-_EXCLUSIVE_REFS = _calibrate()
+# What an array counts inside _is_exclusive when nothing but the caller's one local
+# variable refers to it: that variable, the argument (and on 3.10 the caller's value
+# stack) and getrefcount's own. Measured, not assumed, on the running interpreter.
+_ONE_LOCAL = _measure_one_local()
 
 
 def _is_exclusive(array) -> bool:
-    """True when nothing but the caller's one slot refers to ``array`` or its memory."""
-    return array.base is None and _refcount(array) <= _EXCLUSIVE_REFS
+    """True when nothing refers to ``array`` or its memory but the caller's one local.
+
+    The caller must hold the array in exactly one local variable and in no container
+    (:func:`_sum_into` and :func:`_accumulate_leaf` take it out of theirs first), so the
+    count is the same on every interpreter and at every call site.
+    """
+    return array.base is None and sys.getrefcount(array) <= _ONE_LOCAL
 
 
-def _sum_grads(existing, new):
-    """``existing + new``; in place into ``existing`` under the policy when provably safe."""
+def _sum_into(store, key, new) -> None:
+    """``store[key] += new``: in place into ``store[key]``'s buffer under the policy when
+    the engine alone holds it (Paddle's ``use_count == 1`` rule), else a new array."""
     if _function.capture is not None:
-        return _function.capture.sum_grads(existing, new)
+        return _function.capture.sum_into(store, key, new)
+    existing = store[key]
+    store[key] = None  # now only this local refers to it, unless someone else does
     if inplace.enabled() and _is_exclusive(existing):
         get_array_module(existing).add(existing, new, out=existing)
         memory.count("inplace_grad_accumulations")
-        return existing
-    return memory.track(_as_array(existing + new), "gradients")
-
-
-def _reusable(grad) -> bool:  # stands where _sum_grads stands (same calibrated depth)
-    """Whether a node's backward may write its input gradient over ``grad``.
-
-    An inplace site of the policy: under ``on``, when nothing but the engine's local
-    refers to the incoming gradient (it is dead once the node has run), elementwise
-    backward functions write their result into it instead of allocating (Paddle's
-    ``use_count == 1`` rule). Shared gradients (``Add`` passes one array to both of
-    its inputs), views and gradients a hook kept are never reused.
-    """
-    if inplace.enabled() and _is_exclusive(grad):
-        memory.count("backward_grad_reuse")
-        return True
-    return False
+    else:
+        existing = memory.track(_as_array(existing + new), "gradients")
+    store[key] = existing
 
 
 def _run_leaf_hooks(leaf, grad):
@@ -95,9 +80,17 @@ def _run_leaf_hooks(leaf, grad):
     return grad
 
 
-def _accumulate_leaf(leaf, grad) -> None:
+def _accumulate_leaf(leaf, box) -> None:
+    """Adds the gradient in ``box`` (a list it pops it from, so that this function's
+    local is its only holder) into ``leaf.grad``, runs the leaf's hooks around it."""
     if _function.capture is not None:
-        return _function.capture.accumulate_leaf(leaf, grad)
+        return _function.capture.accumulate_leaf(leaf, box)
+    grad = box.pop()
+    if not leaf._requires_grad:
+        # A view made under no_grad of a tensor that requires grad reports
+        # requires_grad=True (PyTorch's rule) but has no history and no accumulator:
+        # like PyTorch, the gradient that reaches it goes nowhere.
+        return
     if leaf._hooks:
         hooked = _run_leaf_hooks(leaf, grad)
         if hooked is not grad:
@@ -166,8 +159,9 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
     gradients are returned (``accumulate=False``, autograd.grad) or accumulated into
     their ``.grad`` only (``backward(inputs=...)``).
     """
-    from ..tensor import Tensor  # noqa: PLC0415
+    from ..tensor import Tensor, _follow_retained_grads  # noqa: PLC0415
 
+    _follow_retained_grads()
     root_nodes = []
     for edge, _ in roots:
         if isinstance(edge, Function) and edge not in root_nodes:
@@ -211,32 +205,37 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
             elif nxt is not None:
                 count_leaf(nxt)
 
-    def deliver_leaf(leaf, g):
+    def deliver_leaf(leaf, box):
+        # The summed gradient travels in ``box`` (its pending entry), never as an
+        # argument: _accumulate_leaf pops it and can then prove it may adopt it.
         if targets is None:
-            _accumulate_leaf(leaf, g)
+            _accumulate_leaf(leaf, box)
             return
         i = leaf_ids.get(id(leaf))
         if i is None:
             return
         if accumulate:
-            _accumulate_leaf(leaf, g)
+            _accumulate_leaf(leaf, box)
         else:
-            captured[i] = _run_leaf_hooks(leaf, g)  # autograd.grad runs them too (PyTorch)
+            captured[i] = _run_leaf_hooks(leaf, box.pop())  # autograd.grad runs them too (PyTorch)
 
     def arrive_leaf(leaf, grads_in, i):
-        # Takes grads_in[i] out of its list, so that once the sum is complete nothing but
-        # this call chain refers to it and _accumulate_leaf can prove it may steal it.
+        # Takes grads_in[i] out of its list, so that once the sum is complete only the
+        # pending entry refers to it.
         g = grads_in[i]
         grads_in[i] = None
         entry = leaf_pending[id(leaf)]
         if g is not None:
-            entry[2] = g if entry[2] is None else _sum_grads(entry[2], g)
+            if entry[2] is None:
+                entry[2] = g
+            else:
+                _sum_into(entry, 2, g)
             del g
         entry[1] -= 1
         if entry[1] == 0:
             del leaf_pending[id(leaf)]
             if entry[2] is not None:
-                deliver_leaf(leaf, entry.pop())
+                deliver_leaf(leaf, entry)
 
     grads: dict = {}
     anomaly = state.anomaly
@@ -263,7 +262,15 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                 if node_targets is not None and node in node_targets:
                     i = node_targets[node]
                     captured[i] = g
-                node.reuse_grad = _reusable(g)
+                # An inplace site of the policy: under on/auto, when nothing but this local
+                # refers to the incoming gradient (it is dead once the node has run),
+                # elementwise backwards write their result into it (Paddle's use_count == 1).
+                # Shared gradients (Add passes one array to both inputs), views and
+                # gradients a hook kept are never reused.
+                reuse = inplace.enabled() and _is_exclusive(g)
+                if reuse:
+                    memory.count("backward_grad_reuse")
+                node.reuse_grad = reuse
                 try:
                     outs = list(node.run_backward(g) if _function.capture is None
                                 else _function.capture.run_backward(node, g))
@@ -297,7 +304,7 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                         continue
                     if gi is not None:
                         if nxt in grads:
-                            grads[nxt] = _sum_grads(grads[nxt], gi)
+                            _sum_into(grads, nxt, gi)
                         else:
                             grads[nxt] = gi
                     deps[nxt] -= 1
@@ -386,7 +393,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, a
     gouts = _as_list(grad_outputs) or [None] * len(outputs)
     captured = _execute(_roots(outputs, gouts), bool(retain_graph), inputs, accumulate=False)
     result = []
-    for t, g in zip(inputs, captured):
+    for k, t in enumerate(inputs):
+        g = captured[k]
+        captured[k] = None  # this local alone holds it: it may be adopted without a copy
         if g is None and not allow_unused:
             raise RuntimeError(
                 "One of the differentiated Tensors appears to not have been used in the graph. "

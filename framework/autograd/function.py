@@ -24,19 +24,18 @@ tensors with their versions.
 from __future__ import annotations
 
 import inspect
-import os
-import sys
 import traceback
 
 import numpy as np
 
 from .. import inplace as _inplace
 from .. import memory
-from .grad_mode import state
+from ..callsite import call_site
+from ..inplace.consumed import ConsumedData as _Consumed
+from .grad_mode import InferenceVersionCounter, state
+from .view_meta import rebase_message
 
-_FRAMEWORK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _FREED = object()
-_AUTO_SITE = ("<policy auto>", 0)
 
 
 def _as_array(a):
@@ -69,22 +68,19 @@ class VersionCounter:
                 del writes[0]
 
 
-def call_site():
-    """``(file, line)`` of the first frame outside the framework (the user's call)."""
-    f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.startswith(_FRAMEWORK_DIR):
-        f = f.f_back
-    return (f.f_code.co_filename, f.f_lineno) if f is not None else ("<unknown>", 0)
-
-
 def _describe(array) -> str:
     return f"[{array.dtype} tensor of shape {tuple(array.shape)}]"
+
+
+# Called with every new SavedTensor of a tensor others can write, while
+# autograd.graph.allow_mutation_on_saved_tensors() is active (None otherwise).
+on_save = None
 
 
 class SavedTensor:
     """An array that a node keeps for backward, with the version it had when saved."""
 
-    __slots__ = ("array", "vc", "version", "name")
+    __slots__ = ("array", "vc", "version", "name", "__weakref__")
 
     def __init__(self, array, vc, name):
         self.array = array
@@ -92,11 +88,19 @@ class SavedTensor:
         self.version = vc.value if vc is not None else 0
         self.name = name
         memory.note_saved(array)
+        if on_save is not None and vc is not None:
+            on_save(self)
 
     def unpack(self, node):
         vc = self.vc
-        if vc is not None and vc.value != self.version:
-            raise RuntimeError(_version_error(self, node))
+        if vc is not None:
+            if vc.value != self.version:
+                raise RuntimeError(_version_error(self, node))
+            if self.name != "result" and _input_detached(node, self.name):
+                raise RuntimeError(
+                    "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_()."
+                    "This is not supported, please use out-of-place `.detach()` instead"
+                )
         return self.array
 
     def release(self):
@@ -111,6 +115,19 @@ class SavedTensor:
             self.release()
         except Exception:  # interpreter shutdown: module globals may be gone
             pass
+
+
+def _input_detached(node, name) -> bool:
+    """Whether the input ``name`` of ``node`` was a non-leaf later detached in place:
+    the node can no longer send its gradient anywhere (see ``Tensor.detach_``)."""
+    edges = node.__dict__.get("next")
+    if edges is None:
+        return False
+    for saved_name, idx, _ in type(node)._save_plan:
+        if saved_name == name:
+            edge = edges[idx] if 0 <= idx < len(edges) else None
+            return isinstance(edge, Function) and edge.__dict__.get("_output_detached", False)
+    return False
 
 
 def _version_error(saved: SavedTensor, node) -> str:
@@ -292,28 +309,36 @@ def edge_of(t):
 
 
 def _check_inplace_target(cls, target, grad_on: bool, any_needs: bool = False) -> None:
-    """Raises before the kernel runs, so a refused inplace op changes nothing."""
+    """Raises before the kernel runs, so a refused inplace op changes nothing.
+
+    The rules are PyTorch's (``check_inplace`` and ``handle_view_on_rebase``), with its
+    wording, plus the name of the inplace op.
+    """
     if grad_on:
-        if target._requires_grad and target._grad_fn is None and target._base is None:
-            raise RuntimeError(
-                f"a leaf Variable that requires grad is being used in an in-place operation "
-                f"({cls.inplace_name}). Wrap the update in `with no_grad():` if it is an update "
-                "of the weights, or clone() the tensor first."
-            )
         base = target._base
-        if base is not None:
-            if base._requires_grad and base._grad_fn is None:
+        if base is None:
+            if target._requires_grad and target._grad_fn is None:
+                raise RuntimeError(
+                    f"a leaf Variable that requires grad is being used in an in-place operation "
+                    f"({cls.inplace_name}). Wrap the update in `with no_grad():` if it is an update "
+                    "of the weights, or clone() the tensor first."
+                )
+        elif any_needs or target.requires_grad:
+            # any_needs: the written value may bring history into a base that had none.
+            _check_view_rewrite(cls, target)
+            if base._grad_fn is None and (base._requires_grad or target._requires_grad):
                 raise RuntimeError(
                     f"a view of a leaf Variable that requires grad is being used in an in-place "
                     f"operation ({cls.inplace_name}). Wrap it in `with no_grad():` or clone() first."
                 )
-            # any_needs: the written value may bring history into a base that had none.
-            if target._view_fn is None and (base.requires_grad or any_needs):
-                raise RuntimeError(
-                    f"a view was created in no_grad mode and is being modified in place "
-                    f"({cls.inplace_name}) with grad mode enabled: its history cannot be rewritten. "
-                    "Create the view with grad mode enabled, or modify it under no_grad()."
-                )
+    if target._vc.__class__ is InferenceVersionCounter and not state.inference:
+        raise RuntimeError(
+            "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone "
+            "to get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 "
+            f"for more details. ({cls.inplace_name})"
+        )
+    if before_write is not None:
+        before_write(target)
     data = target._data
     for size, stride in zip(data.shape, data.strides):
         if stride == 0 and size > 1:
@@ -322,6 +347,31 @@ def _check_inplace_target(cls, target, grad_on: bool, any_needs: bool = False) -
                 f"a single memory location ({cls.inplace_name} on an expanded tensor). Please clone() "
                 "the tensor before performing the operation."
             )
+
+
+# Called with the target of every inplace op before it is checked for overlap and
+# written, while autograd.graph.allow_mutation_on_saved_tensors() is active.
+before_write = None
+
+
+def _check_view_rewrite(cls, target) -> None:
+    """Raises where an inplace op may not rewrite the history of the view ``target``:
+    made under no_grad, one of several views an op returned, or made by a custom
+    Function (see ``framework.autograd.view_meta``)."""
+    view_fn = target._view_fn
+    if view_fn is None:
+        creation, marker = "no_grad", None
+    else:
+        creation = getattr(view_fn, "creation", None)
+        if creation is None:
+            return
+        marker = view_fn
+    fn = target._grad_fn
+    name = fn.name() if fn is not None else None
+    nr = 0
+    if marker is not None:
+        name, nr = marker.describe(name)
+    raise RuntimeError(f"{rebase_message(creation, name, nr)} (inplace op: {cls.inplace_name})")
 
 
 def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
@@ -365,43 +415,96 @@ capture = None
 
 
 def _apply(cls, inputs, params, inplace):
+    """Runs one call of op ``cls``: the one path every op takes, in the order the inplace
+    rules need.
+
+    1. ``auto`` decides, before anything else holds the inputs, whether an ordinary call
+       runs in place (:func:`framework.inplace.auto_target`);
+    2. read the inputs: their arrays (a consumed tensor raises here) and which need grad;
+    3. check the inplace target, before the kernel can change anything;
+    4. keep what backward needs (a copy where the kernel would overwrite it);
+    5. run the kernel;
+    6. the output: the target with its version bumped, or a new tensor (a view shares
+       its input's storage);
+    7. record the history (the node's edges and saved tensors; a view's base gets
+       ``CopySlices``).
+
+    An ``auto`` rewrite hands the input's storage to a new tensor object, which the op
+    then runs in place on, and leaves the input consumed (see :mod:`framework.inplace`).
+    While a compiled step is captured, the recorder runs this path and records the call.
+    """
     if capture is not None:
         return capture.apply(cls, inputs, params, inplace)
-    # This runs for every op call: the common cases are kept short and flat.
-    auto = False
+    where = None
     if not inplace and cls.auto_inplace and _inplace._policy == "auto":
-        # First, before this frame holds more references to the inputs than it must.
-        auto = inplace = _inplace.auto_target(cls, inputs, params)
+        where = _inplace.auto_target(cls, inputs, params)
+        if where is not None:
+            # Consumed before the kernel runs: if it raised half way, the old object could
+            # still be read with half-written values.
+            inputs = (inputs[0]._consume(cls.inplace_name[:-1] + " (run in place by policy auto)", where, "auto"),
+                      ) + inputs[1:]
+            inplace = True
     grad_on = state.enabled
-    arrays = [a._data if isinstance(a, Tensor) else a for a in inputs]
-    any_needs = False
-    if grad_on and cls.differentiable:
-        needs = []
-        for a in inputs:
-            r = isinstance(a, Tensor) and (
-                a._grad_fn is not None or a._requires_grad or (a._base is not None and a.requires_grad)
-            )
-            needs.append(r)
-            any_needs = any_needs or r
-        needs = tuple(needs)
-    else:
-        n = len(inputs)
-        needs = _NO_NEEDS[n] if n < 8 else (False,) * n
-
+    arrays, needs, any_needs = _read_inputs(cls, inputs, grad_on)
     ctx = cls.__new__(cls)
     ctx.needs_input_grad = needs
-    target = None
     if inplace:
-        target = inputs[0]
-        _check_inplace_target(cls, target, grad_on, any_needs)
+        _check_inplace_target(cls, inputs[0], grad_on, any_needs)
         ctx.out = arrays[0]
-    saved, copied = (None, 0)
+    saved = None
+    copied = 0
     if any_needs:
         if cls._save_plan:
             saved, copied = _save_inputs(ctx, cls, inputs, arrays, needs, inplace)
         if state.anomaly:
             ctx._trace = traceback.format_stack()[:-2]
+    result = _run_kernel(ctx, cls, arrays, params, inplace)
+    if inplace:
+        out = _write_target(ctx, cls, inputs[0], result, copied, where)
+    else:
+        out = _new_output(cls, inputs, params, result, grad_on)
+    if any_needs:
+        _record_history(ctx, cls, inputs, needs, out, saved, inplace)
+    return out
 
+
+def _read_inputs(cls, inputs, grad_on):
+    """The inputs' arrays, which inputs need a gradient, and whether any does.
+
+    Every tensor input is checked here: a tensor an inplace site consumed raises
+    :class:`framework.inplace.ConsumedTensorError` (one class comparison per input,
+    beside the version check of saved tensors; benchmarks/bench_consumed_check.py).
+    """
+    arrays = []
+    if not (grad_on and cls.differentiable):
+        for a in inputs:
+            if isinstance(a, Tensor):
+                a = a._data
+                if a.__class__ is _Consumed:
+                    raise a.error()
+            arrays.append(a)
+        n = len(inputs)
+        return arrays, (_NO_NEEDS[n] if n < 8 else (False,) * n), False
+    needs = []
+    any_needs = False
+    for a in inputs:
+        if isinstance(a, Tensor):
+            d = a._data
+            if d.__class__ is _Consumed:
+                raise d.error()
+            arrays.append(d)
+            r = a._grad_fn is not None or a._requires_grad or (a._base is not None and a.requires_grad)
+            any_needs = any_needs or r
+            needs.append(r)
+        else:
+            arrays.append(a)
+            needs.append(False)
+    return arrays, tuple(needs), any_needs
+
+
+def _run_kernel(ctx, cls, arrays, params, inplace):
+    """``cls.forward`` on the arrays; an inplace kernel that cannot write into its target
+    (the result would be bigger, or of another dtype) raises a RuntimeError naming both."""
     try:
         result = cls.forward(ctx, *arrays, **params)
     except (ValueError, TypeError) as e:
@@ -410,59 +513,70 @@ def _apply(cls, inputs, params, inplace):
         raise
     if isinstance(result, np.generic):
         result = _as_array(result)
+    return result
 
-    if inplace:
-        if copied:  # counted once the op has run: a refused op copied for nothing
-            memory.count("inplace_copy_bytes", copied)
-        out_arr = ctx.out
-        ctx.out = None  # the node must not keep the target's buffer alive after forward
-        if result is not out_arr:
-            # Kernels should write through ctx.out; this keeps any other one correct.
-            out_arr[...] = result
-        out = target
-        # An auto rewrite needs no call site: its tensor was dead, so no saved copy can
-        # go stale and no version error can ever name this write.
-        target._vc.bump(cls.inplace_name, _AUTO_SITE if auto else call_site())
-        memory.count("inplace_ops")
+
+def _write_target(ctx, cls, target, result, copied, where):
+    """An inplace kernel ran: makes sure the result is in the target's buffer and bumps
+    the version, remembering the op and the call site for version errors."""
+    if copied:  # counted once the op has run: a refused op copied for nothing
+        memory.count("inplace_copy_bytes", copied)
+    out_arr = ctx.out
+    ctx.out = None  # the node must not keep the target's buffer alive after forward
+    if result is not out_arr:
+        # Kernels should write through ctx.out; this keeps any other one correct.
+        out_arr[...] = result
+    # An auto rewrite's tensor was dead: no saved copy can go stale, so no version error
+    # can ever name this write, and the call site is the one the proof already found.
+    target._vc.bump(cls.inplace_name, where if where is not None else call_site())
+    memory.count("inplace_ops")
+    return target
+
+
+def _new_output(cls, inputs, params, result, grad_on):
+    """A new tensor around ``result``: a view shares its input's storage and version
+    counter and remembers how to replay itself from its base; anything else is new memory."""
+    out = _wrap(result)
+    if cls.is_view:
+        src = inputs[0]
+        out._vc = src._vc
+        base = src._base if src._base is not None else src
+        out._base = base
+        if grad_on:
+            out._view_fn = _compose_view_fn(src, cls, inputs[1:], params)
+            out._view_base_fn = base._grad_fn
     else:
-        out = _wrap(result)
-        if cls.is_view:
-            src = inputs[0]
-            out._vc = src._vc
-            base = src._base if src._base is not None else src
-            out._base = base
-            if grad_on:
-                out._view_fn = _compose_view_fn(src, cls, inputs[1:], params)
-                out._view_base_fn = base._grad_fn
-        else:
-            memory.track(result, None, "activations")
-
-    if any_needs:
-        edges = []
-        for t, n in zip(inputs, needs):
-            if n:
-                fn = t._grad_fn if t._base is None else t.grad_fn
-                edges.append(t if fn is None else fn)
-            else:
-                edges.append(None)
-        ctx.next = tuple(edges)
-        for name, idx, when in cls._save_plan:
-            if idx < 0 and (when is None or any(needs[i] for i in when)):
-                if saved is None:
-                    saved = {}
-                saved[name] = SavedTensor(out._data, out._vc, name)
-        if saved:
-            kept = ctx.__dict__.get("_saved")  # what forward passed to ctx.keep()
-            if kept:
-                saved.update(kept)
-            ctx._saved = saved
-        if inplace and target._base is not None:
-            base = target._base
-            base._grad_fn = CopySlices(base, target._view_fn, ctx)
-            # target's own grad_fn is regenerated from the base's new history on access
-        else:
-            out._grad_fn = ctx
+        memory.track(result, None, "activations")
     return out
+
+
+def _record_history(ctx, cls, inputs, needs, out, saved, inplace):
+    """Makes ``ctx`` the node of ``out``: its edges to the inputs' nodes (or leaves), its
+    saved tensors with their versions; an inplace op on a view rewrites its base's history
+    (``CopySlices``), and the view regenerates its own from it when asked."""
+    edges = []
+    for t, n in zip(inputs, needs):
+        if n:
+            fn = t._grad_fn if t._base is None else t.grad_fn
+            edges.append(t if fn is None else fn)
+        else:
+            edges.append(None)
+    ctx.next = tuple(edges)
+    for name, idx, when in cls._save_plan:
+        if idx < 0 and (when is None or any(needs[i] for i in when)):
+            if saved is None:
+                saved = {}
+            saved[name] = SavedTensor(out._data, out._vc, name)
+    if saved:
+        kept = ctx.__dict__.get("_saved")  # what forward passed to ctx.keep()
+        if kept:
+            saved.update(kept)
+        ctx._saved = saved
+    if inplace and out._base is not None:
+        base = out._base
+        base._grad_fn = CopySlices(base, out._view_fn, ctx)
+    else:
+        out._grad_fn = ctx
 
 
 def _refused_inplace(error, arrays) -> str:
@@ -490,6 +604,8 @@ def _compose_view_fn(src, cls, rest, params):
     prev = src._view_fn
     if src._base is not None and prev is None:
         return None  # the source view was made under no_grad: its chain is unknown
+    if getattr(prev, "creation", None) is not None:
+        return prev  # a view of a view that forbids rewriting its history forbids it too
     if prev is None:
         return lambda b: cls.apply(b, *rest, **params)
     return lambda b: cls.apply(prev(b), *rest, **params)

@@ -1,4 +1,5 @@
-"""Grad mode and anomaly mode: ``no_grad``, ``enable_grad``, ``set_grad_enabled``, ``detect_anomaly``.
+"""Grad mode, inference mode and anomaly mode: ``no_grad``, ``enable_grad``,
+``set_grad_enabled``, ``inference_mode``, ``detect_anomaly``.
 
 The state is process-global (PyTorch keeps it per thread). The framework runs its
 training loop, backward hooks and communication callbacks on one thread, so a global
@@ -11,11 +12,12 @@ import functools
 
 
 class _State:
-    __slots__ = ("enabled", "anomaly")
+    __slots__ = ("enabled", "anomaly", "inference")
 
     def __init__(self):
         self.enabled = True
         self.anomaly = False
+        self.inference = False  # inside inference_mode(): new tensors are inference tensors
 
 
 state = _State()
@@ -91,6 +93,81 @@ class set_grad_enabled(_GradModeContext):
         # Used as a decorator, the mode applies to calls of fn only: undo __init__'s switch.
         state.enabled = self._prev
         return super().__call__(fn)
+
+
+class InferenceVersionCounter:
+    """The version counter of an inference tensor: there is none.
+
+    Inference tensors do not count their writes (PyTorch's promise that makes inference
+    mode cheap), so nothing that relies on versions can use them: saving one for
+    backward raises here, reading ``_version`` raises in :class:`framework.Tensor`, and
+    the inplace check refuses writes to one outside inference mode.
+    """
+
+    __slots__ = ()
+    writes = None
+
+    @property
+    def value(self):
+        raise RuntimeError(
+            "Inference tensors cannot be saved for backward. To work around you can make a clone "
+            "to get a normal tensor and use it in autograd."
+        )
+
+    def bump(self, op_name, site) -> None:
+        """Writes to an inference tensor are not counted."""
+
+
+def is_inference_mode_enabled() -> bool:
+    """True inside ``inference_mode()``."""
+    return state.inference
+
+
+class inference_mode:
+    """No history, as under ``no_grad``, and the tensors made inside are *inference tensors*.
+
+    As in PyTorch, an inference tensor is one the framework promises never to need for
+    backward: it has no version counter (reading ``_version`` raises), autograd refuses
+    to save it for backward, and it may be written in place only inside inference mode.
+    Tensors that existed before keep working as usual (views of them stay normal
+    tensors). ``inference_mode(False)`` switches it off again, with grad mode on. Works as
+    a context manager and as a decorator (``@inference_mode``, ``@inference_mode()``,
+    ``@inference_mode(False)``).
+    """
+
+    def __new__(cls, mode=True):
+        if callable(mode):  # @inference_mode (bare) or inference_mode(mode=fn)
+            return cls()(mode)
+        return super().__new__(cls)
+
+    def __init__(self, mode: bool = True):
+        if callable(mode):
+            return  # __new__ returned a decorated function; never reached
+        self.mode = bool(mode)
+
+    def __enter__(self):
+        self._prev = (state.enabled, state.inference)
+        state.enabled, state.inference = not self.mode, self.mode
+        return self
+
+    def __exit__(self, *exc):
+        state.enabled, state.inference = self._prev
+        return False
+
+    def __call__(self, fn):
+        """Used as a decorator: runs ``fn`` in this mode."""
+        mode = self.mode
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            prev = (state.enabled, state.inference)
+            state.enabled, state.inference = not mode, mode
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                state.enabled, state.inference = prev
+
+        return wrapper
 
 
 class detect_anomaly:

@@ -27,6 +27,7 @@ import weakref
 import numpy as np
 
 from .. import memory
+from ..callsite import call_site
 from ..autograd import engine as _engine
 from ..autograd import function as _function
 from ..autograd.function import CopySlices
@@ -35,19 +36,8 @@ from ..tensor import Tensor
 from .program import Program, Ref, ScalarRef, Source, StatsOut, WriteBack
 from .scalars import Sym, Tape
 
-_FRAMEWORK_DIR = _function._FRAMEWORK_DIR
-
-
 class CaptureError(RuntimeError):
     """A step that cannot be captured faithfully (the message names the line)."""
-
-
-def _user_site():
-    """``(file, line)`` of the first frame outside the framework."""
-    f = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(_FRAMEWORK_DIR):
-        f = f.f_back
-    return (f.f_code.co_filename, f.f_lineno) if f is not None else ("<unknown>", 0)
 
 
 def _where(site) -> str:
@@ -90,7 +80,7 @@ def _refusing(name):
         name, f"tensor.{name}()")
 
     def refuse(self, *args, **kwargs):
-        site = _user_site()
+        site = call_site()
         raise CaptureError(
             f"fw.compile: {what} at {_where(site)} reads a tensor's value into Python while the step is "
             "being captured; a compiled step replays its ops without running the step's Python, so it "
@@ -200,10 +190,10 @@ class Recorder:
             rec = self._root(arr)
             if rec is not None and self.program.values[rec.latest].source is None:
                 raise CaptureError(
-                    f"fw.compile: a tensor at {_where(_user_site())} views a buffer of the step through a path "
+                    f"fw.compile: a tensor at {_where(call_site())} views a buffer of the step through a path "
                     "that is not an op (a raw array view); it cannot be replayed"
                 )
-            src = Source("tensor", f"tensor@{_where(_user_site())}", t)
+            src = Source("tensor", f"tensor@{_where(call_site())}", t)
             self.unknown.append(t)
         edge = None
         rec = self._root(arr)
@@ -264,7 +254,7 @@ class Recorder:
 
     def apply(self, cls, inputs, params, inplace):
         """Hook of the apply path: runs the op eagerly, records a ``call`` node."""
-        site = _user_site()
+        site = call_site()
         in_templates, concrete = [], []
         in_vids = []
         for x in inputs:
@@ -392,35 +382,41 @@ class Recorder:
             bnode.info["copyslices"] = node.view_fn
         return outs
 
-    def sum_grads(self, existing, new):
-        """Hook of the engine's gradient sum."""
+    def sum_into(self, store, key, new):
+        """Hook of the engine's gradient sum (``store[key] += new``, in place when allowed)."""
+        existing = store[key]
         a, b = self.lookup(existing), self.lookup(new)
         if a is None or b is None:
             raise CaptureError("fw.compile: a gradient sum read a gradient no recorded op made")
         e0 = self._events()
-        r = self._run(_engine._sum_grads, existing, new)
+        self._run(_engine._sum_into, store, key, new)
+        r = store[key]
         node = self.program.add_node("grad_sum", inputs=[Ref(a), Ref(b)], inplace=r is existing)
         node.info["events"] = (e0, self._events())
         node.outputs = [self._write(r, node.index, a) if r is existing else self._out_value(r, node.index, [])]
-        return r
 
-    def accumulate_leaf(self, leaf, grad):
-        """Hook of the engine's accumulation into ``leaf.grad``."""
+    def accumulate_leaf(self, leaf, box):
+        """Hook of the engine's accumulation into ``leaf.grad`` (the gradient is ``box[-1]``)."""
         if leaf._hooks or leaf._post_acc_hooks:
             raise CaptureError(
                 "fw.compile: a gradient hook on a leaf (register_hook / register_post_accumulate_grad_hook) "
                 "runs Python on gradients; a compiled step cannot replay it"
             )
+        grad = box[-1]
         gvid = self.lookup(grad)
         if gvid is None:
             raise CaptureError("fw.compile: a leaf received a gradient no recorded op made")
         before = leaf._grad
         bvid = None if before is None else self.value_of(before)
         barr = None if before is None else before._data
+        bver = None if before is None else before._vc.value
         e0 = self._events()
-        self._run(_engine._accumulate_leaf, leaf, grad)
+        self._run(_engine._accumulate_leaf, leaf, box)
         e1 = self._events()
-        arr = leaf._grad._data
+        after = leaf._grad
+        if after is before and (after is None or after._data is barr and after._vc.value == bver):
+            return  # the gradient went nowhere (a leaf without an accumulator)
+        arr = after._data
         program = self.program
         if before is None:
             if arr is grad:
@@ -439,14 +435,14 @@ class Recorder:
 
     def root_grad(self, g):
         """Hook of ``backward()``'s implicit gradient of a scalar: ones."""
-        node = self.program.add_node("fill", site=_user_site())
+        node = self.program.add_node("fill", site=call_site())
         node.info["fill_value"] = 1
         node.outputs = [self._new_value(g, producer=node.index)]
 
     def created(self, t, recipe, shape, dtype, device):
         """Hook of the creation functions: a tensor made by a recipe inside the step."""
         label = getattr(recipe, "__qualname__", "create").split(".")[0]
-        node = self.program.add_node("create", site=_user_site())
+        node = self.program.add_node("create", site=call_site())
         node.info.update(recipe=recipe, shape=tuple(shape), dtype=np.dtype(dtype), device=device, label=label)
         node.outputs = [self._new_value(t._data, producer=node.index)]
 

@@ -69,6 +69,7 @@ import weakref
 import numpy as np
 
 from .. import backend, inplace, memory
+from ..callsite import call_site
 from ..autograd.grad_mode import state as _grad_state
 from ..nn.module import Module
 from ..tensor import Tensor, _wrap
@@ -173,6 +174,7 @@ class DataParallel(Module):
             tmp = backend.get_array_module(data).ascontiguousarray(data)
             self.comm.broadcast_(tmp, root=0)
             data[...] = tmp
+        t._vc.bump("broadcast_ (DataParallel)", call_site())  # rank 0's values replaced ours in place
 
     def _broadcast_module_buffers(self) -> None:
         for b in self.module.buffers():
@@ -245,6 +247,7 @@ class DataParallel(Module):
             view._data[...] = 0
         else:  # a gradient made elsewhere (set by the user, or made after zero_grad)
             view._data[...] = g._data
+        view._vc.bump("copy_ (gradient into its DataParallel bucket)", call_site())
         p.grad = view
 
     # -- backward hooks ---------------------------------------------------------------------
@@ -310,10 +313,13 @@ class DataParallel(Module):
         for b in self.buckets[self._next_launch:]:
             self._launch(b)
         n = self.comm.size
+        site = call_site()
         for b in self.buckets:
             out = b.handle.wait()
             if self.inplace:
                 self.xp.divide(out, n, out=out)
+                for view in b.views:  # every gradient of the bucket changed in place
+                    view._vc.bump("allreduce_ (DataParallel.finish)", site)
             else:
                 for i, p in enumerate(b.params):
                     g = memory.empty(p.shape, b.dtype, self.xp, "gradients")

@@ -1,9 +1,9 @@
 """The functional form of every layer (``import framework.nn.functional as F``).
 
 Signatures follow ``torch.nn.functional``. ``relu(x, inplace=False)`` and friends take
-the inplace path only when asked explicitly; the policy-driven modules
-(``nn.ReLU(inplace=None)``) decide with :func:`framework.inplace.enabled` and pass the
-decision here. Convolution, pooling, normalisation, dropout and losses live in
+the inplace path only when asked explicitly (policy ``auto`` may still run them in place
+when their input is provably dead); the policy sites are the modules
+(``nn.ReLU(inplace=None)``) and :func:`residual_add`. Convolution, pooling, normalisation, dropout and losses live in
 ``framework.ops.{conv,norm,dropout,loss}`` and are imported when first called.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 from .. import inplace as _inplace
 from .. import ops as _ops
 from ..ops import conv as _conv
+from ..ops import linalg as _linalg
 from ..ops import dropout as _dropout
 from ..ops import loss as _loss
 from ..ops import norm as _norm
@@ -23,9 +24,10 @@ from ..tensor import Tensor
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias`` for inputs of shape ``(*, in_features)``.
 
-    The bias is added into the fresh matmul output in place under the inplace policy
-    (``add`` saves nothing for backward and nobody else holds that output, so it is
-    exact); under ``off`` the sum is a new tensor.
+    One op (:class:`framework.ops.linalg.Linear`), whose weight gradient comes out in the
+    weight's own layout. The bias is added into the fresh product in place under the
+    inplace policy (nobody else holds that product, so it is exact); under ``off`` the
+    sum is a new array.
     """
     if weight.ndim != 2:
         raise RuntimeError(f"linear: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
@@ -34,12 +36,9 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             f"linear: input's last dimension must be in_features={weight.shape[1]}, "
             f"got input of shape {tuple(input.shape)}"
         )
-    out = _ops.matmul(input, _ops.t(weight))
-    if bias is None:
-        return out
-    if _inplace.enabled() and out.dtype == bias.dtype:
-        return out.add_(bias)
-    return out + bias
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise RuntimeError(f"linear: bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    return _linalg.Linear.apply(input, weight, bias, add_bias_inplace=_inplace.enabled())
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0):
@@ -47,18 +46,22 @@ def conv2d(input, weight, bias=None, stride=1, padding=0):
     return _conv.conv2d(input, weight, bias, stride=stride, padding=padding)
 
 
+@_inplace.passes_ownership
 def residual_add(input: Tensor, identity: Tensor, inplace: bool | None = None) -> Tensor:
-    """``input + identity``, the add of a residual block: an inplace SITE of the policy.
+    """``input + identity``, the add of a residual block: a site of the inplace policy.
 
-    ``inplace=None`` follows the policy (``on``: ``input.add_(identity)`` unless autograd
-    holds ``input``; ``auto``: only when ``input`` is provably dead, e.g. a BatchNorm
-    output passed straight in; ``off``: a new tensor). ``add`` saves nothing for backward.
+    ``inplace=None`` follows the policy: ``auto`` writes the sum over ``input`` when it is
+    provably dead (a BatchNorm output passed straight in, or ``out = residual_add(out,
+    identity)``), ``on`` whenever autograd allows it, ``off`` never; a write consumes
+    ``input``. ``True``/``False`` force a path (``True`` is ``input.add_(identity)``).
+    ``add`` saves nothing for backward, so the inplace form is free.
     """
-    if inplace is None and not _sum_fits(input, identity):
-        inplace = False  # the sum is bigger than input (broadcasting) or of another dtype
-    site = _inplace.can_write(input, inplace)
-    if site:
-        return _ops.add_(input, identity)
+    if inplace is not None:
+        return _ops.add_(input, identity) if inplace else _ops.add(input, identity)
+    if _sum_fits(input, identity):
+        where = _inplace.site_target(input, "residual_add")
+        if where is not None:
+            return _ops.add_(_inplace.consume(input, "residual_add", where), identity)
     return _ops.add(input, identity)
 
 
@@ -68,8 +71,6 @@ def _sum_fits(input: Tensor, other) -> bool:
         return isinstance(other, (int, float)) and input.dtype.kind == "f"
     return other.dtype == input.dtype and _ops.broadcast_shapes(input.shape, other.shape) == input.shape
 
-
-_inplace.passes_ownership(residual_add)
 
 
 # --- activations ------------------------------------------------------------------------------
@@ -151,15 +152,16 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
 
 def inplace_abn(input, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5,
-                negative_slope=0.01, residual=None):
+                negative_slope=0.01, residual=None, inplace=True):
     """``leaky_relu(BN(input) [+ residual])`` written over ``input`` (returned); backward inverts it.
 
     ``input`` must not be a leaf that requires grad (its values are overwritten);
     ``residual`` (e.g. a basic block's identity) is kept by reference, not copied.
+    ``inplace=False`` computes the same function into a new tensor (same numbers).
     """
     return _norm.inplace_abn(
         input, running_mean, running_var, weight, bias, training=training, momentum=momentum, eps=eps,
-        negative_slope=negative_slope, residual=residual,
+        negative_slope=negative_slope, residual=residual, inplace=inplace,
     )
 
 

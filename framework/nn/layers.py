@@ -1,12 +1,12 @@
 """The layers: PyTorch's constructors, defaults, initialisation and reprs.
 
 Inplace sites: ``ReLU``, ``LeakyReLU`` and ``Dropout`` built with ``inplace=None`` (the
-default) follow the inplace policy (:func:`framework.inplace.enabled`); ``True``/``False``
-force one path. A policy-driven site falls back to the out-of-place path where the inplace path could
-only raise: the input is a leaf that requires grad (or a view of one), or autograd
-saved it for backward (``ReLU`` then ``Dropout``: ReLU's backward reads its output). An
-explicit ``inplace=True`` raises there, as in PyTorch. ``InPlaceABN`` is always
-in place. ``BatchNorm`` updates its running statistics in place (their versions bump).
+default), and ``Sigmoid``/``Tanh`` built with ``inplace=None``, follow the inplace policy
+(:func:`framework.inplace.site_target`): they write over their input only where the
+policy allows it, and then consume it (the input's old tensor object raises on any later
+use). ``True``/``False`` force one path with PyTorch's meaning: ``inplace=True`` changes
+the input and returns it, and raises where PyTorch raises. ``InPlaceABN`` is always in
+place. ``BatchNorm`` updates its running statistics in place (their versions bump).
 """
 
 from __future__ import annotations
@@ -259,14 +259,18 @@ class InPlaceABN(Module):
         ``residual`` (same shape as ``input``, e.g. a basic block's identity) is added
         before the activation; it is kept for backward by reference, not copied.
         """
+        return self._abn(input, residual, inplace=True)
+
+    def _abn(self, input, residual, inplace: bool):
+        """The function, over ``input``'s buffer or (``inplace=False``) into a new tensor."""
         if input.dim() < 2 or input.shape[1] != self.num_features:
             raise ValueError(
-                f"InPlaceABN({self.num_features}) expects an input of shape (N, {self.num_features}, ...), "
-                f"got {tuple(input.shape)}"
+                f"{type(self).__name__}({self.num_features}) expects an input of shape "
+                f"(N, {self.num_features}, ...), got {tuple(input.shape)}"
             )
         return F.inplace_abn(input, self.running_mean, self.running_var, self.weight, self.bias,
                              training=self.training, momentum=self.momentum, eps=self.eps,
-                             negative_slope=self.negative_slope, residual=residual)
+                             negative_slope=self.negative_slope, residual=residual, inplace=inplace)
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, negative_slope={self.negative_slope}"
@@ -286,20 +290,26 @@ class _Activation(Module):
 
 
 class ReLU(_Activation):
-    """max(x, 0). ``inplace=None`` (default) follows the policy; True/False force a path.
+    """max(x, 0). ``inplace=None`` (default) is a site of the inplace policy; ``True`` and
+    ``False`` force a path, as in PyTorch.
 
-    In place, the output is the input tensor and nothing extra is stored (ReLU's
-    backward reads its output).
+    In place, nothing extra is stored (ReLU's backward reads its output). A policy site
+    that writes over its input consumes it (see :mod:`framework.inplace`).
     """
 
     @_inplace.passes_ownership
     def forward(self, input):
-        site = _inplace.can_write(input, self.inplace)  # its own statement: see inplace.calibrate
-        return F.relu(input, inplace=site)
+        if self.inplace is not None:
+            return F.relu(input, inplace=self.inplace)
+        where = _inplace.site_target(input, "ReLU")
+        if where is None:
+            return F.relu(input)
+        return F.relu_(_inplace.consume(input, "ReLU", where))
 
 
 class LeakyReLU(_Activation):
-    """x if x > 0 else negative_slope * x; ``inplace`` as :class:`ReLU`."""
+    """x if x > 0 else negative_slope * x; ``inplace`` as :class:`ReLU` (a negative slope
+    has no inplace form: backward could not tell the input's sign from the output)."""
 
     def __init__(self, negative_slope: float = 0.01, inplace: bool | None = None):
         super().__init__(inplace)
@@ -307,10 +317,14 @@ class LeakyReLU(_Activation):
 
     @_inplace.passes_ownership
     def forward(self, input):
-        site = _inplace.can_write(input, self.inplace)
-        if site and self.negative_slope < 0 and self.inplace is None:
-            site = False  # a negative slope cannot be inverted in backward: no inplace form
-        return F.leaky_relu(input, self.negative_slope, inplace=site)
+        if self.inplace is not None:
+            return F.leaky_relu(input, self.negative_slope, inplace=self.inplace)
+        if self.negative_slope < 0:
+            return F.leaky_relu(input, self.negative_slope)
+        where = _inplace.site_target(input, "LeakyReLU")
+        if where is None:
+            return F.leaky_relu(input, self.negative_slope)
+        return F.leaky_relu_(_inplace.consume(input, "LeakyReLU", where), self.negative_slope)
 
     def extra_repr(self) -> str:
         s = f"negative_slope={self.negative_slope}"
@@ -318,8 +332,8 @@ class LeakyReLU(_Activation):
 
 
 class _OutOfPlaceByDefault(_Activation):
-    """An activation that PyTorch has no ``inplace`` flag for: out of place by default,
-    ``inplace=None`` follows the policy (free: these backwards read the output)."""
+    """An activation that PyTorch has no ``inplace`` flag for: out of place by default;
+    ``inplace=None`` makes it a site of the policy (free: these backwards read the output)."""
 
     op = ""  # the Tensor method name; the inplace form is op + "_"
 
@@ -328,10 +342,12 @@ class _OutOfPlaceByDefault(_Activation):
 
     @_inplace.passes_ownership
     def forward(self, input):
-        site = _inplace.can_write(input, self.inplace)
-        if site:
-            return getattr(input, self.op + "_")()
-        return getattr(input, self.op)()
+        if self.inplace is not None:
+            return getattr(input, self.op + "_" if self.inplace else self.op)()
+        where = _inplace.site_target(input, type(self).__name__)
+        if where is None:
+            return getattr(input, self.op)()
+        return getattr(_inplace.consume(input, type(self).__name__, where), self.op + "_")()
 
     def extra_repr(self) -> str:
         return "" if self.inplace is False else f"inplace={self.inplace}"
@@ -381,10 +397,14 @@ class Dropout(Module):
 
     @_inplace.passes_ownership
     def forward(self, input):
-        if not self.training:
-            return input
-        site = _inplace.can_write(input, self.inplace)
-        return F.dropout(input, self.p, self.training, inplace=site)
+        if not self.training or self.p == 0:
+            return F.dropout(input, self.p, self.training)  # the identity: nothing is written
+        if self.inplace is not None:
+            return F.dropout(input, self.p, True, inplace=self.inplace)
+        where = _inplace.site_target(input, "Dropout")
+        if where is None:
+            return F.dropout(input, self.p, True)
+        return F.dropout(_inplace.consume(input, "Dropout", where), self.p, True, inplace=True)
 
     def extra_repr(self) -> str:
         return f"p={self.p}" + ("" if self.inplace is None else f", inplace={self.inplace}")

@@ -14,6 +14,8 @@ import numpy as np
 from .. import backend as _backend
 from .. import inplace as _inplace
 from .. import random as _random
+from ..autograd.grad_mode import state as _grad_state
+from ..autograd.view_meta import ForbiddenReplay as _ForbiddenReplay
 from ..tensor import Tensor, _wrap
 from . import elementwise as E
 from . import linalg as L
@@ -315,13 +317,48 @@ def _shape_arg(shape):
     return tuple(int(s) for s in shape)
 
 
+def _infer_size(shape, numel, op):
+    """``shape`` with its -1 resolved, or PyTorch's error (``infer_size``)."""
+    known, infer = 1, None
+    for d, n in enumerate(shape):
+        if n == -1:
+            if infer is not None:
+                raise RuntimeError("only one dimension can be inferred")
+            infer = d
+        elif n < 0:
+            raise RuntimeError(f"invalid shape dimension {n}")
+        else:
+            known *= n
+    if numel == known or (infer is not None and known > 0 and numel % known == 0):
+        if infer is None:
+            return shape
+        if known == 0:
+            raise RuntimeError(
+                f"cannot reshape tensor of 0 elements into shape {list(shape)} because the unspecified "
+                "dimension size -1 can be any value and is ambiguous"
+            )
+        return shape[:infer] + (numel // known,) + shape[infer + 1 :]
+    hint = ": the view size does not match the input's size" if op == "view" else ""
+    raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}{hint}")
+
+
 def view(x, *shape):
-    return V.View.apply(x, shape=_shape_arg(shape))
+    return V.View.apply(x, shape=_infer_size(_shape_arg(shape), x.numel(), "view"))
+
+
+def view_as(x, other):
+    """``x.view(other.shape)``."""
+    return view(x, other.shape)
+
+
+def reshape_as(x, other):
+    """``x.reshape(other.shape)``."""
+    return reshape(x, other.shape)
 
 
 def reshape(x, *shape):
     """A view when the strides allow one, a copy otherwise (as in PyTorch)."""
-    shape = _shape_arg(shape)
+    shape = _infer_size(_shape_arg(shape), x.numel(), "reshape")
     if V.reshape_view(x._data, shape) is not None:
         return V.View.apply(x, shape=shape)
     return V.ReshapeCopy.apply(x, shape=shape)
@@ -345,6 +382,31 @@ def transpose(x, dim0, dim1):
     a, b = _dim(dim0, x.ndim), _dim(dim1, x.ndim)
     dims[a], dims[b] = dims[b], dims[a]
     return V.Permute.apply(x, dims=tuple(dims))
+
+
+def swapdims(x, dim0, dim1):
+    """NumPy's name for :func:`transpose` (also ``swapaxes``)."""
+    return transpose(x, dim0, dim1)
+
+
+swapaxes = swapdims
+
+
+def _matrix_transpose(x, name):
+    # PyTorch: a 0-d tensor is its own (matrix) transpose; a 1-d one has none.
+    if x.ndim == 0:
+        return x
+    if x.ndim < 2:
+        raise RuntimeError(f"tensor.{name} is only supported on matrices or batches of matrices. Got {x.ndim}-D tensor.")
+    return transpose(x, -2, -1)
+
+
+def _hermitian(x):
+    # Real dtypes only: the conjugate transpose is the transpose.
+    if x.ndim not in (0, 2):
+        hint = " For batches of matrices, consider using tensor.mH" if x.ndim > 2 else ""
+        raise RuntimeError(f"tensor.H is only supported on matrices (2-D tensors). Got {x.ndim}-D tensor.{hint}")
+    return x if x.ndim == 0 else transpose(x, 0, 1)
 
 
 def t(x):
@@ -372,9 +434,14 @@ def squeeze(x, dim=None):
 
 
 def flatten(x, start_dim=0, end_dim=-1):
+    """Dims ``start_dim..end_dim`` merged into one; ``x`` itself when that is one dim (PyTorch)."""
     if x.ndim == 0:
         return reshape(x, (1,))
     s, e = _dim(start_dim, x.ndim), _dim(end_dim, x.ndim)
+    if s > e:
+        raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
+    if s == e:
+        return x
     n = 1
     for k in x.shape[s : e + 1]:
         n *= k
@@ -386,6 +453,11 @@ def expand(x, *sizes):
     lead = len(sizes) - x.ndim
     if lead < 0:
         raise RuntimeError(f"expand: the number of sizes ({len(sizes)}) must be >= the number of dimensions ({x.ndim})")
+    for i, n in enumerate(sizes[:lead]):
+        if n < 0:
+            raise RuntimeError(
+                f"The expanded size of the tensor ({n}) isn't allowed in a leading, non-existing dimension {i}"
+            )
     shape = tuple(x.shape[i - lead] if (n == -1 and i >= lead) else n for i, n in enumerate(sizes))
     for i, n in enumerate(x.shape):
         if n != 1 and shape[i + lead] != n:
@@ -401,11 +473,158 @@ def expand_as(x, other):
 
 
 def narrow(x, dim, start, length):
+    """Elements ``start .. start + length - 1`` of dim ``dim``, as a view.
+
+    As in PyTorch, ``start`` may be negative (counted from the end) or a 0-d integer tensor.
+    """
+    if isinstance(start, Tensor):
+        if start.ndim != 0 or start.dtype.kind not in "iu":
+            raise RuntimeError("start must be an 0-dim integral Tensor.")
+        start = int(start.item())
+    if x.ndim == 0:
+        raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
     d = _dim(dim, x.ndim)
-    if not (0 <= start and start + length <= x.shape[d]):
-        raise IndexError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({x.shape[d]})")
+    size = x.shape[d]
+    if not -size <= start <= size:
+        raise IndexError(f"start out of range (expected to be in range of [{-size}, {size}], but got {start})")
+    if start < 0:
+        start += size
+    if length < 0 or start + length > size:
+        raise IndexError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({size})")
     index = (slice(None),) * d + (slice(start, start + length), Ellipsis)
     return V.GetItem.apply(x, index=index)
+
+
+def select(x, dim, index):
+    """The slice at ``index`` of dim ``dim`` (one dim fewer), as a view."""
+    if x.ndim == 0:
+        raise IndexError("select() cannot be applied to a 0-dim tensor.")
+    d = _dim(dim, x.ndim)
+    size = x.shape[d]
+    if not -size <= index < size:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {list(x.shape)} at dimension {dim}")
+    return V.Select.apply(x, index=(slice(None),) * d + (index % size, Ellipsis))
+
+
+def _multi_output(x, op, dim, pieces):
+    """The views ``op`` returns together, one per index in ``pieces`` along ``dim``.
+
+    As in PyTorch, while autograd records, none of them may be modified in place: each
+    has its own history, and rewriting one would leave the others' wrong. Under no_grad
+    they are views made under no_grad (writable until grad mode is on again).
+    """
+    lead = (slice(None),) * dim
+    outs = tuple(op.apply(x, index=lead + (p, Ellipsis)) for p in pieces)
+    if _grad_state.enabled:
+        for i, out in enumerate(outs):
+            out._view_fn = _ForbiddenReplay("multi_output", op.name(), i)
+    return outs
+
+
+def _dim_of_at_least_1d(x, dim, name):
+    if x.ndim == 0:
+        raise RuntimeError(f"{name} expects at least a 1-dimensional tensor")
+    return _dim(dim, x.ndim)
+
+
+def unbind(x, dim=0):
+    """The slices along ``dim``, as a tuple of views (they refuse inplace ops, see :func:`_multi_output`)."""
+    if x.ndim == 0:
+        raise IndexError("Dimension specified as 0 but tensor has no dimensions")
+    d = _dim(dim, x.ndim)
+    return _multi_output(x, V.Unbind, d, range(x.shape[d]))
+
+
+def split_with_sizes(x, split_sizes, dim=0):
+    """Consecutive pieces of dim ``dim`` with the given sizes (which must add up to it)."""
+    d = _dim_of_at_least_1d(x, dim, "split_with_sizes")
+    sizes = [int(n) for n in split_sizes]
+    if any(n < 0 for n in sizes):
+        raise RuntimeError(f"split_with_sizes expects split_sizes have only non-negative entries, but got split_sizes={sizes}")
+    if builtins.sum(sizes) != x.shape[d]:
+        raise RuntimeError(
+            f"split_with_sizes expects split_sizes to sum exactly to {x.shape[d]} (input tensor's size at "
+            f"dimension {d}), but got split_sizes={sizes}"
+        )
+    return _multi_output(x, V.SplitWithSizes, d, _slices(sizes))
+
+
+def _slices(sizes):
+    start = 0
+    for n in sizes:
+        yield slice(start, start + n)
+        start += n
+
+
+def split(x, split_size_or_sections, dim=0):
+    """Pieces of ``split_size`` along ``dim`` (the last may be smaller), or of the listed sizes."""
+    if isinstance(split_size_or_sections, (list, tuple)):
+        return split_with_sizes(x, split_size_or_sections, dim)
+    d = _dim_of_at_least_1d(x, dim, "split")
+    size, total = int(split_size_or_sections), x.shape[d]
+    if size < 0:
+        raise RuntimeError(f"split expects split_size be non-negative, but got split_size={size}")
+    if size == 0 and total != 0:
+        raise RuntimeError(f"split_size can only be 0 if dimension size is 0, but got dimension size of {total}")
+    sizes = [size] * (total // size) + ([total % size] if total % size else []) if size else [0]
+    return _multi_output(x, V.Split, d, _slices(sizes or [0]))
+
+
+def chunk(x, chunks, dim=0):
+    """At most ``chunks`` pieces of equal size along ``dim`` (the last may be smaller)."""
+    if chunks <= 0:
+        raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    d = _dim_of_at_least_1d(x, dim, "chunk")
+    total = x.shape[d]
+    size = (total + chunks - 1) // chunks
+    if size == 0 and total == 0:  # keep the number of chunks: all empty
+        return split_with_sizes(x, [0] * chunks, d)
+    return split(x, size, d)
+
+
+def as_strided(x, size, stride, storage_offset=None):
+    """A view of any geometry over the storage of ``x``'s base, as PyTorch's ``as_strided``.
+
+    ``size``, ``stride`` and ``storage_offset`` count elements from the first element of
+    the base tensor (the tensor that is not a view), which must be contiguous: that is
+    the storage PyTorch counts from. ``storage_offset`` defaults to where ``x`` starts.
+    """
+    size, stride = tuple(int(n) for n in size), tuple(int(s) for s in stride)
+    if len(size) != len(stride):
+        raise RuntimeError(f"mismatch in length of strides and shape (size {list(size)}, stride {list(stride)})")
+    if any(s < 0 for s in stride):
+        raise RuntimeError(f"as_strided: Negative strides are not supported at the moment, got strides: {list(stride)}")
+    if any(n < 0 for n in size):
+        raise RuntimeError(f"as_strided: negative size in {list(size)}")
+    base = x._base if x._base is not None else x
+    data = base._data
+    if not data.flags.c_contiguous:
+        raise RuntimeError(
+            "as_strided needs the storage of a contiguous base tensor; this tensor's base is not "
+            "contiguous: call .contiguous() on it first"
+        )
+    source = _element_offset(x._data, data)
+    offset = source if storage_offset is None else int(storage_offset)
+    if offset < 0:
+        raise RuntimeError(f"as_strided: negative storage offset {offset}")
+    if all(size):
+        needed = offset + builtins.sum((n - 1) * s for n, s in zip(size, stride)) + 1
+        if needed > data.size:
+            raise RuntimeError(
+                f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
+                f"{data.itemsize} requiring a storage size of {needed * data.itemsize} are out of bounds for "
+                f"storage of size {data.size * data.itemsize}"
+            )
+    return V.AsStrided.apply(x, size=size, stride=stride, offset=offset, source_offset=source)
+
+
+def _element_offset(view, base):
+    """How many elements after ``base``'s first element ``view`` starts."""
+    if isinstance(view, np.ndarray):
+        delta = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    else:
+        delta = view.data.ptr - base.data.ptr
+    return delta // view.itemsize
 
 
 def _normalize_index(index, x):
@@ -507,6 +726,15 @@ def clone(x):
     return V.Clone.apply(x)
 
 
+def allclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
+    """Whether ``|x - other| <= atol + rtol * |other|`` everywhere (broadcasting), as a bool."""
+    if x.dtype != other.dtype:
+        raise RuntimeError(f"allclose(): {x.dtype} did not match {other.dtype}")
+    if x.device != other.device:
+        raise RuntimeError(f"allclose(): expected both tensors on one device, got {x.device} and {other.device}")
+    return builtins.bool(x.xp.allclose(x._data, other._data, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
 def contiguous(x):
     return x if x.is_contiguous() else V.Clone.apply(x)
 
@@ -554,51 +782,24 @@ def ge(x, y):
     return E.Ge.apply(x, y)
 
 
-# --- Tensor methods ------------------------------------------------------------------------
+# --- reflected operators (Tensor.__rsub__, ...): the scalar comes first -------------------
 
-def _install_methods():
-    T = Tensor
-    same_name = (
-        "add sub mul div pow neg abs exp log sqrt sin cos tanh sigmoid relu leaky_relu clamp maximum "
-        "matmul sum mean var amax max argmax softmax log_softmax view reshape permute transpose t "
-        "unsqueeze squeeze flatten expand expand_as narrow clone contiguous eq ne lt le gt ge "
-        "add_ sub_ mul_ div_ pow_ neg_ abs_ exp_ log_ sqrt_ sin_ cos_ tanh_ sigmoid_ relu_ "
-        "leaky_relu_ clamp_ zero_ fill_ copy_ normal_ uniform_"
-    ).split()
-    g = globals()
-    for name in same_name:
-        setattr(T, name, g[name])
-    T.where = lambda self, condition, other: where(condition, self, other)
-    T.T = property(lambda self: permute(self, tuple(reversed(range(self.ndim)))))
-    T.__getitem__ = getitem
-    T.__setitem__ = setitem
-    T.__neg__ = neg
-    T.__abs__ = abs
-    # The functions themselves, not wrappers: policy auto sees through these frames.
-    T.__add__ = T.__radd__ = add
-    T.__sub__ = sub
-    T.__rsub__ = lambda self, o: sub(*_reflected(o, self))
-    T.__mul__ = T.__rmul__ = mul
-    T.__truediv__ = div
-    T.__rtruediv__ = lambda self, o: div(*_reflected(o, self)) if isinstance(o, Tensor) else E.Div.apply(*_reflected(o, self if self.dtype.kind == "f" else cast(self, _DEFAULT_FLOAT)))
-    T.__pow__ = lambda self, o: pow(self, o)
-    T.__rpow__ = lambda self, o: E.Pow.apply(*_reflected(o, self))
-    T.__matmul__ = matmul
-    T.__rmatmul__ = lambda self, o: matmul(o, self)
-    T.__iadd__ = lambda self, o: add_(self, o)
-    T.__isub__ = lambda self, o: sub_(self, o)
-    T.__imul__ = lambda self, o: mul_(self, o)
-    T.__itruediv__ = lambda self, o: div_(self, o)
-    T.__ipow__ = lambda self, o: pow_(self, o)
-    T.__eq__ = eq
-    T.__ne__ = ne
-    T.__lt__ = lt
-    T.__le__ = le
-    T.__gt__ = gt
-    T.__ge__ = ge
+def rsub(x, other):
+    """``other - x`` for ``x`` a tensor and ``other`` a tensor or a Python scalar."""
+    return sub(*_reflected(other, x))
 
 
-_install_methods()
+def rdiv(x, other):
+    """``other / x``: true division, so integer tensors divide as the default float."""
+    if isinstance(other, Tensor):
+        return div(*_reflected(other, x))
+    return E.Div.apply(*_reflected(other, x if x.dtype.kind == "f" else cast(x, _DEFAULT_FLOAT)))
+
+
+def rpow(x, other):
+    """``other ** x``."""
+    return E.Pow.apply(*_reflected(other, x))
+
 
 # The entries policy auto sees through: each hands its first argument straight to its op.
 for _entry in (add, sub, mul, div, pow, neg, abs, exp, log, sqrt, sin, cos, tanh, sigmoid, relu,

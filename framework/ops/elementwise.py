@@ -36,7 +36,7 @@ def _into(ctx, g, shape=None):
     """``g`` itself when backward may write its result over it, else None (allocate).
 
     The engine sets ``ctx.reuse_grad`` under policy ``on`` when it has proved the
-    incoming gradient dead (see engine._reusable); the result must also have g's shape.
+    incoming gradient dead (see engine._execute); the result must also have g's shape.
     A backward that computes several gradients from g overwrites it LAST.
     """
     return g if ctx.reuse_grad and (shape is None or shape == g.shape) else None

@@ -1,7 +1,9 @@
-"""Matrix products: ``matmul`` with NumPy's rules (1-D operands, batched broadcasting)."""
+"""Matrix products: ``matmul`` with NumPy's rules (1-D operands, batched broadcasting), and
+the fused ``linear`` of ``nn.Linear``."""
 
 from __future__ import annotations
 
+from .. import memory
 from ..autograd.function import Function
 from ..backend import get_array_module
 from .broadcast import sum_to
@@ -39,3 +41,55 @@ class Matmul(Function):
             gy = xp.matmul(xp.swapaxes(x2, -1, -2), g2)
             gy = sum_to(gy[..., 0] if y1 else gy, ctx.yshape, ctx.ydtype)
         return gx, gy
+
+
+def _rows(a, xp):
+    """``a`` as a matrix of rows ``(-1, a.shape[-1])``: a view when the strides allow one,
+    else a counted copy."""
+    rows = a.reshape(-1, a.shape[-1]) if a.ndim != 2 else a
+    if rows.base is None and rows is not a:
+        memory.track(rows, "workspace")
+    return rows
+
+
+class Linear(Function):
+    """``y = x @ weight.T (+ bias)`` for ``x`` of shape ``(*, in_features)``: one node.
+
+    Backward computes ``grad_weight = grad.T @ x`` directly in the weight's own (C)
+    layout, so the engine can adopt it as ``weight.grad`` without a transposing copy
+    (``matmul(x, weight.t())`` would hand back the transpose of ``x.T @ grad``).
+    ``add_bias_inplace`` (the inplace policy's decision, :func:`framework.nn.functional.
+    linear`) adds the bias into the fresh product instead of into a new array: the same
+    values either way.
+    """
+
+    saves = ("x", "weight")
+    saved_when = {"x": (1,), "weight": (0,)}
+
+    def forward(ctx, x, weight, bias=None, add_bias_inplace=True):
+        xp = get_array_module(x)
+        out = memory.track(xp.matmul(_rows(x, xp), weight.T), "activations")
+        if bias is not None:
+            if add_bias_inplace and out.dtype == bias.dtype:
+                out += bias
+            else:
+                out = memory.track(out + bias, "activations")
+        ctx.xshape, ctx.dtypes = x.shape, (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        # Only reshape when needed: a view of the product would not own its memory, and the
+        # inplace policy writes only over tensors that do.
+        return out if x.ndim == 2 else out.reshape(ctx.xshape[:-1] + (weight.shape[0],))
+
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        g2 = _rows(g, xp)
+        gx = gw = gb = None
+        need_x, need_w, need_b = ctx.needs_input_grad
+        if need_x:
+            gx = xp.matmul(g2, ctx.weight).astype(ctx.dtypes[0], copy=False)
+            if len(ctx.xshape) != 2:
+                gx = gx.reshape(ctx.xshape)
+        if need_w:
+            gw = xp.matmul(g2.T, _rows(ctx.x, xp)).astype(ctx.dtypes[1], copy=False)
+        if need_b:
+            gb = g2.sum(axis=0).astype(ctx.dtypes[2], copy=False)
+        return gx, gw, gb

@@ -24,9 +24,9 @@ What each path keeps for backward (``memory.saved_bytes()`` sees all of it):
   version-checked: modifying it in place before backward raises.
 
 Running statistics follow PyTorch: in training they move toward the batch mean and the
-UNBIASED batch variance with ``momentum``, in place under ``no_grad`` (one ``copy_`` per
-buffer and call, so each buffer's version bumps by exactly 1, as in PyTorch); the
-output is normalized with the BIASED variance.
+UNBIASED batch variance with ``momentum``, in place under ``no_grad`` (one inplace op
+per buffer and call, allocating nothing, so each buffer's version bumps by exactly 1, as
+in PyTorch); the output is normalized with the BIASED variance.
 
 Per-channel reductions use ``einsum`` over an (N, C, rest) view: no full-size temporary
 (3x faster than ``(d * d).sum(axes)`` on NumPy, and as accurate as pairwise sums).
@@ -43,7 +43,7 @@ from .. import backend, memory
 from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..backend import get_array_module
-from ..tensor import Tensor
+from ..tensor import Tensor, _wrap
 
 __all__ = ["batch_norm", "inplace_abn", "BatchNorm", "BatchNormEval", "InPlaceABN"]
 
@@ -392,40 +392,38 @@ def _check_batch(name, input):
 
 
 class RunningStatUpdate(Function):
-    """``r = (1 - momentum) * r + momentum * batch [* correction]``, written over ``r``.
+    """``r = (1 - momentum) * r + momentum * scale * batch``, written over ``r``'s buffer.
 
-    One inplace op per buffer and call (its version bumps once, as in PyTorch), so that
-    the update is an op like any other: a compiled step records and replays it
-    (framework/compile). ``correction`` (``m / (m - 1)``) turns the biased batch variance
-    into the unbiased one; None for the mean.
+    Allocates nothing (three passes over the C values: scale, add, scale back), so the
+    update is inplace for the allocator as well as for the version counter. Not
+    differentiable: running statistics are buffers, updated under ``no_grad``.
     """
 
     differentiable = False
     inplace_name = "running_stat_update_"
 
-    def forward(ctx, r, batch, momentum=0.1, correction=None):
-        if correction is not None:
-            batch = batch * correction
-        new = r * (1.0 - momentum)
-        new += batch.astype(r.dtype, copy=False) * momentum
-        out = ctx.out if ctx.out is not None else new
-        if out is not new:
-            out[...] = new
+    def forward(ctx, r, batch, momentum=0.1, scale=1.0):
+        xp = get_array_module(r)
+        out = ctx.out if ctx.out is not None else memory.empty(r.shape, r.dtype, xp)
+        w = momentum * scale
+        if w == 0:
+            xp.multiply(r, 1.0 - momentum, out=out)
+            return out
+        xp.multiply(r, (1.0 - momentum) / w, out=out)
+        xp.add(out, batch, out=out, casting="same_kind")
+        xp.multiply(out, w, out=out)
         return out
 
 
 def _update_running(running_mean, running_var, stats, momentum):
-    """``r = (1 - momentum) * r + momentum * batch``, written into ``r`` under no_grad.
-
-    One inplace op (:class:`RunningStatUpdate`) per buffer: its version bumps once per
-    call, as in PyTorch.
-    """
+    """Moves the running statistics toward the batch mean and UNBIASED variance, in place
+    under no_grad: one inplace op per buffer, so its version bumps once per call (PyTorch)."""
     m = stats["count"]
     with no_grad():
         if running_mean is not None:
             RunningStatUpdate.apply_(running_mean, stats["mean"], momentum=momentum)
         if running_var is not None:
-            RunningStatUpdate.apply_(running_var, stats["var"], momentum=momentum, correction=m / (m - 1))
+            RunningStatUpdate.apply_(running_var, stats["var"], momentum=momentum, scale=m / (m - 1))
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
@@ -457,7 +455,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return out
 
 
-def _check_residual(input, residual):
+def _check_residual(input, residual, inplace=True):
     if residual is None:
         return
     if not isinstance(residual, Tensor):
@@ -472,7 +470,7 @@ def _check_residual(input, residual):
     if residual.device != input.device:
         raise ValueError(f"inplace_abn: residual is on {residual.device}, the input on {input.device}")
     xp = get_array_module(input._data)
-    if xp.may_share_memory(residual._data, input._data):
+    if inplace and xp.may_share_memory(residual._data, input._data):
         raise ValueError(
             "inplace_abn: residual shares memory with input, which is overwritten (and backward needs "
             "the residual): pass residual.clone()"
@@ -480,11 +478,14 @@ def _check_residual(input, residual):
 
 
 def inplace_abn(input, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5,
-                negative_slope=0.01, residual=None):
+                negative_slope=0.01, residual=None, inplace=True):
     """BatchNorm + leaky ReLU (after an optional residual add) computed over the input's buffer.
 
     ``y = leaky_relu((x - mean) / sqrt(var + eps) * (|weight| + eps) + bias [+ residual],
     negative_slope)`` is written into ``input``, which is returned (its version bumps).
+    With ``inplace=False`` the same function writes a new tensor instead: bitwise the same
+    values and gradients (backward still rebuilds everything from ``y``), one more buffer
+    while it runs. That is the out-of-place path of the policy site in ``models``.
     Backward keeps only ``y`` and rebuilds the normalized input from it, so the BN input
     is not kept alive. Statistics and running-stat updates are those of :func:`batch_norm`.
 
@@ -503,9 +504,10 @@ def inplace_abn(input, running_mean, running_var, weight, bias, training=False, 
         negative_slope: leaky ReLU slope, > 0 (ReLU cannot be inverted).
         residual: None, or a tensor of exactly the input's shape, dtype and device (no
             broadcasting) that does not share memory with ``input``.
+        inplace: write over ``input`` (True) or into a new tensor.
 
     Returns:
-        ``input`` itself, now holding the activation.
+        ``input`` itself, now holding the activation (a new tensor when not ``inplace``).
 
     Raises:
         RuntimeError: ``input`` is a leaf that requires grad (or a view of one).
@@ -522,14 +524,15 @@ def inplace_abn(input, running_mean, running_var, weight, bias, training=False, 
             f"inplace_abn: negative_slope must be > 0 so that backward can invert the activation, "
             f"got {negative_slope!r} (use batch_norm + relu for a plain ReLU)"
         )
-    _check_residual(input, residual)
+    _check_residual(input, residual, inplace)
+    apply = InPlaceABN.apply_ if inplace else InPlaceABN.apply
     use_batch = training or running_mean is None or running_var is None
     if not use_batch:
-        return InPlaceABN.apply_(input, weight, bias, residual, mean=running_mean._data, var=running_var._data,
-                                 eps=eps, negative_slope=negative_slope)
+        return apply(input, weight, bias, residual, mean=running_mean._data, var=running_var._data,
+                     eps=eps, negative_slope=negative_slope)
     _check_batch("inplace_abn", input)
     stats = {}
-    out = InPlaceABN.apply_(input, weight, bias, residual, eps=eps, negative_slope=negative_slope, stats=stats)
+    out = apply(input, weight, bias, residual, eps=eps, negative_slope=negative_slope, stats=stats)
     if training:
         _update_running(running_mean, running_var, stats, momentum)
     return out

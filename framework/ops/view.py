@@ -5,9 +5,16 @@ module keeps the shape, strides and offset, the apply path makes the output shar
 input's version counter and records how to replay the view from the base. Indexing
 with integer or boolean tensors returns a copy, as in PyTorch; writing with them is
 :class:`IndexPut`, an inplace op on the indexed tensor.
+
+Ops that return several views (``unbind``, ``split``, ``chunk``) produce each output
+with its own node here (:class:`Unbind`, :class:`Split`, :class:`SplitWithSizes`); the
+entry points in ``framework.ops`` mark those outputs so that, as in PyTorch, they
+refuse inplace ops while autograd records (``framework.autograd.view_meta``).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .. import backend, memory
 from ..autograd.function import Function
@@ -58,12 +65,33 @@ class Permute(Function):
         return g.transpose(ctx.inverse)
 
 
+def broadcast_view(x, shape):
+    """``x`` expanded to ``shape``: a view with PyTorch's strides that can be written.
+
+    NumPy marks a broadcast read-only; PyTorch lets a write through an expanded tensor
+    reach one element (``t.expand(5, 5)[2, 2] = 0`` writes the shared element). Writes
+    that would hit one memory location twice are refused by the inplace check first.
+    The strides are PyTorch's (``inferExpandGeometry``): 0 only where a dim is
+    repeated; a new dim of size 1 gets the stride it would have if contiguous.
+    """
+    shape = tuple(shape)
+    strides = [0] * len(shape)
+    lead = len(shape) - x.ndim
+    for i in reversed(range(len(shape))):
+        d = i - lead
+        if d >= 0:
+            strides[i] = 0 if x.shape[d] != shape[i] else x.strides[d]
+        else:
+            strides[i] = 0 if shape[i] != 1 else (shape[i + 1] * strides[i + 1] if i + 1 < len(shape) else x.itemsize)
+    return get_array_module(x).lib.stride_tricks.as_strided(x, shape, tuple(strides))
+
+
 class Expand(Function):
     is_view = True
 
     def forward(ctx, x, shape=None):
         ctx.shape = x.shape
-        return get_array_module(x).broadcast_to(x, shape)
+        return broadcast_view(x, shape)
 
     def backward(ctx, g):
         return sum_to(g, ctx.shape)
@@ -84,16 +112,104 @@ class GetItem(Function):
         return gx
 
 
+class Select(GetItem):
+    """``x.select(dim, i)``: basic indexing at one position of one dim (a view)."""
+
+
+class Unbind(GetItem):
+    """One output of ``unbind``: a ``select`` (the outputs refuse inplace, see ops.unbind)."""
+
+
+class Split(GetItem):
+    """One output of ``split``/``chunk``: a slice of one dim."""
+
+
+class SplitWithSizes(GetItem):
+    """One output of ``split_with_sizes`` (or ``split`` with a list of sizes)."""
+
+
+class AsStrided(Function):
+    """``as_strided``: any geometry over the storage of the input's base (a view).
+
+    ``size``/``stride``/``offset`` are in elements from the first element of the base
+    tensor, as PyTorch counts them from the start of the storage; ``source_offset`` is
+    where the input itself starts, so that the same call replayed on another array of
+    the base's layout (a view chain replay in backward) lands at the same place.
+    """
+
+    is_view = True
+
+    def forward(ctx, x, size=None, stride=None, offset=0, source_offset=0):
+        ctx.xshape, ctx.dtype = x.shape, x.dtype
+        ctx.xstride = tuple(b // x.itemsize for b in x.strides)
+        ctx.size, ctx.stride, ctx.offset, ctx.source_offset = size, stride, offset, source_offset
+        return strided_view(x, (offset - source_offset) * x.itemsize, size, tuple(s * x.itemsize for s in stride))
+
+    def backward(ctx, g):
+        # PyTorch's as_strided_backward: scatter-add the gradient into a buffer laid out
+        # like the storage, then read the input's elements back; where the input itself
+        # sees one location several times (an expanded input), share it evenly.
+        xp = get_array_module(g)
+        out_pos = _positions(xp, ctx.offset, ctx.size, ctx.stride)
+        in_pos = _positions(xp, ctx.source_offset, ctx.xshape, ctx.xstride)
+        gx = memory.zeros(ctx.xshape, ctx.dtype, xp, "gradients")
+        if not in_pos.size:
+            return gx
+        lo = int(in_pos.min()) if not out_pos.size else min(int(in_pos.min()), int(out_pos.min()))
+        hi = int(in_pos.max()) if not out_pos.size else max(int(in_pos.max()), int(out_pos.max()))
+        storage = xp.zeros(hi - lo + 1, dtype=ctx.dtype)
+        if out_pos.size:
+            backend.scatter_add(storage, (out_pos - lo,), xp.ascontiguousarray(g).reshape(-1))
+        seen = xp.zeros(hi - lo + 1, dtype=ctx.dtype)
+        backend.scatter_add(seen, (in_pos - lo,), xp.ones(in_pos.size, dtype=ctx.dtype))
+        storage /= xp.maximum(seen, 1)
+        gx[...] = storage[in_pos - lo].reshape(ctx.xshape)
+        return gx
+
+
+def _positions(xp, offset, shape, stride):
+    """The storage position of every element of a (shape, stride, offset) geometry, flat in C order."""
+    pos = xp.full(tuple(shape), offset, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(shape, stride)):
+        pos += (xp.arange(n, dtype=np.int64) * s).reshape((-1,) + (1,) * (len(shape) - d - 1))
+    return pos.reshape(-1)
+
+
+def strided_view(x, delta_bytes: int, shape, strides_bytes):
+    """A view of ``x``'s memory that starts ``delta_bytes`` after ``x`` (may be negative)."""
+    if not isinstance(x, np.ndarray):  # CuPy: a pointer into the same allocation
+        xp = get_array_module(x)
+        return xp.ndarray(tuple(shape), x.dtype, memptr=x.data + delta_bytes, strides=tuple(strides_bytes))
+    owner = memory.root_buffer(x)
+    start = x.__array_interface__["data"][0] - owner.__array_interface__["data"][0] + delta_bytes
+    return np.ndarray(tuple(shape), x.dtype, buffer=owner, offset=start, strides=tuple(strides_bytes))
+
+
+def _split_index(index):
+    """Index arrays out of an index tuple (kept as saved tensors) and the rest of it."""
+    arrays = {f"index{i}": it for i, it in enumerate(index) if hasattr(it, "shape") and hasattr(it, "dtype")}
+    rest = tuple(None if f"index{i}" in arrays else it for i, it in enumerate(index))
+    return arrays, rest
+
+
+def _kept_index(ctx):
+    """The index tuple of an indexing node; its arrays were saved for backward, so a
+    second backward without ``retain_graph`` raises, as in PyTorch."""
+    return tuple(getattr(ctx, f"index{i}") if it is None else it for i, it in enumerate(ctx.index_rest))
+
+
 class IndexGet(Function):
     """Advanced indexing (integer or boolean arrays): a copy; duplicates accumulate."""
 
     def forward(ctx, x, index=None):
-        ctx.shape, ctx.dtype, ctx.index = x.shape, x.dtype, index
+        ctx.shape, ctx.dtype = x.shape, x.dtype
+        arrays, ctx.index_rest = _split_index(index)
+        ctx.keep(**arrays)
         return x[index]
 
     def backward(ctx, g):
         gx = memory.zeros(ctx.shape, ctx.dtype, get_array_module(g), "gradients")
-        backend.scatter_add(gx, ctx.index, g)  # np.add.at; cupyx.scatter_add on a GPU
+        backend.scatter_add(gx, _kept_index(ctx), g)  # np.add.at; cupyx.scatter_add on a GPU
         return gx
 
 
@@ -103,19 +219,21 @@ class IndexPut(Function):
     inplace_name = "index_put_ (x[index] = value)"
 
     def forward(ctx, x, value, index=None):
-        ctx.index = index
+        arrays, ctx.index_rest = _split_index(index)
+        ctx.keep(**arrays)
         ctx.vshape, ctx.vdtype = getattr(value, "shape", ()), getattr(value, "dtype", None)
         out = ctx.out if ctx.out is not None else x.copy()
         out[index] = value
         return out
 
     def backward(ctx, g):
+        index = _kept_index(ctx)
         gx = gv = None
         if ctx.needs_input_grad[0]:
             gx = g.copy()
-            gx[ctx.index] = 0
+            gx[index] = 0
         if ctx.needs_input_grad[1]:
-            gv = sum_to(g[ctx.index], ctx.vshape, ctx.vdtype)
+            gv = sum_to(g[index], ctx.vshape, ctx.vdtype)
         return gx, gv
 
 

@@ -28,7 +28,7 @@ import copy
 from .. import backend
 from .. import inplace as _inplace
 from .. import memory
-from ..autograd.function import call_site
+from ..callsite import call_site
 from ..autograd.grad_mode import enable_grad, no_grad
 from ..tensor import Tensor, _wrap
 

@@ -103,8 +103,12 @@ def test_logging_quick(capsys, tmp_path):
     out = capsys.readouterr().out
     assert {r[0] for r in _table_rows(out)} >= {"logging on", "logging off"}
     assert "Overhead of logging every 10 steps + progress bar:" in out
+    assert {"RunLogger (RecordWriter)", "FileWriter.add_summary", "SummaryWriter.add_scalar x 14"} <= {
+        r[0] for r in _table_rows(out)}
     saved = json.loads(path.read_text())
-    assert saved["steps"] == 60 and saved["calls"]["scalars_us"] > 0
+    assert saved["steps"] == 60 and saved["calls"]["scalars_us"] > 0 and saved["calls"]["flush_ms"] > 0
+    assert set(saved["writers"]["variants"]) == {"no logging", "RunLogger (RecordWriter)", "FileWriter.add_summary",
+                                                 "SummaryWriter.add_scalar x 14"}
 
 
 def test_bench_auto_rewrites_temporaries_and_rebound_names_not_kept_ones(tmp_path):

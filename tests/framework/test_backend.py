@@ -57,9 +57,7 @@ def test_is_cuda_available_is_a_bool():
     assert fw.is_cuda_available() == backend.is_cuda_available()
 
 
-def test_asking_for_cuda_without_a_gpu_says_what_to_do():
-    if backend.is_cuda_available():
-        pytest.skip("a GPU is available here")
+def test_asking_for_cuda_without_a_gpu_says_what_to_do(without_cupy):
     with pytest.raises(RuntimeError, match=r"CuPy is not installed or sees no GPU.*pip install"):
         backend.xp_for(backend.device("cuda"))
 
@@ -190,3 +188,71 @@ def test_to_device_between_two_gpus():
     np.testing.assert_array_equal(b.get(), [0.0, 1.0, 2.0])
     t = fw.zeros(2, device="cuda:1")
     assert t.device == Device("cuda", 1)
+
+
+# --- the one device parser and the choice of CuPy -------------------------------------------------
+
+def test_parse_device_keeps_a_bare_cuda_unresolved():
+    assert backend.parse_device("cuda") == Device("cuda", None) and str(Device("cuda")) == "cuda"
+    assert backend.parse_device(" cuda:1 ") == Device("cuda", 1)
+    assert backend.device("cuda") == Device("cuda", 0)  # device() resolves it to the first GPU
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        backend.parse_device("gpu")
+
+
+def test_memory_and_the_config_check_use_the_backend_parser():
+    from trainers.config import SCHEMA
+
+    for bad in ("gpu", "cuda:x", "cpu:1"):
+        with pytest.raises(ValueError) as by_backend:
+            backend.parse_device(bad)
+        with pytest.raises(ValueError) as by_memory:
+            fw.memory.allocated_bytes(bad)
+        assert str(by_memory.value) == str(by_backend.value)
+        with pytest.raises(ValueError):
+            SCHEMA["device"].parse(bad)
+    assert SCHEMA["device"].parse("cuda:3") == Device("cuda", 3)
+
+
+@pytest.mark.parametrize("value, choice", [("", "cupy"), ("cupy", "cupy"), ("standin", "standin"), (" none ", "none")])
+def test_cupy_choice_comes_from_the_environment(monkeypatch, value, choice):
+    monkeypatch.setenv(backend.CUPY_ENV, value)
+    assert backend.cupy_choice() == choice
+
+
+def test_a_bad_cupy_choice_says_what_is_allowed(monkeypatch):
+    monkeypatch.setenv(backend.CUPY_ENV, "gpu")
+    with pytest.raises(ValueError, match="INPLACE_LAB_CUPY='gpu': use one of cupy, standin, none"):
+        backend.cupy_choice()
+
+
+def test_without_cupy_the_device_functions_say_why(without_cupy):
+    assert backend.device_count() == 0 and backend.nccl_module() is None
+    assert backend.cuda_unavailable_reason() == "CuPy is switched off (INPLACE_LAB_CUPY=none)"
+    with pytest.raises(RuntimeError, match="a GPU was asked for, but CuPy is switched off"):
+        backend.use_device(Device("cuda", 0))
+    backend.synchronize(Device("cpu"))  # nothing to wait for on the CPU
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_device_functions_on_the_gpu_legs_cupy(cupy):
+    assert backend.device_count() == cupy.cuda.runtime.getDeviceCount() >= 1
+    last = Device("cuda", backend.device_count() - 1)
+    before = backend.current_device()
+    try:
+        backend.use_device(last)
+        assert backend.current_device() == last and fw.zeros(1, device="cuda:0").device == Device("cuda", 0)
+        backend.synchronize(last)
+    finally:
+        backend.use_device(before)
+    side = backend.new_stream()
+    event = backend.record_event()  # on the current stream
+    backend.wait_event(event, side)  # the side stream waits for it
+    after = backend.record_event(side)
+    backend.wait_event(after)  # and the current stream for the side stream
+    cupy.cuda.get_current_stream().synchronize()
+    assert backend.event_done(after) and backend.current_stream() == cupy.cuda.get_current_stream()
+    props = backend.device_properties(last)
+    assert props["name"] and props["total_memory"] > 0 and props["cupy"] == cupy.__version__
+    assert backend.nccl_module() is None or hasattr(backend.nccl_module(), "NcclCommunicator")

@@ -76,9 +76,7 @@ def test_to_cpu_and_dtype():
         a.to("tpu")
 
 
-def test_to_cuda_without_gpu_raises_a_clear_error():
-    if fw.is_cuda_available():
-        pytest.skip("a GPU is available here")
+def test_to_cuda_without_gpu_raises_a_clear_error(without_cupy):
     with pytest.raises(RuntimeError, match="CuPy is not installed or sees no GPU"):
         fw.tensor([1.0]).to("cuda")
 
@@ -300,3 +298,41 @@ def test_cuda_tensor_numpy_is_a_host_copy():
     n[0] = 50.0
     assert x[0].item() == 1.0  # GPU memory cannot be shared with a NumPy array
     assert fw.tensor([1.0], device="cuda:0").device == fw.device("cuda")
+
+
+# --- NumPy 2's __array__(dtype, copy) protocol ------------------------------------------------
+
+def test_np_array_is_a_snapshot_that_later_updates_do_not_change():
+    p = fw.tensor([1.0, 2.0], requires_grad=True)
+    snap = np.array(p)  # copy=True
+    assert not np.shares_memory(snap, p._data)
+    with fw.no_grad():
+        p.mul_(10.0)  # an optimizer-style update
+    np.testing.assert_array_equal(snap, [1.0, 2.0])
+    snap[0] = -1.0  # writing into the snapshot does not reach p
+    assert p.tolist() == [10.0, 20.0] and p._version == 1
+
+
+def test_np_asarray_shares_memory_like_numpy_and_read_only_where_grad_is_required():
+    t = fw.tensor([1.0, 2.0])
+    a = np.asarray(t)  # copy=None: shares when it can, as t.numpy() does
+    assert np.shares_memory(a, t._data)
+    a[0] = 9.0
+    assert t.tolist() == [9.0, 2.0]
+    p = fw.tensor([1.0, 2.0], requires_grad=True)
+    b = np.asarray(p)
+    assert np.shares_memory(b, p._data) and not b.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        b[0] = 5.0  # a silent write into a leaf that requires grad, with no version bump
+    assert p.tolist() == [1.0, 2.0] and p._version == 0
+
+
+def test_np_array_copy_false_and_dtype():
+    t = fw.tensor([1.0, 2.0])
+    assert np.shares_memory(np.array(t, copy=False), t._data)
+    with pytest.raises(ValueError, match="Unable to avoid a copy"):
+        np.array(t, dtype=np.float64, copy=False)
+    d = np.asarray(t, dtype=np.float64)
+    assert d.dtype == np.float64 and not np.shares_memory(d, t._data)
+    np.testing.assert_array_equal(d, [1.0, 2.0])
+    assert np.array(t, dtype=np.int64).tolist() == [1, 2]

@@ -278,17 +278,30 @@ def test_resnet_inplace_abn_fuses_the_second_unit_with_the_residual():
         assert isinstance(block.abn2, nn.InPlaceABN)
         assert not hasattr(block, "bn2") and not hasattr(block, "relu")
     block = model.layers[0]
-    x = fw.randn(2, 4, 8, 8, requires_grad=True) * 1
-    with fw.inplace.policy("on"):
-        y = block(x)
-        assert y.grad_fn.name() == "InPlaceABNBackward"
-        # the block output is written over conv2's output, and the identity is untouched
-        assert y.grad_fn.next[0].name().startswith("Conv")
-        assert x._version == 0
-    with fw.inplace.policy("off"):
-        y_off = block(x)  # leaky_relu(batch_norm(c) + identity), out of place
-        assert y_off.grad_fn.name() != "InPlaceABNBackward"
-    np.testing.assert_allclose(y.detach().numpy(), y_off.detach().numpy(), rtol=1e-6, atol=1e-6)
+    x = fw.randn(2, 4, 8, 8, requires_grad=True)
+    results = {}
+    for policy in ("on", "off"):
+        with fw.inplace.policy(policy):
+            x.grad = None
+            block.zero_grad(set_to_none=True)
+            inp = x * 1
+            memory.reset_stats()
+            y = block(inp)
+            writes = memory.stats().get("inplace_ops", 0)  # running statistics count too
+            # InPlace-ABN's function under every policy: over conv2's output (on) or into a
+            # new tensor (off), with the identity added before the activation
+            assert y.grad_fn.name() == "InPlaceABNBackward"
+            assert y.grad_fn.next[0].name().startswith("Conv")
+            assert inp._version == 0  # the identity is untouched
+            y.backward(fw.ones_like(y))
+            results[policy] = (writes, y.detach().numpy().copy(), x.grad.numpy().copy(),
+                               [p.grad.numpy().copy() for p in block.parameters()])
+    (writes_on, y_on, gx_on, gp_on), (writes_off, y_off, gx_off, gp_off) = results["on"], results["off"]
+    assert writes_on == writes_off + 2  # on wrote over the two conv outputs instead of new buffers
+    np.testing.assert_array_equal(y_on, y_off)  # ... and no policy changes a number
+    np.testing.assert_array_equal(gx_on, gx_off)
+    for a, b in zip(gp_on, gp_off):
+        np.testing.assert_array_equal(a, b)
 
 
 def _block_saved(block, x):

@@ -44,9 +44,9 @@ def assert_one_line_error(r, code, *fragments):
 def test_train_succeeds_and_prints_the_summary(tmp_path):
     r = run(tmp_path, "train.py", "--config", config(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "inplace-on_np1" in r.stdout and "peak MB" in r.stdout and "floor MB" in r.stdout
-    assert os.path.isdir(tmp_path / "runs" / "cli" / "inplace-on_np1")
-    assert os.path.isfile(tmp_path / "checkpoints" / "cli" / "inplace-on_np1" / "step_00000004.ckpt")
+    assert "inplace-auto_np1" in r.stdout and "peak MB" in r.stdout and "floor MB" in r.stdout
+    assert os.path.isdir(tmp_path / "runs" / "cli" / "inplace-auto_np1")
+    assert os.path.isfile(tmp_path / "checkpoints" / "cli" / "inplace-auto_np1" / "step_00000004.npz")
 
 
 @pytest.mark.parametrize(
@@ -71,11 +71,11 @@ def test_bad_yaml_names_the_line(tmp_path):
     assert_one_line_error(run(tmp_path, "train.py", "--config", path), 2, "bad.yaml", "line")
 
 
-def test_unknown_model_and_model_argument_exit_3_with_a_suggestion(tmp_path):
+def test_unknown_model_and_model_argument_exit_2_with_a_suggestion(tmp_path):
     r = run(tmp_path, "train.py", "--config", config(tmp_path), "--set", "model.name=mpl")
-    assert_one_line_error(r, 3, "mpl", "Did you mean 'mlp'")
+    assert_one_line_error(r, 2, "model.name", "mpl", "Did you mean 'mlp'")
     r = run(tmp_path, "train.py", "--config", config(tmp_path), "--set", "model.args.hiden=[4]")
-    assert_one_line_error(r, 3, "hiden", "hidden")
+    assert_one_line_error(r, 2, "model.args", "hiden", "hidden")
 
 
 def test_diverging_run_stops_with_the_step_and_exit_3(tmp_path):
@@ -87,19 +87,112 @@ def test_diverging_run_stops_with_the_step_and_exit_3(tmp_path):
 
 def test_compare_inplace_runs_each_policy_into_one_experiment(tmp_path):
     r = run(tmp_path, "compare_inplace.py", "--config", config(tmp_path), "--policies", "off,on,auto",
-            "--set", "logging.timeline=true")
+            "--set", "logging.timeline=true", "--set", "logging.progress=true", "--rounds", "3",
+            "--round-steps", "2")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     header = next(line for line in lines if line.startswith("policy"))
-    for column in ("peak MB", "floor MB", "saved MB", "saved %", "samples/s", "auto ops/step", "final loss",
-                   "eval accuracy"):
+    for column in ("peak MB", "floor MB", "saved MB", "saved %", "samples/s", "spread %", "vs off", "auto ops/step",
+                   "auto MB/step", "final loss", "eval accuracy"):
         assert column in header
-    assert any(line.startswith("off ") for line in lines) and any(line.startswith("on ") for line in lines)
+    rows = {line.split()[0]: line for line in lines[lines.index(header) + 2:][:3]}
+    assert set(rows) == {"off", "on", "auto"}
+    assert "median of 3 rounds of 2 steps" in r.stdout
     experiment = tmp_path / "runs" / "cli"
-    assert any(line.startswith("auto ") for line in lines)
     assert sorted(os.listdir(experiment)) == ["compare.png", "inplace-auto_np1", "inplace-off_np1", "inplace-on_np1"]
+    # Each progress display names its policy (not a terminal here: one line per run at the end).
+    progress = [line.split()[0] for line in r.stderr.splitlines() if "/4" in line and "loss=" in line]
+    assert progress == ["off", "on", "auto"]
+
+
+def test_compare_prints_only_the_columns_of_the_policies_it_ran(tmp_path):
+    r = run(tmp_path, "compare_inplace.py", "--config", config(tmp_path), "--policies", "off,on+abn",
+            "--set", "logging.run_name=fixed", "--rounds", "2", "--round-steps", "1")
+    assert r.returncode == 0, r.stderr
+    header = next(line for line in r.stdout.splitlines() if line.startswith("policy"))
+    assert "auto" not in header and "vs off" in header
+    assert sorted(os.listdir(tmp_path / "runs" / "cli")) == ["compare.png", "inplace-off_np1",
+                                                            "inplace-on_np1_inplace_abn"]
 
 
 def test_compare_rejects_unknown_policy(tmp_path):
     r = run(tmp_path, "compare_inplace.py", "--config", config(tmp_path), "--policies", "off,sideways")
     assert_one_line_error(r, 2, "sideways", "on+abn")
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("model.args.hidden=foo", ["model.args", "hidden", "'foo'"]),
+        ("model.args.hidden=[8, 0]", ["model.args", "hidden", "[8, 0]"]),
+        ("model.args.activation=relux", ["model.args", "activation", "relux"]),
+        ("model.args.in_features=32", ["does not fit data 'digits'", "in_features=32"]),
+        ("model.args.num_classes=5", ["num_classes", "(10,)"]),
+    ],
+)
+def test_bad_model_arguments_are_bad_input_naming_the_argument(tmp_path, override, fragments):
+    r = run(tmp_path, "train.py", "--config", config(tmp_path), "--set", override)
+    assert_one_line_error(r, 2, *fragments)
+    assert "got 'f'" not in r.stderr
+
+
+def test_naming_another_model_does_not_hand_it_the_first_models_arguments(tmp_path):
+    # The config's model.args ({hidden: [8]}) belong to the MLP: --set model.name=convnet
+    # replaces them (the conv net's defaults fit the 8x8 digits) instead of merging them in.
+    r = run(tmp_path, "train.py", "--config", config(tmp_path), "--set", "model.name=convnet")
+    assert r.returncode == 0, r.stderr
+
+
+def write_evil_pickle(path, marker):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    path.write_bytes(pickle.dumps({"step": 1, "model": Evil()}))
+
+
+def test_resume_refuses_a_crafted_pickle_and_runs_nothing(tmp_path):
+    marker = tmp_path / "code_ran"
+    evil = tmp_path / "step_00000001.ckpt"
+    write_evil_pickle(evil, marker)
+    r = run(tmp_path, "train.py", "--config", config(tmp_path), "--resume", str(evil))
+    assert_one_line_error(r, 2, "pickle", "not read", "--trust-pickle")
+    assert not marker.exists()
+    assert not os.path.exists(tmp_path / "runs")  # nothing was trained or logged
+
+
+def test_resume_refuses_truncated_and_corrupted_checkpoints(tmp_path):
+    assert run(tmp_path, "train.py", "--config", config(tmp_path)).returncode == 0
+    (good,) = (tmp_path / "checkpoints" / "cli").glob("*/step_00000004.npz")
+    data = good.read_bytes()
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(data[: len(data) // 3])
+    r = run(tmp_path, "train.py", "--config", config(tmp_path), "--resume", str(cut))
+    assert_one_line_error(r, 2, "cut.npz", "truncated or corrupted")
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 4)
+    r = run(tmp_path, "train.py", "--config", config(tmp_path), "--resume", str(garbage))
+    assert_one_line_error(r, 2, "garbage.npz")
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
+    assert run(tmp_path, "train.py", "--config", config(tmp_path)).returncode == 0
+
+    def snapshot():
+        files = {}
+        for root in ("runs", "checkpoints"):
+            for folder, _, names in os.walk(tmp_path / root):
+                for name in names:
+                    path = os.path.join(folder, name)
+                    with open(path, "rb") as f:
+                        files[path] = (f.read(), os.stat(path).st_mtime_ns)
+        return files
+
+    before = snapshot()
+    r = run(tmp_path, "train.py", "--config", config(tmp_path), "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "already finished" in r.stdout and "step 4 of 4" in r.stdout
+    assert "nan" not in r.stdout
+    assert snapshot() == before

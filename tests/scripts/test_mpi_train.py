@@ -6,6 +6,8 @@ import sys
 import numpy as np
 import pytest
 
+from framework import backend
+from tests.conftest import requires_gpu
 from tests.mpi_util import find_mpiexec, needs_mpiexec, run_command
 from trainers.checkpoint import load_checkpoint
 from trainers.logging import read_scalars
@@ -36,15 +38,15 @@ def train(tmp_path, nprocs, batch, *overrides, timeout=120, config=CONFIG):
     return code, out, err
 
 
-@pytest.mark.parametrize("policy", ["on", "off"])
+@pytest.mark.parametrize("policy", ["on", "auto", "off"])
 def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(tmp_path, policy):
     code, out2, err2 = train(tmp_path, 2, 32, "--set", f"inplace={policy}")
     assert code == 0, err2
     code, out1, err1 = train(tmp_path, 1, 64, "--set", f"inplace={policy}")
     assert code == 0, err1
     assert out2.count("TensorBoard logs:") == 1  # only rank 0 prints, logs and saves
-    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np2" / "step_00000010.ckpt"))
-    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np1" / "step_00000010.ckpt"))
+    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np2" / "step_00000010.npz"))
+    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np1" / "step_00000010.npz"))
     assert two["model"].keys() == one["model"].keys()
     for name in one["model"]:
         np.testing.assert_allclose(np.asarray(two["model"][name]), np.asarray(one["model"][name]),
@@ -56,6 +58,17 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(tmp_path, policy):
     one_loss = read_scalars(str(tmp_path / "runs" / "dp" / f"inplace-{policy}_np1"))["train/loss"]
     np.testing.assert_allclose([v for _, v in scalars["train/loss"]], [v for _, v in one_loss], rtol=1e-5)
     assert sorted(os.listdir(tmp_path / "runs" / "dp")) == sorted([f"inplace-{policy}_np1", f"inplace-{policy}_np2"])
+
+
+def test_progress_under_mpiexec_is_printed_as_lines_by_rank_0(tmp_path):
+    # Rank 0's output reaches the terminal through mpiexec's pipe: a redrawn bar would
+    # show nothing until the end, so it prints lines (here only the last: a short run).
+    code, out, err = train(tmp_path, 2, 32, "--set", "logging.progress=true", "--set", "inplace=on")
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("train")]
+    assert len(lines) == 1 and lines[0].split()[1] == "10/10", err
+    assert "loss=" in lines[0] and "samples/s=" in lines[0] and "peak_mb=" in lines[0]
+    assert "\r" not in err
 
 
 def test_a_diverging_run_stops_every_rank_with_one_message(tmp_path):
@@ -75,8 +88,8 @@ def test_sync_bn_makes_a_batchnorm_model_match_one_process(tmp_path):
     assert code == 0, err
     code, _, err = train(tmp_path, 1, 64, config=config)
     assert code == 0, err
-    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-on_np2" / "step_00000010.ckpt"))["model"]
-    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-on_np1" / "step_00000010.ckpt"))["model"]
+    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np2" / "step_00000010.npz"))["model"]
+    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np1" / "step_00000010.npz"))["model"]
     for name in one:
         np.testing.assert_allclose(np.asarray(two[name]), np.asarray(one[name]), rtol=1e-4, atol=1e-5, err_msg=name)
 
@@ -86,3 +99,24 @@ def test_nccl_backend_on_the_cpu_is_one_line_error(tmp_path):
     assert code != 0
     assert "Traceback" not in err
     assert "error: distributed backend 'nccl' needs device 'cuda'; on the CPU use 'mpi' or 'auto'" in err
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("comm_backend", ["nccl", "mpi"])
+def test_two_ranks_on_gpus_equal_one_process_on_the_cpu(tmp_path, comm_backend):
+    """``device: cuda`` under ``mpiexec -n 2``: NCCL (one GPU per rank) or MPI host staging."""
+    if comm_backend == "nccl" and backend.device_count() < 2:
+        pytest.skip("NCCL needs one GPU per rank: 2 ranks need 2 GPUs")
+    code, _, err2 = train(tmp_path, 2, 32, "--set", "device=cuda", "--set", f"distributed.backend={comm_backend}")
+    assert code == 0, err2
+    code, _, err1 = train(tmp_path, 1, 64)
+    assert code == 0, err1
+    two = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np2" / "step_00000010.npz"))["model"]
+    one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / "inplace-auto_np1" / "step_00000010.npz"))["model"]
+    for name in one:
+        assert type(two[name]) is np.ndarray  # checkpoints hold host arrays
+        np.testing.assert_allclose(two[name], np.asarray(one[name]), rtol=1e-4, atol=1e-5, err_msg=name)
+    scalars = read_scalars(str(tmp_path / "runs" / "dp" / "inplace-auto_np2"))
+    for rank in (0, 1):  # GPU memory, counted by each rank's pool hook
+        assert all(v > 0 for _, v in scalars[f"memory/peak_mb_rank{rank}"])

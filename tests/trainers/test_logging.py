@@ -1,4 +1,4 @@
-"""Tests for trainers.logging: run layout, TensorBoard events read back, progress, tables."""
+"""Tests for trainers.logging: run layout, TensorBoard events read back, progress, tables, plots."""
 
 import io
 import os
@@ -17,8 +17,11 @@ from trainers.logging import (
     default_run_name,
     format_summary,
     format_value,
+    plot_comparison,
+    plot_timeline,
     read_scalars,
     run_dir,
+    timeline_positions,
 )
 
 pytest.importorskip("tensorboard")
@@ -68,9 +71,15 @@ def event_files(path):
 def test_module_imports_no_framework_and_defers_heavy_imports():
     import trainers.logging
 
-    code = trainers.logging.__spec__.loader.get_source("trainers.logging")
-    for banned in ("import framework", "from framework", "import models", "from models"):
-        assert banned not in code
+    package = os.path.dirname(trainers.logging.__file__)
+    modules = sorted(f for f in os.listdir(package) if f.endswith(".py"))
+    assert modules == ["__init__.py", "events.py", "plots.py", "progress.py", "tables.py"]
+    for name in modules:
+        with open(os.path.join(package, name), encoding="utf-8") as f:
+            code = f.read()
+        for banned in ("import framework", "from framework", "import models", "from models",
+                       "sys.modules"):
+            assert banned not in code, (name, banned)
     probe = ("import sys, trainers.logging; "
              "print(sorted(m for m in ('framework', 'tensorboardX', 'matplotlib', 'tqdm', "
              "'tensorboard') if m in sys.modules))")
@@ -84,6 +93,8 @@ def test_run_names_and_layout(tmp_path):
     assert default_run_name("on", 1) == "inplace-on_np1"
     assert default_run_name("off", 2) == "inplace-off_np2"
     assert default_run_name("on", 1, "inplace_abn") == "inplace-on_np1_inplace_abn"
+    assert default_run_name("on", 2, None, "compiled") == "inplace-on_np2_compiled"
+    assert default_run_name("off", 1, "inplace_abn", "compiled") == "inplace-off_np1_inplace_abn_compiled"
     assert run_dir(tmp_path, "mlp", "inplace-on_np1") == os.path.join(
         str(tmp_path), "mlp", "inplace-on_np1")
     for bad in ("", "..", "a/b"):
@@ -175,6 +186,32 @@ def test_flush_makes_events_readable_while_open(tmp_path):
     log.scalars(20, {"train/loss": 1.0})  # after close: a no-op, not an error
 
 
+def test_flush_writes_every_event_so_far_and_logging_goes_on(tmp_path):
+    # A run killed right after flush() keeps every point: the trainer flushes before
+    # each checkpoint. (tensorboardX's FileWriter.flush() leaves queued events behind.)
+    path = str(tmp_path / "run")
+    log = RunLogger(path, flush_secs=3600)
+    for step in range(300):
+        log.scalars(step, {"train/loss": float(step), "memory/peak_mb": 1.0})
+    log.flush()
+    assert [s for s, _ in read_scalars(path)["train/loss"]] == list(range(300))
+    log.scalars(300, {"train/loss": 3.0})
+    log.close()
+    assert read_scalars(path)["train/loss"][-1] == (300, 3.0)
+    assert len(event_files(path)) == 1
+
+
+def test_the_logger_starts_no_thread(tmp_path):
+    # Events are written in the caller's thread: no writer thread competes with the
+    # training loop for the GIL (benchmarks/bench_logging.py measures what that costs).
+    import threading
+
+    before = threading.active_count()
+    with RunLogger(str(tmp_path / "run")) as log:
+        log.scalars(0, {"train/loss": 1.0})
+        assert threading.active_count() == before
+
+
 def test_disabled_logger_creates_nothing(tmp_path):
     path = tmp_path / "exp" / "run"
     with RunLogger(path, enabled=False) as log:
@@ -246,6 +283,43 @@ def test_timeline_figure_from_framework_record_timeline(tmp_path):
     assert os.path.getsize(tmp_path / "r" / "timeline.png") > 1000
 
 
+def test_timeline_positions_do_not_depend_on_time():
+    tl = synthetic_timeline()
+    x, mb, phases = timeline_positions(tl)
+    assert phases == ["forward", "backward", "optimizer"]
+    # The baseline counts as the first phase's; each phase spreads its events over one unit.
+    assert x == [0.0, 0.25, 0.5, 0.75, 1.0, 1 + 1 / 3, 1 + 2 / 3, 2.0, 2.5]
+    assert mb == [e[1] / MB for e in tl["events"]]
+    slow = {"events": [(t * 2.7 + (0.01 if i % 2 else 0.0), *rest) for i, (t, *rest) in enumerate(tl["events"])],
+            "marks": [(t * 2.7, p) for t, p in tl["marks"]]}
+    assert timeline_positions(slow) == (x, mb, phases)  # a slower step draws the same curve
+    assert timeline_positions({"events": [], "marks": []}) == ([], [], [""])
+
+
+def test_timeline_figure_is_drawn_against_the_position_in_the_step():
+    fig = plot_timeline(synthetic_timeline(), floor_bytes=6 * MB)
+    ax = fig.axes[0]
+    assert ax.get_xlim() == (0.0, 3.0)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["forward", "backward", "optimizer"]
+    assert "position in the step" in ax.get_xlabel()
+
+
+def test_comparison_figure_labels_peak_and_floor_and_shows_every_round():
+    tl = synthetic_timeline()
+    runs = [{"name": "off", "peak_mb": 12.0, "floor_mb": 11.9, "samples_per_sec": [100, 120, 90], "timeline": tl},
+            {"name": "on", "peak_mb": 10.0, "floor_mb": 9.5, "samples_per_sec": [95, 130, 99], "timeline": tl}]
+    fig = plot_comparison(runs, title="t")
+    memory_ax, speed_ax, timeline_ax = fig.axes
+    labels = [t.get_text() for t in memory_ax.texts]
+    assert labels == ["12.0", "10.0", "11.9", "9.5"]  # every bar labelled: a floor next to its peak
+    floors = [p for p in memory_ax.patches if p.get_hatch()]
+    assert [round(p.get_height(), 1) for p in floors] == [11.9, 9.5]
+    dots = [line for line in speed_ax.lines if line.get_marker() == "o"]
+    assert [list(line.get_ydata()) for line in dots] == [[100, 120, 90], [95, 130, 99]]
+    assert len(timeline_ax.lines) == 2 and timeline_ax.get_xlim() == (0.0, 3.0)
+    fig.savefig(io.BytesIO(), format="png")
+
+
 # ------------------------------------------------------------------------ progress
 
 
@@ -274,12 +348,39 @@ def test_progress_on_a_non_tty_stream():
         Progress(10, log_every=0, file=stream)
 
 
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_progress_prints_a_line_every_interval_when_not_a_terminal():
+    # Under mpiexec rank 0 writes to a pipe: a redrawn bar would show nothing until the end.
+    stream, clock = io.StringIO(), FakeClock()
+    bar = Progress(1000, log_every=10, file=stream, desc="on+abn", interval=5.0, clock=clock)
+    for step in range(10, 1001, 10):
+        clock.now = step * 0.1  # 1 s per 10 steps
+        bar.update(step, loss=1.0 / step, samples_per_sec=320.0, peak_mb=55.04)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue()
+    assert [line.split()[1] for line in lines] == [f"{s}/1000" for s in range(50, 1001, 50)]
+    assert lines[0] == "on+abn  50/1000  loss=0.02  samples/s=320.0  peak_mb=55.0"
+    # A run that stops between lines still ends with its last state.
+    stream, clock = io.StringIO(), FakeClock()
+    with Progress(100, file=stream, interval=5.0, clock=clock) as bar:
+        bar.update(30, loss=0.5)
+    assert stream.getvalue().splitlines() == ["train  30/100  loss=0.5"]
+
+
 def test_progress_counts_absolute_steps_when_called_on_logging_steps_only():
     stream = io.StringIO()
     bar = Progress(30, log_every=10, initial=5, file=stream)  # resumed at step 5
     for step in (10, 20, 30):
         bar.update(step, loss=float(step))
-    assert bar._bar.n == 30
+    assert bar.n == 30
     bar.close()
     assert "30/30" in stream.getvalue().split("\r")[-1]
 
@@ -332,11 +433,27 @@ def test_format_summary_with_human_keys():
     ]
 
 
-def test_tensorboardx_is_imported_without_torch_and_torch_still_imports():
-    probe = ("import sys, tempfile, trainers.logging as L; "
-             "L.RunLogger(tempfile.mkdtemp()).close(); "
-             "print('torch' in sys.modules, 'torch' in sys.modules and sys.modules['torch'] is None)")
+def test_logging_leaves_other_imports_alone(tmp_path):
+    # The logger once hid torch from tensorboardX by putting None into sys.modules while
+    # importing it, which made an import of torch in another thread fail meanwhile. A
+    # finder that looks at sys.modules while tensorboardX's modules are being imported
+    # sees whether anything is blocked; an installed torch (a stand-in) still imports.
+    (tmp_path / "torch.py").write_text("MARK = 'stand-in'\n\n\nclass Tensor:\n    pass\n")
+    probe = ("import sys, tempfile\n"
+             "seen = []\n"
+             "class Watch:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.startswith('tensorboardX'):\n"
+             "            seen.append(sys.modules.get('torch', 'absent') is None)\n"
+             "        return None\n"
+             "sys.meta_path.insert(0, Watch())\n"
+             "import trainers.logging as L\n"
+             "with L.RunLogger(tempfile.mkdtemp()) as log:\n"
+             "    log.scalars(0, {'a': 1.0})\n"
+             "import torch\n"
+             "print(len(seen) > 0, any(seen), torch.MARK)\n")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, str(tmp_path)])}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True, cwd=root)
-    assert out.stdout.split() == ["False", "False"]
+                         check=True, cwd=root, env=env)
+    assert out.stdout.split() == ["True", "False", "stand-in"]

@@ -25,6 +25,7 @@ from trainers.config import ConfigError
 from trainers.logging import read_scalars
 from trainers.trainer import Trainer, clip_grad_norm_, gpu_index, host_state, select_device
 
+from .test_logging import accumulator
 from .test_trainer import TINY, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -102,6 +103,7 @@ def test_select_device_cpu_never_touches_cupy(monkeypatch):
     (True, "CuPy sees no usable GPU"),
 ])
 def test_cuda_without_a_usable_gpu_is_one_config_error(monkeypatch, installed, fragment):
+    monkeypatch.setenv(backend.CUPY_ENV, "cupy")  # the real CuPy's messages, whatever the suite runs on
     monkeypatch.setattr(backend, "cupy_module", lambda: None)
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name: object() if installed else None)
@@ -133,8 +135,7 @@ def test_trainer_picks_the_gpu_of_its_local_rank_before_building_anything(tmp_pa
     assert seen["args"] == ("cuda", 3)
 
 
-@pytest.mark.skipif(backend.is_cuda_available(), reason="a GPU is available here")
-def test_cli_device_cuda_without_a_gpu_is_one_line_and_exit_code_2(tmp_path):
+def test_cli_device_cuda_without_a_gpu_is_one_line_and_exit_code_2(tmp_path, without_cupy):
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY)
     r = subprocess.run(
@@ -163,7 +164,7 @@ def test_host_state_turns_tensors_into_numpy_arrays_everywhere():
 
 def test_checkpoints_hold_host_numpy_arrays_only(tmp_path):
     result = Trainer(tiny_config(tmp_path, "model.args.dropout=0.0")).fit()
-    path = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-on_np1"))[-1][1]
+    path = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))[-1][1]
     state = load_checkpoint(path)
 
     def arrays(obj):
@@ -254,9 +255,7 @@ def gpu_run():
 
 
 @pytest.mark.gpu
-def test_gpu_run_logs_the_pool_hook_peak_and_a_sensible_breakdown(tmp_path, gpu_run):
-    import cupy
-
+def test_gpu_run_logs_the_pool_hook_peak_and_a_sensible_breakdown(tmp_path, gpu_run, cupy):
     cfg = tiny_config(tmp_path, "device=cuda", "model.args.dropout=0.0", "train.log_every=2",
                       "train.eval_every=100", "checkpoint.every=4")
     trainer = Trainer(cfg)
@@ -282,13 +281,18 @@ def test_gpu_run_logs_the_pool_hook_peak_and_a_sensible_breakdown(tmp_path, gpu_
     # The hook's total is the pool's in-use bytes (one thread, one device).
     assert memory.allocated_bytes("cuda") == cupy.get_default_memory_pool().used_bytes()
     _check_memory_logs(result, param_bytes=sum(p.nbytes for p in trainer.params), exact_sum=False)
+    # The memory timeline of one step is the pool's: every malloc and free, in the step's phases.
+    tl = result.timeline
+    assert tl.device == "cuda" and {"forward", "backward", "optimizer"} <= {e[4] for e in tl.events}
+    assert all(e[2] % 512 == 0 for e in tl.events)  # pool blocks, never NumPy buffer sizes
+    assert accumulator(result.run_dir).Tags()["images"] == ["memory/timeline"]
 
 
 @pytest.mark.gpu
 def test_gpu_checkpoint_is_host_numpy_and_resume_loads_onto_the_device(tmp_path, gpu_run):
     cfg = ("device=cuda", "model.args.dropout=0.0")  # dropout masks come from CuPy's stream: not in checkpoints
     full = Trainer(tiny_config(tmp_path, *cfg)).fit()
-    first = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-on_np1"))[0][1]
+    first = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))[0][1]
     state = load_checkpoint(first)
     assert all(type(v) is np.ndarray for v in state["model"].values())
     resumed = Trainer(tiny_config(tmp_path, *cfg), resume=first)

@@ -1,7 +1,7 @@
 """Every inplace rule of the autograd contract, each error case and each safe case.
 
 The expected gradients are worked out by hand in the comments; the behaviour follows
-PyTorch (see /work/shared/REFERENCES.md, "Autograd and inplace"), except that the
+PyTorch (docs/INPLACE.md), except that the
 version error also names the op that modified the tensor and where it was called.
 """
 
@@ -18,7 +18,7 @@ LEAF_MSG = "a leaf Variable that requires grad is being used in an in-place oper
 VIEW_OF_LEAF_MSG = "a view of a leaf Variable that requires grad is being used in an in-place operation"
 VERSION_MSG = "one of the variables needed for gradient computation has been modified by an inplace operation"
 OVERLAP_MSG = "more than one element of the written-to tensor refers to a single memory location"
-NO_GRAD_VIEW_MSG = "view was created in no_grad mode and is being modified in place"
+NO_GRAD_VIEW_MSG = "view was created in no_grad mode and is being modified inplace with grad mode enabled"  # PyTorch's wording
 
 
 def next_line() -> int:

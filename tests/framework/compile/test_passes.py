@@ -292,4 +292,6 @@ def test_the_floor_counts_parameters_gradients_state_and_saved_values():
     r = f.report()
     # parameters, gradients and momentum buffers, plus at least the batch saved by the first matmul
     assert r["floor_bytes"] >= 3 * params + 8 * 64 * 4
-    assert r["floor_bytes"] <= r["lower_bound_bytes"] <= r["planned_peak_bytes"]
+    # (the floor is not a bound of the peak: gradients and saved activations need not all
+    # be live at one moment)
+    assert r["lower_bound_bytes"] <= r["planned_peak_bytes"]

@@ -3,6 +3,7 @@
 Usage: mpi_worker_comm.py collectives   # checks every collective on host arrays
        mpi_worker_comm.py gpu BACKEND   # the same collectives on CuPy arrays (mpi: host
                                         # staging; nccl: NcclCommunicator, one GPU per rank)
+       mpi_worker_comm.py nccl_one_gpu  # NCCL on one GPU for every rank: refused everywhere
        mpi_worker_comm.py crash MESSAGE # rank 1 raises MESSAGE; the others block in a collective
 """
 
@@ -11,6 +12,7 @@ import threading
 
 import numpy as np
 
+from framework import backend as fw_backend
 from framework.distributed.comm import (
     Communicator,
     NcclCommunicator,
@@ -125,10 +127,9 @@ def check_collectives(world: Communicator) -> None:
 
 def check_gpu_collectives(world: Communicator, backend: str) -> None:
     """Collectives of CuPy arrays: staged through host memory (mpi) or over NCCL."""
-    import cupy as cp
-
+    cp = fw_backend.cupy_module()  # CuPy, or its stand-in (INPLACE_LAB_CUPY)
     r, n = world.rank, world.size
-    cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
+    fw_backend.use_device(fw_backend.Device("cuda", world.local_rank % fw_backend.device_count()))
     comm = NcclCommunicator(world.mpi_comm) if backend == "nccl" else world
     assert comm.backend == backend
     total = n * (n + 1) / 2
@@ -162,7 +163,19 @@ def check_gpu_collectives(world: Communicator, backend: str) -> None:
     host = np.full(3, float(r))  # host arrays still go over MPI
     comm.allreduce_(host)
     np.testing.assert_array_equal(host, np.full(3, n * (n - 1) / 2))
-    cp.cuda.get_current_stream().synchronize()
+    fw_backend.synchronize(fw_backend.current_device())
+    world.barrier()
+
+
+def nccl_on_one_gpu(world: Communicator) -> None:
+    """Every rank on GPU 0: NCCL refuses two ranks on one GPU, on every rank alike."""
+    fw_backend.use_device(fw_backend.Device("cuda", 0))
+    try:
+        NcclCommunicator(world.mpi_comm, device=0)
+    except RuntimeError as e:  # cupy.cuda.nccl.NcclError is a RuntimeError
+        assert "Duplicate GPU detected" in str(e), e
+    else:
+        raise AssertionError("two ranks made an NCCL communicator on one GPU")
     world.barrier()
 
 
@@ -192,6 +205,9 @@ if __name__ == "__main__":
         print(f"rank {world.rank}: ok", flush=True)
     elif mode == "gpu":
         check_gpu_collectives(world, sys.argv[2])
+        print(f"rank {world.rank}: ok", flush=True)
+    elif mode == "nccl_one_gpu":
+        nccl_on_one_gpu(world)
         print(f"rank {world.rank}: ok", flush=True)
     elif mode == "crash":
         crash(world, sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "main")

@@ -201,10 +201,8 @@ if __name__ == "__main__":
     assert world.size >= 2, "run under mpiexec -n 2"
     inplace.set_policy(sys.argv[1])
     if DEVICE != "cpu":
-        import cupy as cp
-
-        gpu = world.local_rank % cp.cuda.runtime.getDeviceCount()
-        cp.cuda.Device(gpu).use()
+        gpu = world.local_rank % fw.backend.device_count()
+        fw.backend.use_device(fw.backend.Device("cuda", gpu))
         DEVICE = f"cuda:{gpu}"
         world = for_device(world, DEVICE, os.environ["DP_BACKEND"])
         assert world.backend == os.environ["DP_BACKEND"], world

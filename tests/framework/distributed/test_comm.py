@@ -140,8 +140,7 @@ def test_for_device_one_process_or_mpi_backend_needs_no_nccl():
     assert for_device(two, "cuda", "mpi") is two  # GPU buffers are staged through the host
 
 
-@pytest.mark.skipif(CUDA_AVAILABLE, reason="checks the messages of a machine without a GPU")
-def test_for_device_without_gpu_says_what_to_do():
+def test_for_device_without_gpu_says_what_to_do(without_cupy):
     with pytest.raises(RuntimeError, match=r"NCCL backend needs CuPy and a CUDA device.*distributed.backend 'mpi'"):
         for_device(TwoRankWorld(), "cuda", "nccl")
     with pytest.warns(RuntimeWarning, match="falling back to MPI with host staging"):
@@ -252,10 +251,9 @@ def _gpu_count() -> int:
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.skipif(not HAVE_MPI4PY, reason="NcclCommunicator bootstraps over MPI: needs mpi4py")
-def test_nccl_and_staging_in_one_process():
+def test_nccl_and_staging_in_one_process(cupy):
     """Every collective of CuPy arrays, one rank: NCCL and the MPI host-staging path."""
-    import cupy as cp
-
+    cp = cupy
     for comm in (Communicator(), NcclCommunicator(device=0)):
         buf = cp.arange(5, dtype=cp.float32)
         assert comm.allreduce_(buf) is buf
@@ -279,6 +277,16 @@ def test_gpu_collectives_two_ranks(backend):
     if backend == "nccl" and _gpu_count() < 2:
         pytest.skip("NCCL needs one GPU per rank: 2 ranks need 2 GPUs")
     code, out, err, _ = run_job(["gpu", backend], nprocs=2, timeout=120)
+    assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "rank 0: ok" in out and "rank 1: ok" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+@requires_gpu
+@needs_mpiexec
+def test_nccl_refuses_two_ranks_on_one_gpu():
+    code, out, err, _ = run_job(["nccl_one_gpu"], nprocs=2, timeout=60)
     assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
     assert "rank 0: ok" in out and "rank 1: ok" in out
 

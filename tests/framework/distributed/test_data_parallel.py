@@ -202,6 +202,33 @@ def test_grads_are_bucket_views_under_on_only(policy):
             assert b.buffer is None and p.grad._data.base is None
 
 
+def test_inplace_writes_into_gradients_bump_their_versions():
+    """The allreduce (and the copy of a gradient into its bucket) change .grad in place:
+    a graph that saved a gradient before finish() cannot backpropagate stale values."""
+    with inplace.policy("on"):
+        model = mlp()
+        dp = DataParallel(model, comm=TwinComm(), bucket_mb=0.0001)
+        x, y = batch()
+        dp.zero_grad()
+        nn.MSELoss()(dp(x), y).backward()
+        p = next(model.parameters())
+        w = fw.ones(p.shape, requires_grad=True)
+        uses_grad = (w * p.grad).sum()  # MulBackward saves p.grad for w's gradient
+        before = {id(q): q.grad._version for q in model.parameters()}
+        dp.finish()
+        for q in model.parameters():
+            assert q.grad._version == before[id(q)] + 1
+        with pytest.raises(RuntimeError, match="modified by allreduce_"):
+            uses_grad.backward()
+
+
+def test_broadcast_of_parameters_bumps_their_versions():
+    model = mlp()
+    versions = [p._version for p in model.parameters()]
+    DataParallel(model, comm=TwinComm(), bucket_mb=0.0001)
+    assert [p._version for p in model.parameters()] == [v + 1 for v in versions]
+
+
 class Branchy(nn.Module):
     def __init__(self):
         super().__init__()

@@ -278,39 +278,84 @@ def test_activation_forward_and_gradcheck(make, ref):
             check_layer_grads(make(inplace), x, fn=lambda t, layer=make(inplace): layer(t * 1))
 
 
+def address(t) -> int:
+    """Where ``t``'s values live (holding the array itself would stop a site from writing)."""
+    return t._data.__array_interface__["data"][0]
+
+
+def wrote_over(out, h, shared):
+    """Whether a site wrote its result over ``h``: a policy site returns a new tensor at
+    ``h``'s address (``shared``, taken before the call) and consumes ``h``."""
+    if out is h:
+        return False
+    if address(out) != shared:
+        return False
+    with pytest.raises(fw.inplace.ConsumedTensorError, match="consumed by the inplace site"):
+        h + 1
+    assert "consumed by" in repr(h)
+    return True
+
+
 @pytest.mark.parametrize("make,slope", [(ACTIVATIONS[0][0], 0.0), (ACTIVATIONS[1][0], 0.2)])
 def test_activation_policy_decides_inplace(make, slope):
     x = rand(64, 32, dtype=fw.float32, requires_grad=True)
-    for policy, inplace, expect in [
-        ("on", None, True), ("off", None, False),
-        ("on", False, False), ("off", True, True), ("on", True, True),
+    # (policy, the module's inplace=, the site writes over h and consumes it, out is h)
+    for policy, inplace, site_wrote, same in [
+        ("on", None, True, False), ("auto", None, False, False), ("off", None, False, False),
+        ("on", False, False, False), ("off", True, False, True), ("on", True, False, True),
     ]:
         fw.inplace.set_policy(policy)
         h = x * 2
         before = np_of(h).copy()
+        shared = address(h)
         base = memory.allocated_bytes()
-        out = make(inplace)(h)
+        out = make(inplace)(h)  # h stays named: auto may not write over it
         grown = memory.allocated_bytes() - base
-        assert (out is h) == expect, (policy, inplace)
-        assert grown == (0 if expect else h.nbytes), (policy, inplace)
-        if not expect:
+        assert (out is h) == same, (policy, inplace)
+        assert wrote_over(out, h, shared) == site_wrote, (policy, inplace)
+        assert grown == (0 if site_wrote or same else h.nbytes), (policy, inplace)
+        if not (site_wrote or same):
             np.testing.assert_array_equal(np_of(h), before)  # input untouched
         out.sum().backward()  # d/dx act(2x) = 2 act'(2x), whichever path ran
         assert_close(x.grad, np.where(before > 0, 2.0, 2.0 * slope))
         x.grad = None
-        del out, h
+        del out, h, shared
+
+
+def test_auto_writes_over_a_temporary_and_nobody_can_tell():
+    x = rand(64, 32, dtype=fw.float32, requires_grad=True)
+    for make in (lambda: nn.ReLU(), lambda: nn.LeakyReLU(0.2), lambda: nn.Tanh(inplace=None)):
+        fw.inplace.set_policy("auto")
+        before = memory.stats().get("auto_inplace_ops", 0)
+        base = memory.allocated_bytes()
+        out = make()(x * 2)
+        assert memory.allocated_bytes() - base == out.nbytes  # x * 2's buffer only
+        assert memory.stats()["auto_inplace_ops"] == before + 1
+        out.sum().backward()
+        g = x.grad.numpy().copy()
+        x.grad = None
+        fw.inplace.set_policy("off")
+        ref = make()(x * 2)
+        ref.sum().backward()
+        np.testing.assert_array_equal(np_of(out), np_of(ref))
+        np.testing.assert_array_equal(g, x.grad.numpy())
+        x.grad = None
+        del out, ref
 
 
 def test_relu_policy_site_falls_back_on_a_leaf_explicit_raises():
     x = rand(3, dtype=fw.float32, requires_grad=True)
     fw.inplace.set_policy("on")
     out = nn.ReLU()(x)  # the inplace path could only raise: the site takes the other one
-    assert out is not x
+    assert out is not x and not np.shares_memory(np_of(out), np_of(x))
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
         nn.ReLU(inplace=True)(x)
     with fw.no_grad():
+        out = nn.ReLU()(x)  # nor under no_grad: the leaf is what its .grad belongs to
+        assert not np.shares_memory(np_of(out), np_of(x))
         y = x.detach().clone()
-        assert nn.ReLU()(y) is y
+        shared = address(y)
+        assert wrote_over(nn.ReLU()(y), y, shared)
 
 
 def test_policy_site_falls_back_when_its_input_is_saved_for_backward():
@@ -361,10 +406,14 @@ def test_dropout_training_eval_and_policy():
     h = x * 1
     assert d(h) is h
     d.train()
-    for policy, expect in (("on", True), ("off", False)):
+    for policy, expect in (("on", True), ("auto", False), ("off", False)):
         fw.inplace.set_policy(policy)
         h = x * 1
-        assert (d(h) is h) == expect
+        shared = address(h)
+        assert wrote_over(d(h), h, shared) == expect
+    fw.inplace.set_policy("on")
+    h = x * 1
+    assert nn.Dropout(0.0)(h) is h  # p = 0 writes nothing: the identity, nothing consumed
     with pytest.raises(ValueError, match="between 0 and 1"):
         nn.Dropout(1.5)
     assert repr(nn.Dropout(0.2, inplace=True)) == "Dropout(p=0.2, inplace=True)"

@@ -373,34 +373,13 @@ class Allocations:
     framework: int = 0  # memory.allocated_bytes() (on a GPU: the CuPy pool hook's count)
     framework_peak: int = 0  # memory.max_allocated_bytes() over the block
     numpy: int = 0  # tracemalloc, NumPy's domain (CPU only: 0 on a GPU, where nothing is traced)
-    inplace_copies: int = 0  # memory.breakdown()["inplace_copies"] (CPU buffers only)
+    inplace_copies: int = 0  # memory.breakdown()["inplace_copies"] (the device's tracked buffers)
     inplace_copy_bytes: int = 0  # memory.stats()["inplace_copy_bytes"] (any device)
 
 
 def _numpy_traced_bytes() -> int:
     snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, NUMPY_DOMAIN)])
     return sum(t.size for t in snap.traces)
-
-
-@contextlib.contextmanager
-def _gpu_pool_counting():
-    """framework.memory's CuPy pool hook, counting for the block only.
-
-    While active it replaces the CPU buffer counter in ``memory.allocated_bytes()``, so it
-    is switched off (and unregistered, if this block registered it) afterwards: the CPU
-    tests that follow read the CPU counter again.
-    """
-    registered_before = memory._gpu_hook is not None
-    hook = memory.enable_gpu_hook()
-    was_active = hook.active
-    hook.active = True
-    try:
-        yield hook
-    finally:
-        hook.active = was_active
-        if not registered_before:
-            hook.__exit__(None, None, None)
-            memory._gpu_hook = None
 
 
 @contextlib.contextmanager
@@ -419,7 +398,9 @@ def allocations(device: str = "cpu"):
     try:
         with contextlib.ExitStack() as stack:
             if not on_cpu:
-                stack.enter_context(_gpu_pool_counting())
+                # The CuPy pool hook counts for the block only (kept if it was on before): while
+                # it is on, memory queries report the GPU; the CPU tests that follow read the host.
+                stack.enter_context(memory.gpu_hook())
             fw_before = memory.allocated_bytes()
             memory.reset_peak()
             copies_before = memory.breakdown()["inplace_copies"]

@@ -229,6 +229,7 @@ def test_inplace_on_conv_input_after_forward_is_caught_and_on_output_is_free():
 
 
 def test_conv2d_workspaces_are_counted_and_freed():
+    """The im2col ``gemm`` buffers (padded input, cols); grid and Winograd: further below."""
     n, c, h, wd, co = 4, 3, 10, 10, 5
     x = _t(_rand((n, c, h, wd), 22, np.float32), True)
     w = _t(_rand((co, c, 3, 3), 23, np.float32), True)
@@ -236,7 +237,8 @@ def test_conv2d_workspaces_are_counted_and_freed():
     cols_bytes = n * c * 9 * h * wd * 4
     base = memory.breakdown()["workspace"]
     memory.reset_peak()
-    with memory.record_timeline() as tl, C.workspace_limit(None):  # the whole batch in one chunk
+    # the whole batch in one chunk; backward uses the algorithm and limit of the forward call
+    with memory.record_timeline() as tl, C.workspace_limit(None), C.contraction("gemm"):
         y = conv2d(x, w, padding=1)
     ws = [e for e in tl.events if e[3] == "workspace"]
     sizes = sorted(e[2] for e in ws if e[2] > 0)
@@ -661,3 +663,245 @@ def test_input_gradient_overwrites_a_dead_output_gradient_under_policy_on(stride
     x_bytes = 6 * 3 * 8 * 8 * 8
     saved = x_bytes if (stride == 1 and cout == 3) else 0
     assert grads["off"][2] - grads["on"][2] == saved, grads
+
+
+# --- the stride-1 algorithms (grid, Winograd) and the per-layer choice ---------------------
+
+STRIDE1 = C.STRIDE1_ALGORITHMS
+
+
+def _forced(name, **args):
+    """conv2d with algorithm ``name`` forced for forward and backward (recorded with the node)."""
+
+    def fn(x, w, b=None):
+        with C.contraction(name):
+            return conv2d(x, w, b, **args)
+
+    return fn
+
+
+# Through the op harness: float32 forward vs the float64 loops, float64 gradcheck, inputs
+# in three memory layouts; sizes that are not whole Winograd tiles, padding 0 to 3 (3 > kh-1:
+# the transposed convolution of the input gradient crops the output gradient). grid and
+# F(2x2) meet im2col's tolerances; F(4x4) carries ~10x im2col's float32 rounding (outputs
+# here reach ~10, its error ~3e-5 where im2col's is ~1e-6), the price of "fast" mode.
+STRIDE1_SPECS = [
+    harness.OpSpec(
+        f"conv2d-{name}-p{p}",
+        _forced(name, padding=p),
+        lambda x, w, b, p=p: ref_conv2d(x, w, b, padding=p),
+        [((2, 3, 5, 6), (4, 3, 3, 3), (4,))] + ([((1, 2, 4, 3), (3, 2, 3, 2), (3,))] if name == "grid" else []),
+        rtol=1e-4,
+        atol=1e-4 if name == "winograd4" else 1e-5,
+    )
+    for name in STRIDE1
+    for p in (0, 1, (2, 1), 3)
+]
+
+
+@pytest.mark.parametrize("case", harness.cases(STRIDE1_SPECS))
+def test_stride1_algorithms_forward(case, backend):
+    harness.check_forward(case, backend)
+
+
+@pytest.mark.parametrize("case", harness.cases(STRIDE1_SPECS))
+def test_stride1_algorithms_backward(case, backend):
+    harness.check_backward(case, backend)
+
+
+@pytest.mark.parametrize("limit", [None, 0, 3000], ids=["whole-batch", "one-image-chunks", "uneven-chunks"])
+@pytest.mark.parametrize("name", STRIDE1)
+@pytest.mark.parametrize(
+    "hw,padding", [((8, 8), 1), ((7, 6), 1), ((9, 5), 0), ((5, 7), (2, 1)), ((4, 4), 3), ((1, 1), 1)]
+)
+def test_stride1_algorithms_match_reference_and_gradcheck(name, hw, padding, limit):
+    x, w, b = _rand((5, 3) + hw, 60), _rand((4, 3, 3, 3), 61), _rand((4,), 62)
+    want = ref_conv2d(x, w, b, 1, padding)
+    xt, wt, bt = _t(x, True), _t(w, True), _t(b, True)
+    with C.contraction(name), C.workspace_limit(limit):
+        assert_close(conv2d(xt, wt, bt, 1, padding), want, rtol=1e-10, atol=1e-10)
+        gradcheck(lambda x, w, b: conv2d(x, w, b, 1, padding), [xt, wt, bt])
+
+
+@pytest.mark.parametrize("name,rel", [("grid", 2e-6), ("winograd2", 2e-6), ("winograd4", 2e-5)])
+def test_stride1_algorithms_float32_error_on_a_resnet_layer(name, rel):
+    """float32 forward, input and weight gradient against float64, relative to the largest
+    value of each: F(4x4) carries ~10x the rounding of im2col (its transforms scale by up
+    to 8 and 1/24), measured ~5e-6; the bound leaves room for other BLAS builds."""
+    x = _rand((6, 32, 16, 16), 63, np.float32)
+    w = (_rand((32, 32, 3, 3), 64) * 0.1).astype(np.float32)
+    g = _rand((6, 32, 16, 16), 65, np.float32)
+    xt, wt = _t(x, True), _t(w, True)
+    with C.contraction(name):
+        y = conv2d(xt, wt, padding=1)
+        gx, gw = fw.autograd.grad(y, [xt, wt], _t(g))
+    x64, w64, g64 = _t(x.astype(np.float64), True), _t(w.astype(np.float64), True), _t(g.astype(np.float64))
+    with C.contraction("gemm"):
+        y64 = conv2d(x64, w64, padding=1)
+        gx64, gw64 = fw.autograd.grad(y64, [x64, w64], g64)
+    for what, got, want in (("y", y, y64), ("grad x", gx, gx64), ("grad w", gw, gw64)):
+        got, want = got.detach().numpy(), want.detach().numpy()
+        assert got.dtype == np.float32
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err <= rel, (what, err)
+
+
+@pytest.mark.parametrize(
+    "name,xshape,wshape,stride,match",
+    [
+        ("grid", (1, 2, 6, 6), (3, 2, 3, 3), 2, r"contraction 'grid' needs stride 1, this conv has stride \(2, 2\)"),
+        ("winograd4", (1, 2, 6, 6), (3, 2, 3, 3), (1, 2), "'winograd4' needs a 3x3 kernel and stride 1"),
+        ("winograd2", (1, 2, 6, 6), (3, 2, 5, 5), 1, r"kernel \(5, 5\)"),
+    ],
+)
+def test_forcing_an_algorithm_on_a_layer_it_cannot_run_is_a_clear_error(name, xshape, wshape, stride, match):
+    with C.contraction(name), pytest.raises(ValueError, match=match):
+        conv2d(_t(_rand(xshape)), _t(_rand(wshape)), stride=stride, padding=1)
+    with pytest.raises(ValueError, match=match):
+        C.explain(xshape, wshape, stride, 1, name=name)
+
+
+def test_auto_and_fast_choose_per_layer_by_the_documented_rules():
+    assert C.get_contraction() == "auto" and C.CHOOSING == ("auto", "fast")
+    stage3, stage2, stage1 = ((64, 64, 8, 8), (64, 64, 3, 3)), ((64, 32, 16, 16), (32, 32, 3, 3)), \
+        ((64, 16, 32, 32), (16, 16, 3, 3))
+    plan = C.explain(*stage3, 1, 1)
+    assert plan[:3] == ("winograd2",) * 3 and plan.rule.startswith("auto: 3x3, stride 1")
+    assert C.explain(*stage2, 1, 1)[:3] == ("winograd2",) * 3
+    assert C.explain(*stage1, 1, 1)[:3] == ("grid",) * 3  # < 32 channels
+    assert C.explain((64, 64, 8, 8), (64, 64, 1, 1), 1, 0)[:3] == ("grid",) * 3  # not 3x3
+    assert C.explain((64, 16, 32, 32), (32, 16, 3, 3), 2, 1)[:3] == ("gemm",) * 3  # strided
+    assert C.explain(*stage3, 1, 1, name="fast")[:3] == ("winograd4",) * 3
+    assert C.explain(*stage2, 1, 1, name="fast")[:3] == ("winograd4",) * 3
+    assert C.explain(*stage1, 1, 1, name="fast")[:3] == ("grid",) * 3
+    assert C.explain((64, 16, 32, 32), (32, 16, 3, 3), 2, 1, name="batched")[:3] == ("batched",) * 3
+    with C.contraction("einsum"):
+        assert C.explain((1, 2, 5, 5), (2, 2, 3, 3)).rule == "forced: contraction('einsum')"
+    # the op records the plan it ran with, so backward uses the same algorithms
+    x, w = _t(_rand((2, 64, 6, 6), 66), True), _t(_rand((64, 64, 3, 3), 67), True)
+    node = conv2d(x, w, padding=1).grad_fn
+    assert node.plan == C.explain(x.shape, w.shape, 1, 1) and node.plan.forward == "winograd2"
+    with C.contraction("fast"):
+        assert conv2d(x, w, padding=1).grad_fn.plan.forward == "winograd4"
+
+
+@pytest.mark.parametrize("mode", C.CHOOSING)
+def test_choosing_modes_match_the_reference_on_resnet_shaped_layers(mode):
+    """Both modes on a small ResNet: 3x3 convs, stride 1 and 2, 16 to 64 channels."""
+    for (c, co, hw, s) in [(3, 16, 8, 1), (16, 16, 8, 1), (16, 32, 8, 2), (32, 32, 4, 1), (64, 64, 4, 1)]:
+        x, w = _rand((2, c, hw, hw), 80 + c), _rand((co, c, 3, 3), 90 + co)
+        xt, wt = _t(x, True), _t(w, True)
+        with C.contraction(mode):
+            y = conv2d(xt, wt, stride=s, padding=1)
+            assert_close(y, ref_conv2d(x, w, stride=s, padding=1), rtol=1e-10, atol=1e-10)
+            if hw <= 4 or c <= 3:  # finite differences: small cases only
+                gradcheck(lambda x, w, s=s: conv2d(x, w, stride=s, padding=1), [xt, wt])
+
+
+@pytest.mark.parametrize("name", STRIDE1)
+def test_stride1_algorithm_results_do_not_depend_on_the_limit(name):
+    """As for im2col (above); F(4x4) sums its weight gradient over the batch in the
+    transformed domain, so the chunking moves its rounding ~10x more."""
+    rel = 1e-5 if name == "winograd4" else 1e-6
+    n, c, hw, co = 13, 6, 10, 5
+    x, w = _conv_case(n, c, hw, co, seed=68)
+    g = _t(_rand((n, co, hw, hw), 69, np.float32))
+    results = {}
+    for limit in (None, 96 * 2**10, 40 * 2**10, 0):
+        with C.contraction(name), C.workspace_limit(limit):
+            y = conv2d(x, w, padding=1)
+            results[limit] = [y] + list(fw.autograd.grad(y, [x, w], g))
+    want = results.pop(None)
+    for limit, got in results.items():
+        for a, e, what in zip(got, want, ("output", "grad x", "grad w"), strict=True):
+            scale = float(np.abs(e.detach().numpy()).max())
+            assert_close(a, e, rtol=1e-5, atol=rel * scale, msg=f"{what}, limit {limit}")
+
+
+def _stride1_extra_bytes(name, w):
+    """What a stride-1 algorithm may hold on top of the limit (module docstrings): grid one
+    weight-sized buffer; Winograd F(m x m) two transformed weights of (m+2)^2/9 weight sizes
+    (the weight gradient's dU and a chunk's partial dU; forward: the transformed weight and,
+    while it is made, one weight-sized copy)."""
+    if name == "grid":
+        return w.nbytes
+    m = int(name[-1])
+    return 2 * (m + 2) ** 2 * w.nbytes // 9
+
+
+@pytest.mark.parametrize("name", STRIDE1)
+@pytest.mark.parametrize("padding", [1, 0])
+def test_stride1_workspace_stays_within_the_limit_forward_and_backward(name, padding):
+    n, c, hw = 64, 8, 16
+    x, w = _conv_case(n, c, hw, c, seed=70)
+    ho = hw + 2 * padding - 2
+    g = _t(_rand((n, c, ho, ho), 71, np.float32))
+    extra = _stride1_extra_bytes(name, w)
+    with C.contraction(name), C.workspace_limit(LIMIT):
+        y, peak, allocs, _ = _workspace_during(lambda: conv2d(x, w, padding=padding))
+        assert peak <= LIMIT + extra, (peak, LIMIT, extra)
+        assert peak > LIMIT // 2  # chunks fill the budget rather than take one image each
+        (gx, gw), peak, allocs, by_cat = _workspace_during(lambda: fw.autograd.grad(y, [x, w], g))
+    assert peak <= LIMIT + extra, (peak, LIMIT, extra)
+    assert max(allocs) <= LIMIT
+    # the gradients: exactly the input's and the weight's bytes, no padded buffer behind them
+    assert sorted(by_cat["gradients"]) == sorted([x.nbytes, w.nbytes])
+    with C.workspace_limit(None):
+        y0 = conv2d(x, w, padding=padding)
+        gx0, gw0 = fw.autograd.grad(y0, [x, w], g)
+    assert_close(y, y0, rtol=1e-4, atol=1e-4)
+    assert_close(gx, gx0, rtol=1e-4, atol=1e-4)
+    assert_close(gw, gw0, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", STRIDE1)
+def test_stride1_workspaces_are_counted_and_freed(name):
+    """Every buffer of a stride-1 algorithm is counted as workspace and freed by the end of
+    each pass; the largest is the chunk's columns (grid) or transform buffer (Winograd)."""
+    n, c, h, co = 4, 3, 8, 5
+    x = _t(_rand((n, c, h, h), 72, np.float32), True)
+    w = _t(_rand((co, c, 3, 3), 73, np.float32), True)
+    hp = h + 2
+    if name == "grid":  # cols over the grid (C*9, n, L); the input gradient's has Co rows per offset
+        largest, largest_backward = (ch * 9 * n * ((h - 1) * hp + h) * 4 for ch in (c, max(c, co)))
+    else:  # one transform buffer
+        m = int(name[-1])
+        largest = largest_backward = (m + 2) ** 2 * n * (h // m) ** 2 * max(c, co) * 4
+    with C.contraction(name), C.workspace_limit(None):
+        y, _, allocs, by_cat = _workspace_during(lambda: conv2d(x, w, padding=1))
+        assert max(allocs) == largest, (sorted(allocs), largest)
+        assert by_cat["activations"] == [y.nbytes]
+        g = _t(_rand(y.shape, 74, np.float32))
+        _, _, allocs, by_cat = _workspace_during(lambda: fw.autograd.grad(y, [x, w], g))
+    assert max(allocs) == largest_backward
+    assert sorted(by_cat["gradients"]) == sorted([x.nbytes, w.nbytes])
+
+
+@pytest.mark.parametrize("name", STRIDE1 + ("gemm",))
+def test_stride1_input_gradient_overwrites_a_dead_output_gradient_under_policy_on(name):
+    """As for im2col: under policy on, a same-shape input gradient is written over the dead
+    output gradient (no second activation-sized gradient); values do not change."""
+    grads = {}
+    for policy in ("off", "on"):
+        fw.manual_seed(2)
+        x = fw.randn(6, 3, 8, 8, dtype=fw.float64, requires_grad=True)
+        w = fw.randn(3, 3, 3, 3, dtype=fw.float64, requires_grad=True)
+        with fw.inplace.policy(policy), C.workspace_limit(0), C.contraction(name):
+            y = conv2d(x, w, padding=1).tanh()
+            with memory.record_timeline() as tl:
+                y.sum().backward()
+        allocated = sum(e[2] for e in tl.events if e[2] > 0 and e[3] == "gradients")
+        grads[policy] = (x.grad.numpy().copy(), w.grad.numpy().copy(), allocated)
+    np.testing.assert_allclose(grads["on"][0], grads["off"][0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads["on"][1], grads["off"][1], rtol=1e-12, atol=1e-12)
+    assert grads["off"][2] - grads["on"][2] == 6 * 3 * 8 * 8 * 8
+
+
+@pytest.mark.parametrize("name", STRIDE1)
+def test_stride1_algorithms_on_an_empty_batch(name):
+    x, w = _t(np.zeros((0, 4, 6, 6), np.float32), True), _t(_rand((4, 4, 3, 3), 75, np.float32), True)
+    with C.contraction(name):
+        y = conv2d(x, w, padding=1)
+        gx, gw = fw.autograd.grad(y, [x, w], fw.zeros(0, 4, 6, 6))
+    assert y.shape == (0, 4, 6, 6) and gx.shape == x.shape and gw.shape == w.shape
+    assert not gw.numpy().any()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import framework as fw
+from framework.nn import functional as F
 from framework.testing import assert_close
 
 from . import harness
@@ -24,7 +25,16 @@ MATMUL_SHAPES = [
     ((2, 1, 2, 3), (3, 3, 2)),  # both batch dims broadcast
 ]
 
+def _linear_ref(x, w, b):
+    return np.matmul(x, w.T) + b
+
+
+LINEAR_SHAPES = [((4,), (3, 4), (3,)), ((2, 4), (3, 4), (3,)), ((2, 5, 4), (3, 4), (3,))]
+
 SPECS = [
+    OpSpec("F.linear", F.linear, _linear_ref, LINEAR_SHAPES),
+    OpSpec("F.linear without bias", lambda x, w: F.linear(x, w), lambda x, w: np.matmul(x, w.T),
+           [(s[0], s[1]) for s in LINEAR_SHAPES]),
     OpSpec("matmul", fw.matmul, np.matmul, MATMUL_SHAPES),
     OpSpec("@", operator.matmul, np.matmul, MATMUL_SHAPES),
     OpSpec("x.matmul", lambda x, y: x.matmul(y), np.matmul, [((2, 3), (3, 2))]),
@@ -68,3 +78,13 @@ def test_matmul_errors():
         fw.tensor(2.0) @ fw.randn(2)
     with pytest.raises((ValueError, RuntimeError), match="size 2 is different from 3"):
         fw.randn(2, 3) @ fw.randn(2, 3)
+
+
+def test_linear_weight_gradient_is_adopted_in_its_own_layout():
+    """grad_weight = grad.T @ x comes out C-contiguous: the engine adopts it as .grad."""
+    lin = fw.nn.Linear(64, 32)
+    x = fw.randn(16, 64)
+    lin(x).sum().backward()
+    g = lin.weight.grad._data
+    assert g.flags.c_contiguous and g.base is None
+    assert_close(lin.weight.grad, np.ones((16, 32), np.float32).T @ x.numpy(), rtol=1e-5)

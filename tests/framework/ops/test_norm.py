@@ -107,6 +107,36 @@ def test_running_stat_versions_bump_once_per_training_call():
     assert (rm._version, rv._version) == (v0[0] + 3, v0[1] + 3)
 
 
+def test_running_stat_update_allocates_nothing():
+    """Inplace for the allocator too: no C-sized temporary (a wide C makes one visible to
+    tracemalloc above the Python objects of the call), and 0 bytes on the counter."""
+    import tracemalloc
+
+    c = 100_000
+    rm, rv = fw.zeros(c), fw.ones(c)
+    x = fw.randn(4, c)
+    batch_norm(x, rm, rv, training=True)  # warm up
+    stats = {"mean": np.random.default_rng(0).random(c).astype(np.float32),
+             "var": np.random.default_rng(1).random(c).astype(np.float32), "count": 4}
+    want_m = 0.9 * rm.numpy().astype(np.float64) + 0.1 * stats["mean"]
+    want_v = 0.9 * rv.numpy().astype(np.float64) + 0.1 * stats["var"] * 4 / 3
+    from framework.ops.norm import _update_running
+
+    tracemalloc.start()
+    try:
+        base = memory.allocated_bytes()
+        start = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        _update_running(rm, rv, stats, 0.1)
+        grown = tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+    assert memory.allocated_bytes() == base
+    assert grown < c * 4 // 4, grown  # well below one float32 C-array (400 kB)
+    assert_close(rm, want_m, rtol=1e-6, atol=1e-7)
+    assert_close(rv, want_v, rtol=1e-6, atol=1e-7)
+
+
 def test_running_stat_update_is_seen_by_a_graph_that_saved_them():
     # A graph that used the running buffers (as inputs of other ops) sees the update.
     rm, rv = fw.zeros(3), fw.ones(3)
@@ -470,7 +500,7 @@ def test_inplace_abn_residual_is_in_place_and_keeps_y_and_the_residual_without_c
     assert r._version == rv0  # the residual is read, never written
     assert h.grad_fn.name() == "InPlaceABNBackward"
     assert memory.stats().get("inplace_copy_bytes", 0) == 0
-    assert memory.stats().get("inplace_ops", 0) == 3  # the op, and one copy_ per running stat
+    assert memory.stats().get("inplace_ops", 0) == 3  # the op, and one update per running stat
     small = 3 * c * 4  # weight, bias, inverse std
     assert saved == 2 * act + small  # y (x's buffer) and the residual, by reference
     out.sum().backward()

@@ -36,7 +36,8 @@ SPECS = [
     OpSpec("squeeze()", lambda x: x.squeeze(), np.squeeze, [((2, 1, 3),), ((1,),), ((1, 1),), ((2, 3),)], view=True),
     OpSpec("squeeze(1)", lambda x: fw.squeeze(x, 1), lambda a: a.squeeze(1), [((2, 1, 3),), ((3, 1),)], view=True),
     OpSpec("squeeze(0) of size 2", lambda x: x.squeeze(0), lambda a: a, [((2, 3),)], view=True),
-    OpSpec("flatten()", lambda x: x.flatten(), lambda a: a.reshape(-1), UNARY, view=None),
+    # (a 1-d tensor's flatten() is the tensor itself, as in PyTorch: see test_pytorch_views.py)
+    OpSpec("flatten()", lambda x: x.flatten(), lambda a: a.reshape(-1), [((),), ((2, 3),), ((2, 3, 4),)], view=None),
     OpSpec("flatten(1)", lambda x: fw.flatten(x, 1), lambda a: a.reshape(2, -1), ND3, view=None),
     OpSpec("flatten(0,1)", lambda x: x.flatten(0, 1), lambda a: a.reshape(6, 4), ND3, view=None),
     OpSpec(

@@ -2,16 +2,20 @@
 
 ``gradcheck`` compares the gradients autograd computes with central differences in
 float64, the check every op in this project passes (see tests/framework/ops).
+
+:mod:`framework.testing.cupy_standin` is a strict CuPy stand-in on the CPU: with
+``INPLACE_LAB_CUPY=standin`` the backend loads it in place of CuPy, so GPU code paths
+(yours too) run and are checked without a GPU.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import backend
-from .autograd.engine import grad as autograd_grad
-from .autograd.grad_mode import no_grad
-from .tensor import Tensor, _wrap
+from .. import backend
+from ..autograd.engine import grad as autograd_grad
+from ..autograd.grad_mode import no_grad
+from ..tensor import Tensor, _wrap
 
 
 def to_numpy(x) -> np.ndarray:

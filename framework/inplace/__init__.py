@@ -1,0 +1,247 @@
+"""The inplace policy: one setting, ``off | auto | on``, for every inplace SITE of a run.
+
+A *site* is a place where the framework may write a result over its input instead of
+into new memory: activation modules built with ``inplace=None`` (``nn.ReLU()``,
+``nn.LeakyReLU()``, ``nn.Dropout()``), residual adds (``F.residual_add``), BatchNorm +
+activation (InPlace-ABN in the models), and, under ``auto``, ordinary ops (``x.exp()``,
+``a + b``, ``F.relu(x)``). Internal buffers nobody else can see follow the policy too
+(:func:`enabled`): the bias added into a fresh matmul output, optimizer updates, gradient
+accumulation in backward, gradients as views of the allreduce buffer.
+
+- ``off``: every site out of place. The reference.
+- ``auto`` (the default): a site writes in place only where :mod:`.proof` proves that
+  nothing can read its input again. Same numbers as ``off``, bit for bit.
+- ``on``: every site writes in place unless autograd or an alias forbids it (a leaf
+  that requires grad, a tensor autograd saved for backward, memory shared with a view,
+  ``.data``, ``.numpy()`` or ``detach()``). If the program reads the input again, it gets
+  a :class:`ConsumedTensorError` that names the site and the line, never another number.
+
+**A site that writes over its input consumes it**: it returns a new tensor object for the
+result, and the input's old object raises on any later use (see :mod:`.consumed`).
+Explicit inplace calls (``x.add_(y)``, ``nn.ReLU(inplace=True)``, ``x[i] = v``) are not
+sites: they mutate exactly as in PyTorch, whatever the policy.
+
+This module sits below ``nn`` and imports nothing above ``autograd``: the tensor class
+and the entry points the proof is calibrated with are handed in by :func:`calibrate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+
+from .. import memory
+from ..autograd.grad_mode import state as _grad_state
+from ..callsite import call_site, frame_site
+from . import proof
+from .consumed import ConsumedData, ConsumedTensorError
+from .proof import passes_ownership
+
+__all__ = [
+    "POLICIES", "DEFAULT_POLICY", "get_policy", "set_policy", "policy", "enabled", "site_target",
+    "consume", "auto_target", "auto_status", "passes_ownership", "ConsumedTensorError", "ConsumedData",
+]
+
+POLICIES = ("off", "auto", "on")
+DEFAULT_POLICY = "auto"
+
+_policy = DEFAULT_POLICY
+_Tensor = None  # bound by calibrate()
+
+
+def get_policy() -> str:
+    """The current policy name."""
+    return _policy
+
+
+def set_policy(name: str) -> None:
+    """Sets the policy for the whole process: ``"off"``, ``"auto"`` or ``"on"``."""
+    global _policy
+    if isinstance(name, bool):  # YAML 1.1 reads bare on/off as booleans
+        name = "on" if name else "off"
+    if name not in POLICIES:
+        raise ValueError(f"unknown inplace policy {name!r}; use one of: {', '.join(POLICIES)}")
+    _policy = name
+
+
+@contextlib.contextmanager
+def policy(name: str):
+    """Runs the block under policy ``name``, then restores the previous one."""
+    prev = _policy
+    set_policy(name)
+    try:
+        yield
+    finally:
+        set_policy(prev)
+
+
+def auto_status() -> str:
+    """``""`` when policy ``auto`` can prove tensors dead on this interpreter, else why not
+    (its sites then act as under ``off``)."""
+    return proof.status
+
+
+def enabled(explicit: bool | None = None) -> bool:
+    """Whether a site over the framework's OWN buffers writes in place (a bias added into a
+    fresh matmul output, optimizer updates, gradient accumulation): under ``auto`` and
+    ``on``, yes, since nothing outside the framework can hold those buffers.
+
+    Args:
+        explicit: a site's own setting; ``None`` follows the policy.
+    """
+    if explicit is not None:
+        return bool(explicit)
+    return _policy != "off"
+
+
+def site_target(tensor, site: str):
+    """Where a policy site may write its result over ``tensor``: ``(file, line)``, or None.
+
+    Called by a site's pass-through frame (``forward`` or a functional site) with the
+    tensor it received. None means: compute out of place. Otherwise the site runs its
+    inplace form on ``consume(tensor, site, where)`` and returns that: the input is
+    consumed BEFORE the write, so a kernel that raises half way leaves nothing readable
+    with half-written values.
+    """
+    p = _policy
+    if p == "off":
+        return None
+    if tensor._requires_grad and tensor._grad_fn is None and tensor._base is None:
+        return None  # a leaf that requires grad is what its .grad belongs to (any grad mode)
+    if memory.saved_refcount(tensor._data):
+        # Autograd holds it for backward: writing would make backward raise.
+        memory.count("inplace_site_fallbacks")
+        return None
+    if not _sole_array(tensor):
+        return None  # a view, .data, detach() or .numpy() shares the memory
+    if p == "on":
+        return call_site()
+    if proof.status:
+        return None  # auto proves nothing on this interpreter: act as off
+    frame = proof.dead_at(tensor, sys._getframe(1), "site")
+    if frame is None:
+        return None
+    where = frame_site(frame)
+    del frame
+    memory.count("auto_inplace_ops")
+    memory.count("auto_inplace_ops." + site)
+    memory.count("auto_inplace_bytes", tensor._data.nbytes)
+    return where
+
+
+def consume(tensor, site: str, where):
+    """Hands ``tensor``'s storage and history to a new tensor object, which ``site`` writes
+    its result into and returns; the old object is consumed: any later use raises,
+    naming ``site`` and ``where``."""
+    return tensor._consume(site, where, _policy)
+
+
+def _sole_array(t) -> bool:
+    """``t``'s array owns its memory and only ``t`` refers to it: no view of it, no node
+    that saved it, no ``detach()`` or ``.data`` sharing it (each holds a reference)."""
+    data = t._data
+    return type(data) is not ConsumedData and data.base is None and sys.getrefcount(data) <= _SOLE_ARRAY_REFS
+
+
+def _measure_sole_array() -> int:
+    import numpy as np  # noqa: PLC0415
+
+    class _Holder:  # stands for a tensor and its one slot
+        pass
+
+    h = _Holder()
+    h._data = np.zeros(1)
+    data = h._data  # noqa: F841  (what _sole_array's own local adds)
+    return sys.getrefcount(data)
+
+
+_SOLE_ARRAY_REFS = _measure_sole_array()
+
+
+def auto_target(cls, inputs, params):
+    """Where policy ``auto`` runs op ``cls`` in place on ``inputs[0]``: ``(file, line)``, or None.
+
+    Called by the apply path, before anything else, for ops that declare
+    ``auto_inplace``. The first input must be dead (:mod:`.proof`): not a leaf that
+    requires grad, not a view, its array shared with nothing, nothing but the call holding
+    it; the result must have its shape and dtype, no other input may share its memory, and
+    the op's backward must not read it (running in place would then only copy it).
+    """
+    x = inputs[0]
+    if type(x) is not _Tensor or x._base is not None or (x._requires_grad and x._grad_fn is None):
+        return None
+    data = x._data
+    if type(data) is ConsumedData or data.dtype.kind != "f":
+        return None
+    od = None
+    for other in inputs[1:]:
+        if isinstance(other, _Tensor):
+            od = other._data
+            if type(od) is ConsumedData:
+                return None
+            if od.dtype != data.dtype or (od.shape != data.shape and not _fits(od.shape, data.shape)):
+                return None  # the result would not have x's shape and dtype
+            if od is data or x.xp.may_share_memory(od, data):
+                return None  # overlap: the kernel would read what it already wrote
+        elif type(other) not in (int, float, bool):
+            return None
+    saves_x = _saves_first_input.get(cls)
+    if saves_x is None:
+        saves_x = _saves_first_input[cls] = tuple(when for _, idx, when in cls._save_plan if idx == 0)
+    if saves_x and _grad_state.enabled and cls.differentiable:
+        needs = [isinstance(a, _Tensor) and (a._grad_fn is not None or a.requires_grad) for a in inputs]
+        for when in saves_x:
+            if when is None and any(needs) or when is not None and any(needs[i] for i in when):
+                return None
+    check = cls.auto_inplace
+    if check is not True and not check(inputs, params):
+        return None
+    if proof.status:
+        return None
+    nbytes = data.nbytes
+    del data, od  # the proof counts references: hold none of our own
+    if not _sole_array(x):
+        return None
+    frame = proof.dead_at(x, sys._getframe(2), "apply")
+    if frame is None:
+        return None
+    where = frame_site(frame)
+    del frame
+    count = memory.count
+    count("auto_inplace_ops")
+    count(_stat_keys.get(cls) or _stat_keys.setdefault(cls, "auto_inplace_ops." + cls.__name__))
+    count("auto_inplace_bytes", nbytes)
+    return where
+
+
+def _fits(small, big) -> bool:
+    """``small`` broadcasts to ``big`` without changing it."""
+    return len(small) <= len(big) and all(s == 1 or s == b for s, b in zip(reversed(small), reversed(big)))
+
+
+_saves_first_input: dict = {}  # op class -> saved_when conditions of its saved first input
+_stat_keys: dict = {}  # op class -> its memory.stats() key
+
+
+def calibrate(*, Tensor, make, neg, add, relu, residual_add, site, op_module, module_call) -> None:
+    """Binds the tensor class and measures policy ``auto``'s reference counts (see
+    :func:`.proof.calibrate`). Called once from ``framework/__init__.py``. If no path
+    can be trusted on this interpreter, warns once: ``auto`` then acts as ``off``."""
+    global _Tensor, _policy
+    _Tensor = Tensor
+    prev, _policy = _policy, "auto"
+    try:
+        proof.calibrate(make=make, neg=neg, add=add, relu=relu, residual_add=residual_add, site=site,
+                        op_module=op_module, module_call=module_call,
+                        counter=lambda: memory.stats().get("auto_inplace_ops", 0))
+    finally:
+        _policy = prev
+    memory.reset_stats()
+    if proof.status:
+        warnings.warn(
+            f"inplace policy 'auto' cannot prove tensors dead on this interpreter ({proof.status}); "
+            "its sites act as under 'off' (correct, without the memory savings)",
+            RuntimeWarning,
+            stacklevel=2,
+        )

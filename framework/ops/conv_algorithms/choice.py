@@ -1,0 +1,91 @@
+"""Which algorithm computes each pass of a convolution when conv2d chooses per layer.
+
+Two choosing modes, each a table read top to bottom (first match wins); every other
+name of ``framework.ops.conv.contraction`` forces one algorithm for every pass:
+
+``"auto"`` (the default): only algorithms whose float32 rounding is that of im2col
+(F(2x2, 3x3) Winograd's transforms add and subtract, nothing else)
+
+======================================================  ===========  ===========  ===========
+layers                                                  forward      weight grad  input grad
+======================================================  ===========  ===========  ===========
+3x3, stride 1, >= 32 input and output channels          winograd2    winograd2    winograd2
+stride 1 (any kernel, any channels)                     grid         grid         grid
+strided                                                 gemm         gemm         gemm
+======================================================  ===========  ===========  ===========
+
+``"fast"``: trades float32 precision for speed: Winograd F(4x4, 3x3) (4x fewer
+multiplications; its transforms scale by up to 8 and 1/24, so its float32 results carry
+~10x the rounding of im2col: a few 1e-6 of the largest output instead of a few 1e-7)
+
+======================================================  ===========  ===========  ===========
+3x3, stride 1, >= 32 input and output channels          winograd4    winograd4    winograd4
+stride 1                                                grid         grid         grid
+strided                                                 gemm         gemm         gemm
+======================================================  ===========  ===========  ===========
+
+Why (measured on ResNet-20's layers, batch 64, float32, one thread, default workspace
+limit; ``benchmarks/bench_conv.py`` prints every algorithm per layer and pass beside
+PyTorch, docs/BENCHMARKS.md has the run): ``grid`` is GEMM-bound (~100 GFLOP/s on one
+core with OpenBLAS). Winograd does fewer multiplications in its GEMMs but pays transforms
+and layout changes per tile and channel, which grow with the channels while the saving
+grows with their square: from 32 channels both beat ``grid`` (F(2x2) by ~15% at 32 and
+~35% at 64 channels, F(4x4) by ~35% and ~50%); at 16 both are slower. Strided layers keep
+the general im2col ``gemm``: the grid trick and the transposed-convolution input gradient
+need stride 1.
+
+The rules are pure functions of the shapes (nothing is timed at run time), so a layer
+always takes the same path and its results are reproducible. ``framework.ops.conv.explain``
+shows the plan for a layer.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Plan(NamedTuple):
+    """Algorithm names for the three passes of one convolution, and the rule that chose them."""
+
+    forward: str
+    grad_weight: str
+    grad_input: str
+    rule: str
+
+
+def _winograd_layer(min_channels):
+    def matches(g):
+        return g.kernel == (3, 3) and g.stride == (1, 1) and min(g.x_shape[1], g.w_shape[0]) >= min_channels
+
+    return matches
+
+
+def _stride1(g):
+    return g.stride == (1, 1)
+
+
+def _any(g):
+    return True
+
+
+RULES = {
+    "auto": (
+        ("3x3, stride 1, >= 32 input and output channels", _winograd_layer(32), ("winograd2",) * 3),
+        ("stride 1", _stride1, ("grid",) * 3),
+        ("strided", _any, ("gemm",) * 3),
+    ),
+    "fast": (
+        ("3x3, stride 1, >= 32 input and output channels", _winograd_layer(32), ("winograd4",) * 3),
+        ("stride 1", _stride1, ("grid",) * 3),
+        ("strided", _any, ("gemm",) * 3),
+    ),
+}
+MODES = tuple(RULES)
+
+
+def plan(mode: str, geom) -> Plan:
+    """The algorithms choosing mode ``mode`` (``"auto"`` or ``"fast"``) uses for ``geom``."""
+    for rule, matches, names in RULES[mode]:
+        if matches(geom):
+            return Plan(*names, f"{mode}: {rule}")
+    raise AssertionError("the last rule matches every geometry")  # pragma: no cover

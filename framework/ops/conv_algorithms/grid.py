@@ -1,0 +1,179 @@
+"""Stride-1 convolution as im2col over the padded grid, one GEMM per chunk; its input
+gradient as the transposed convolution, computed by the same forward.
+
+Why a different im2col: with stride 1, the window of output ``(h, w)`` starts at
+``h*Wp + w`` in the flattened padded image (``Wp`` its padded width), so the ``C*kh*kw``
+rows of the columns matrix are contiguous runs of the flattened image:
+``cols[(c, i, j), q] = xpad_flat[c, q + i*Wp + j]`` for ``q < L = (Ho-1)*Wp + Wo``. The
+copy into ``cols`` moves runs of ``L`` elements (hundreds) instead of runs of ``Wo`` (8 to
+32 on ResNet-20), 3x to 5x faster; the price is ``Wp - Wo`` columns per output row that
+straddle the right border and are thrown away (6% of the product at 32x32, 12% at
+16x16, 22% at 8x8). The images of a chunk sit side by side (``cols`` is
+``(C*kh*kw, n*L)``), so each pass is ONE matrix product per chunk:
+
+* forward: ``out(Co, n*L) = w(Co, C*kh*kw) @ cols``, then the valid columns are copied
+  into the NCHW output;
+* weight gradient: the output gradient is laid out on the same grid (zeros in the
+  straddling columns, so they add nothing) and ``gw = g_grid @ cols.T``;
+* input gradient: ``grad_x = conv2d(g padded by kh-1-ph, w flipped and transposed)``, a
+  stride-1 convolution of the output gradient, computed by the forward above: no col2im,
+  no per-offset products, no scatter-adds. Under policy ``on`` (the engine proved the
+  output gradient dead) a chunk's result is written back over that chunk of the output
+  gradient when the shapes allow, as in :mod:`.im2col`.
+
+Workspace per image (counted, category ``workspace``, allocated once per call at the
+chunk size): the padded image ``C*Hp*Wp`` + ``cols`` ``C*kh*kw*L`` + the product's
+output ``Co*L`` (weight gradient: the gridded output gradient ``Co*L`` instead). On top
+of the limit: one weight-sized buffer (the flipped weight of the input gradient, the
+partial weight gradient of a chunk, or a contiguous copy of a strided weight).
+"""
+
+from __future__ import annotations
+
+from ... import memory
+from .workspace import chunks, contiguous, reshaped, strided
+
+
+class _Chunked:
+    """The buffers one call reuses for every chunk, and their views (made once per call:
+    ``as_strided`` and reshapes cost microseconds each, and a call has dozens of chunks).
+
+    ``xpad`` the padded chunk (borders zeroed once, never written again); ``cols``
+    ``(C*kh*kw, rows, L)``; ``grid`` ``(grid_rows, rows, L)``, a product's output or the
+    output gradient on the grid (``zero_grid``: its straddling columns stay 0).
+    """
+
+    def __init__(self, x, geom, rows, grid_rows, xp, zero_grid=False):
+        c, h, w = geom.x_shape[1:]
+        kh, kw = geom.kernel
+        self.geom, self.xp, self.rows = geom, xp, rows
+        self.hp, self.wp, self.length = _grid(geom)
+        length = self.length
+        self.copy = _Chunked.copies_input(x, geom)
+        self.xpad = memory.zeros((rows, c, self.hp, self.wp), x.dtype, xp, "workspace") if self.copy else None
+        self.cols = memory.empty((c * kh * kw, rows, length), x.dtype, xp, "workspace")
+        make = memory.zeros if zero_grid else memory.empty
+        self.grid = make((grid_rows, rows, length), x.dtype, xp, "workspace")
+        src = self.xpad if self.copy else x  # x: C-contiguous and unpadded
+        sn, sc = src.strides[0] // src.itemsize, src.strides[1] // src.itemsize
+        self.windows = strided(xp, src, (c, kh, kw, src.shape[0], length), (sc, self.wp, 1, sn, 1))
+        self.cols5 = reshaped(self.cols, (c, kh, kw, rows, length))
+        self.grid_valid = strided(
+            xp, self.grid, (rows, grid_rows) + tuple(geom.out_hw), (length, rows * length, self.wp, 1)
+        )
+        self._flat = {}
+
+    @staticmethod
+    def copies_input(x, geom):
+        """Whether images are copied into a padded buffer (padding, or a strided input)."""
+        return geom.padding != (0, 0) or not x.flags.c_contiguous
+
+    @staticmethod
+    def per_image_bytes(x, geom, grid_rows):
+        """Workspace bytes per image: padded image, ``cols`` and ``grid_rows`` rows of ``L``."""
+        c = geom.x_shape[1]
+        hp, wp, length = _grid(geom)
+        kh, kw = geom.kernel
+        padded = c * hp * wp if _Chunked.copies_input(x, geom) else 0
+        return (padded + (c * kh * kw + grid_rows) * length) * x.itemsize
+
+    def flat(self, k):
+        """``cols`` as ``(C*kh*kw, k*L)`` and ``grid`` as ``(grid_rows, k*L)``, for k images."""
+        views = self._flat.get(k)
+        if views is None:
+            n_l = k * self.length
+            views = self._flat[k] = (
+                reshaped(self.cols[:, :k], (self.cols.shape[0], n_l)),
+                reshaped(self.grid[:, :k], (self.grid.shape[0], n_l)),
+            )
+        return views
+
+    def columns(self, x, sl):
+        """Fills ``cols`` from images ``x[sl]``; returns ``(cols, grid)`` as :meth:`flat`."""
+        k = sl.stop - sl.start
+        if self.copy:
+            ph, pw = self.geom.padding
+            h, w = self.geom.x_shape[2:]
+            self.xpad[:k, :, ph : ph + h, pw : pw + w] = x[sl]
+            windows = self.windows[:, :, :, :k]
+        else:
+            windows = self.windows[:, :, :, sl]
+        self.xp.copyto(self.cols5[:, :, :, :k], windows)
+        return self.flat(k)
+
+
+def _grid(geom):
+    """``(Hp, Wp, L)``: padded height and width, and grid positions per image."""
+    h, w = geom.x_shape[2:]
+    hp, wp = h + 2 * geom.padding[0], w + 2 * geom.padding[1]
+    return hp, wp, (geom.out_hw[0] - 1) * wp + geom.out_hw[1]
+
+
+def _forward_into(x, w2, geom, limit, xp, out):
+    """``out[:] = conv2d(x, w)`` (stride 1), ``w2`` the ``(Co, C*kh*kw)`` weight."""
+    co = w2.shape[0]
+    parts = chunks(geom.x_shape[0], _Chunked.per_image_bytes(x, geom, co), limit)
+    if not parts:
+        return out
+    bufs = _Chunked(x, geom, parts[0].stop, co, xp)
+    for sl in parts:
+        cols, res = bufs.columns(x, sl)
+        xp.matmul(w2, cols, out=res)
+        xp.copyto(out[sl], bufs.grid_valid[: sl.stop - sl.start])
+    return out
+
+
+class Grid:
+    """Stride-1 im2col over the padded grid; input gradient as the transposed convolution."""
+
+    name = "grid"
+
+    def __repr__(self):
+        return f"<conv2d algorithm {self.name!r}>"
+
+    @staticmethod
+    def unsupported(geom):
+        """Why this algorithm cannot run ``geom`` (None: it can)."""
+        if geom.stride != (1, 1):
+            return f"needs stride 1, this conv has stride {geom.stride}"
+        return None
+
+    def forward(self, x, w, geom, limit, xp):
+        co = w.shape[0]
+        out = memory.empty((x.shape[0], co) + tuple(geom.out_hw), w.dtype, xp, "activations")
+        return _forward_into(x, contiguous(w, xp).reshape(co, -1), geom, limit, xp, out)
+
+    def grad_weight(self, x, g, geom, limit, xp):
+        n, c = geom.x_shape[:2]
+        co = geom.w_shape[0]
+        kh, kw = geom.kernel
+        gw = memory.zeros((co, c * kh * kw), g.dtype, xp, "gradients")
+        parts = chunks(n, _Chunked.per_image_bytes(x, geom, co), limit)
+        if not parts:
+            return gw.reshape(geom.w_shape)
+        # The output gradient on the grid; the straddling columns are never written: 0.
+        bufs = _Chunked(x, geom, parts[0].stop, co, xp, zero_grid=True)
+        part = None
+        for sl in parts:
+            cols, ggrid = bufs.columns(x, sl)
+            xp.copyto(bufs.grid_valid[: sl.stop - sl.start], g[sl])
+            if sl.start == 0:
+                xp.matmul(ggrid, cols.T, out=gw)
+            else:
+                if part is None:
+                    part = memory.empty(gw.shape, gw.dtype, xp, "workspace")
+                xp.matmul(ggrid, cols.T, out=part)
+                gw += part
+        return gw.reshape(geom.w_shape)
+
+    def grad_input(self, g, w, geom, limit, xp, overwrite):
+        tgeom, (ch, cw) = geom.transposed()
+        g_in = g[:, :, ch : g.shape[2] - ch, cw : g.shape[3] - cw] if ch or cw else g
+        co, c, kh, kw = w.shape
+        w2t = memory.empty((c, co, kh, kw), w.dtype, xp, "workspace")
+        xp.copyto(w2t, w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
+        gx = g if overwrite else memory.empty(geom.x_shape, g.dtype, xp, "gradients")
+        return _forward_into(g_in, w2t.reshape(c, -1), tgeom, limit, xp, gx)
+
+
+GRID = Grid()

@@ -1,0 +1,74 @@
+"""``cupy.cuda.Device`` of the stand-in: a simulated GPU, made current per thread."""
+
+from __future__ import annotations
+
+import threading
+
+from . import runtime
+
+_stack = threading.local()  # .devices: the devices to restore when ``with Device(n)`` blocks end
+
+
+def get_device_id() -> int:
+    """The calling thread's current device."""
+    return runtime.getDevice()
+
+
+class Device:
+    """A simulated GPU, as ``cupy.cuda.Device``: ``Device()`` is the current one.
+
+    ``with Device(n):`` makes ``n`` current for the block and ``use()`` for good; new
+    arrays are allocated on the current device and kernels refuse arrays of another one.
+    ``synchronize()`` returns at once: the stand-in has already done all the work.
+    """
+
+    def __init__(self, device=None):
+        self.id = runtime.getDevice() if device is None else int(device)
+
+    def __int__(self) -> int:
+        return self.id
+
+    def __index__(self) -> int:
+        return self.id
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Device) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(("standin-device", self.id))
+
+    def __repr__(self) -> str:
+        return f"<CUDA Device {self.id}>"
+
+    def __enter__(self) -> Device:
+        previous = runtime.getDevice()
+        runtime.setDevice(self.id)  # raises for a device that does not exist
+        stack = getattr(_stack, "devices", None)
+        if stack is None:
+            stack = _stack.devices = []
+        stack.append(previous)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        runtime.setDevice(_stack.devices.pop())
+
+    def use(self) -> None:
+        """Makes this device current for the calling thread."""
+        runtime.setDevice(self.id)
+
+    def synchronize(self) -> None:
+        """Returns at once: nothing is queued on a simulated device."""
+        runtime.getDeviceProperties(self.id)  # still refuses a device that does not exist
+
+    @property
+    def compute_capability(self) -> str:
+        props = runtime.getDeviceProperties(self.id)
+        return f"{props['major']}{props['minor']}"
+
+    @property
+    def mem_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes: the nominal size less what the stand-in's pools hold."""
+        from .memory import _bytes_held_on  # noqa: PLC0415  (memory imports this module)
+
+        total = runtime.getDeviceProperties(self.id)["totalGlobalMem"]
+        return total - _bytes_held_on(self.id), total

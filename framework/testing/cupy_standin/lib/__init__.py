@@ -1,0 +1,3 @@
+"""``cupy.lib`` of the stand-in."""
+
+from . import stride_tricks  # noqa: F401

@@ -1,0 +1,33 @@
+"""What a training run shows: TensorBoard events, progress, summary tables, figures.
+
+One module per job:
+
+- ``events``: :class:`RunLogger` writes one run's TensorBoard events (tensorboardX's
+  public API), the ``<logdir>/<experiment>/<run>`` layout, :func:`read_scalars`;
+- ``progress``: :class:`Progress`, a bar on a terminal, a line every few seconds elsewhere;
+- ``tables``: :func:`format_summary` and :func:`format_value`, the plain-text tables;
+- ``plots``: the memory timeline of one step and the figure comparing policies.
+
+These modules take plain numbers and data, never tensors: they import nothing from
+``framework``, and tensorboardX, tensorboard, matplotlib and tqdm are imported when
+first used, so a disabled logger (ranks other than 0) costs nothing.
+"""
+
+from .events import RunLogger, default_run_name, read_scalars, run_dir
+from .plots import plot_comparison, plot_timeline, timeline_positions
+from .progress import Progress
+from .tables import MB, format_summary, format_value
+
+__all__ = [
+    "MB",
+    "Progress",
+    "RunLogger",
+    "default_run_name",
+    "format_summary",
+    "format_value",
+    "plot_comparison",
+    "plot_timeline",
+    "read_scalars",
+    "run_dir",
+    "timeline_positions",
+]
