@@ -102,6 +102,7 @@ def is_inference(t: Tensor):
 
 from . import nn, optim  # noqa: E402  (they build on everything above)
 from . import random  # noqa: E402,F401
+from .compile import compile  # noqa: E402,A004  (fw.compile, like torch.compile; above nn and optim)
 
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import backend, memory, random
+from .autograd import function as _function
 from .tensor import Tensor, _wrap
 
 float16 = np.dtype(np.float16)
@@ -79,9 +80,13 @@ def _size(size):
 def _filled(fill, size, dtype, device, requires_grad):
     dev = backend.device(device)
     xp = backend.xp_for(dev)
+    shape, dtype = _size(size), np.dtype(dtype) if dtype is not None else DEFAULT_DTYPE
     with backend.device_context(dev):
-        array = fill(xp, _size(size), np.dtype(dtype) if dtype is not None else DEFAULT_DTYPE)
-    return _new(array, requires_grad)
+        array = fill(xp, shape, dtype)
+    t = _new(array, requires_grad)
+    if _function.capture is not None:  # a compiled step replays the recipe (framework/compile)
+        _function.capture.created(t, fill, shape, dtype, dev)
+    return t
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False) -> Tensor:

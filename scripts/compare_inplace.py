@@ -8,7 +8,9 @@ experiment folder, so the runs overlay in one dashboard; its progress display is
 labelled with the policy. ``on+abn`` is policy ``on`` with the model's BatchNorm +
 activation fused as InPlace-ABN (``model.args.norm``); ``auto`` (and ``auto+abn``) is
 policy auto, which runs an op in place only where it proves the input dead (the table
-then shows how many ops per step and the MB they saved).
+then shows how many ops per step and the MB they saved). ``compiled`` runs the step
+compiled (``compile: true``, captured under policy ``off``): the table then adds the
+compiled step's planned peak and its number of inplace chains.
 
 Memory (peak, floor) comes from the training runs. Throughput is measured apart, as a
 distribution: ``--rounds`` rounds of ``--round-steps`` training steps per policy, the
@@ -33,7 +35,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from trainers.cli import run_cli  # noqa: E402
 
 VARIANTS = {"off": ("off", None), "on": ("on", None), "auto": ("auto", None), "on+abn": ("on", "inplace_abn"),
-            "off+abn": ("off", "inplace_abn"), "auto+abn": ("auto", "inplace_abn")}
+            "off+abn": ("off", "inplace_abn"), "auto+abn": ("auto", "inplace_abn"),
+            # the step compiled (fw.compile) and captured under off: every inplace decision is
+            # the compiler's (docs/COMPILE.md)
+            "compiled": ("off", None)}
 
 
 def parse_args(argv=None):
@@ -69,7 +74,8 @@ def policy_config(args, name: str):
 
     policy, norm = VARIANTS[name]
     # Each policy gets its own run folder, named after it (logging.run_name would put them in one).
-    overrides = list(args.overrides) + [f"inplace={policy}", "logging.run_name=null"]
+    overrides = list(args.overrides) + [f"inplace={policy}", "logging.run_name=null",
+                                        f"compile={str(name == 'compiled').lower()}"]
     return load_config(args.config, overrides + ([f"model.args.norm={norm}"] if norm else []))
 
 
@@ -114,7 +120,7 @@ def measure_throughput(trainer_cls, configs: dict, rounds: int, steps: int) -> d
     """
     trainers = {name: trainer_cls(cfg, resume=False) for name, cfg in configs.items()}
     for trainer in trainers.values():
-        trainer.time_steps(1)
+        trainer.time_steps(1 if trainer.compiled is None else 2)  # a compiled step captures twice
     names = list(trainers)
     rates: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
@@ -143,12 +149,15 @@ def table(names, results, rates):
             "samples/s": median, "spread %": 100.0 * (max(rate) - min(rate)) / median,
             f"vs {names[0]}": "-" if name == names[0] else speed_vs(rate, base_rates),
             "auto ops/step": r.auto_ops_per_step, "auto MB/step": r.auto_saved_mb_per_step,
+            "planned MB": r.planned_peak_mb, "inplace chains": r.inplace_chains,
             "final loss": r.final_loss, f"eval {r.eval_name}": r.eval_metric,
         }
         rows.append(row)
     keys = list(rows[0])
     if not any(VARIANTS[n][0] == "auto" for n in names):
         keys = [k for k in keys if not k.startswith("auto ")]
+    if "compiled" not in names:
+        keys = [k for k in keys if k not in ("planned MB", "inplace chains")]
     return rows, [(k, k) for k in keys]
 
 

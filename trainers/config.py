@@ -93,6 +93,9 @@ SCHEMA: dict[str, Any] = {
                         "numbers of `off`, bit for bit) or `on` (every site in place; reading an "
                         "overwritten input stops the run with an error naming the site)",
                         choices=("off", "auto", "on"), from_bool={True: "on", False: "off"}),
+    "compile":    Field("bool", False, "Run the training step compiled (`fw.compile`, docs/COMPILE.md): captured "
+                        "while the first steps run, then replayed with inplace decisions and a memory plan made on "
+                        "the whole step; the run name gets `_compiled`. CPU only; not with train.grad_clip"),
     "threads":    Field("int", 0, "Threads per process for NumPy's BLAS (0: the library's default, "
                         "or cores / processes under MPI); small models run fastest on 1", min=0),
     "data": {

@@ -56,6 +56,8 @@ class RunResult:
     timeline: object = None
     auto_ops_per_step: float = 0.0  # ops policy auto ran in place, per training step
     auto_saved_mb_per_step: float = 0.0  # and the MB they did not allocate
+    planned_peak_mb: float | None = None  # compile: true: the compiled step's planned peak
+    inplace_chains: int | None = None  # compile: true: buffers the compiled step writes in place
 
 
 # --- building blocks from the config ------------------------------------------------------
@@ -316,6 +318,7 @@ class Trainer:
         self._check_model_fits_data()
         self.inplace_abn = uses_inplace_abn(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        _check_compile(cfg, self.device)
         # Several processes: gradients are averaged through in-place allreduced buckets
         # (framework/distributed/data_parallel.py); parameters start from rank 0's.
         self.dp = None
@@ -328,6 +331,11 @@ class Trainer:
             except (RuntimeError, ValueError) as e:  # a backend this device cannot use: bad input
                 raise ConfigError(str(e)) from None
 
+        if self.comm.size > 1 and cfg.compile:
+            # A compiled step averages its gradients with ops of its own (between backward
+            # and the update): DataParallel's backward hooks cannot be captured.
+            _broadcast(list(self.model.parameters()) + list(self.model.buffers()), self.comm)
+        elif self.comm.size > 1:
             if cfg.distributed.sync_bn:
                 from framework.distributed.sync_batchnorm import SyncBatchNorm  # noqa: PLC0415
 
@@ -337,6 +345,9 @@ class Trainer:
         with memory.category("optimizer_state"):
             self.optimizer = build_optimizer(cfg, self.params)
         self.criterion = fw.nn.CrossEntropyLoss() if self.classification else fw.nn.MSELoss()
+        self.compiled = None
+        if cfg.compile:
+            self.compiled = fw.compile(self._step_body, modules=[self.model], optimizers=[self.optimizer])
 
         sampler = None
         if self.comm.size > 1:
@@ -460,9 +471,45 @@ class Trainer:
             return fw.from_numpy(x), fw.from_numpy(y)
         return fw.tensor(x, device=self.device), fw.tensor(y, device=self.device)
 
+    def _step_body(self, x, y):
+        """One whole step, as ``compile: true`` captures and replays it (loss, detached output)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        out = self.model(x)
+        loss = self.criterion(out, y)
+        loss.backward()
+        if self.comm.size > 1:
+            from framework.compile.collectives import allreduce_mean_  # noqa: PLC0415
+
+            allreduce_mean_([p.grad for p in self.params if p.grad is not None], self.comm)
+        self.optimizer.step()
+        return loss, out.detach()
+
+    def _compiled_step(self, x, y, lr: float):
+        if self.comm.size > 1:  # rank 0's running statistics, as DataParallel at each forward
+            _broadcast(list(self.model.buffers()), self.comm)
+        memory.mark("compiled step")
+        captures = self.compiled.captures
+        loss, out = self.compiled(x, y)
+        if self.compiled.captures != captures:
+            # A step that captured (and planned) is left out of memory/peak_mb, which shows the
+            # replayed steps; what capturing held is logged as memory/capture_peak_mb.
+            memory.reset_peak()
+        loss_value = float(loss.item())
+        finite = math.isfinite(loss_value)
+        if self.comm.size > 1:
+            finite = self.comm.allreduce_scalar(0.0 if finite else 1.0, "max") == 0.0
+        if not finite:
+            raise TrainingError(
+                f"loss is not finite at step {self.step} (lr {lr:g}); a compiled step has already applied "
+                "its update. Lower optim.lr")
+        correct = (fw.argmax(out, dim=1) == y).sum()._data if self.classification else None
+        return loss_value, correct, None
+
     def _train_step(self, x, y, lr: float):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.compiled is not None:
+            return self._compiled_step(x, y, lr)
         memory.mark("forward")
         out = self.net(x)
         loss = self.criterion(out, y)
@@ -497,8 +544,11 @@ class Trainer:
     def floor_bytes(self, saved: int) -> int:
         """Parameters + gradients + optimizer state + activations saved for backward.
 
-        ``saved`` excludes the weights nodes hold (they are counted as parameters).
+        ``saved`` excludes the weights nodes hold (they are counted as parameters). A
+        compiled step (``saved`` None) reports the floor of its program.
         """
+        if saved is None:
+            return self.compiled.plan.floor_bytes
         params = sum(p.nbytes for p in self.params)
         return 2 * params + memory.breakdown(self.mem_device)["optimizer_state"] + saved
 
@@ -704,6 +754,12 @@ class Trainer:
         for key, count in window.items():
             if key.startswith("auto_inplace_ops."):
                 metrics["inplace/auto_ops_per_step/" + key[len("auto_inplace_ops."):]] = count / n
+        if self.compiled is not None:  # what the compiled step's plan expects, beside the measured tags
+            plan = self.compiled.plan
+            metrics["memory/planned_peak_mb"] = plan.planned_peak_bytes / MB
+            metrics["memory/planned_arena_mb"] = plan.arena_bytes / MB
+            metrics["memory/planned_lower_bound_mb"] = plan.lower_bound_bytes / MB
+            metrics["memory/capture_peak_mb"] = self.compiled.report()["eager_peak_bytes"] / MB
         # GPU runs: tracked CuPy arrays at their nbytes; their sum is a little below the
         # pool's allocated_mb, which rounds blocks up and holds untracked temporaries.
         for name, nbytes in memory.breakdown(self.mem_device).items():
@@ -727,7 +783,33 @@ class Trainer:
             policy=self.cfg.inplace, losses=losses, timeline=timeline,
             auto_ops_per_step=self._auto_run.get("auto_inplace_ops", 0) / max(self.step, 1),
             auto_saved_mb_per_step=self._auto_run.get("auto_inplace_bytes", 0) / max(self.step, 1) / MB,
+            planned_peak_mb=self.compiled.plan.planned_peak_bytes / MB if self.compiled and self.compiled.last else None,
+            inplace_chains=len(self.compiled.report()["inplace_chains"]) if self.compiled and self.compiled.last else None,
         )
+
+
+def _check_compile(cfg: Config, device) -> None:
+    """``compile: true`` needs what a captured step can replay."""
+    if not cfg.compile:
+        return
+    if device.type != "cpu":
+        raise ConfigError("compile: true runs on the CPU only (the replay code calls NumPy); set device: cpu")
+    if cfg.train.grad_clip > 0:
+        raise ConfigError(
+            "compile: true cannot clip gradients: train.grad_clip reads the gradient norm into Python, "
+            "which a replayed step does not run; set train.grad_clip: 0 or compile: false")
+
+
+def _broadcast(tensors, comm) -> None:
+    """Every rank gets rank 0's values of ``tensors`` (in place)."""
+    for t in tensors:
+        data = t._data
+        if data.flags.c_contiguous and data.flags.writeable:
+            comm.broadcast_(data, root=0)
+        else:
+            tmp = np.ascontiguousarray(data)
+            comm.broadcast_(tmp, root=0)
+            data[...] = tmp
 
 
 def summary_table(results: list[RunResult]) -> str:

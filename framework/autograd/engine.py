@@ -21,6 +21,7 @@ import sys
 
 from .. import inplace, memory
 from ..backend import get_array_module
+from . import function as _function  # _function.capture: the recorder of framework.compile, or None
 from .function import Function, _as_array
 from .grad_mode import no_grad, state
 
@@ -55,6 +56,8 @@ def _is_exclusive(array) -> bool:
 def _sum_into(store, key, new) -> None:
     """``store[key] += new``: in place into ``store[key]``'s buffer under the policy when
     the engine alone holds it (Paddle's ``use_count == 1`` rule), else a new array."""
+    if _function.capture is not None:
+        return _function.capture.sum_into(store, key, new)
     existing = store[key]
     store[key] = None  # now only this local refers to it, unless someone else does
     if inplace.enabled() and _is_exclusive(existing):
@@ -80,6 +83,8 @@ def _run_leaf_hooks(leaf, grad):
 def _accumulate_leaf(leaf, box) -> None:
     """Adds the gradient in ``box`` (a list it pops it from, so that this function's
     local is its only holder) into ``leaf.grad``, runs the leaf's hooks around it."""
+    if _function.capture is not None:
+        return _function.capture.accumulate_leaf(leaf, box)
     grad = box.pop()
     if not leaf._requires_grad:
         # A view made under no_grad of a tensor that requires grad reports
@@ -268,7 +273,8 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                 reused += reuse
                 node.reuse_grad = reuse
                 try:
-                    outs = list(node.run_backward(g))
+                    outs = list(node.run_backward(g) if _function.capture is None
+                                else _function.capture.run_backward(node, g))
                     # Count the new gradients now, while the incoming one is still alive:
                     # that overlap is part of backward's real peak.
                     for out in outs:
@@ -340,6 +346,8 @@ def _roots(tensors, grad_tensors):
                     "pass a gradient of the same shape to backward(gradient=...)"
                 )
             g = xp.ones(t._data.shape, dtype=t._data.dtype)
+            if _function.capture is not None:
+                _function.capture.root_grad(g)
         else:
             g = g._data if isinstance(g, Tensor) else xp.asarray(g, dtype=t._data.dtype)
             if g.shape != t._data.shape:

@@ -417,6 +417,10 @@ def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
 
 _NO_NEEDS = tuple((False,) * n for n in range(8))
 
+# The recorder of framework.compile while a step is being captured, else None: the one
+# check this hot path pays for compilation (framework/compile/capture.py).
+capture = None
+
 
 def _apply(cls, inputs, params, inplace):
     """Runs one call of op ``cls``: the one path every op takes, in the order the inplace
@@ -435,7 +439,10 @@ def _apply(cls, inputs, params, inplace):
 
     An ``auto`` rewrite hands the input's storage to a new tensor object, which the op
     then runs in place on, and leaves the input consumed (see :mod:`framework.inplace`).
+    While a compiled step is captured, the recorder runs this path and records the call.
     """
+    if capture is not None:
+        return capture.apply(cls, inputs, params, inplace)
     where = None
     if not inplace and cls.auto_inplace and _inplace._policy == "auto":
         where = _inplace.auto_target(cls, inputs, params)

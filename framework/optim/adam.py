@@ -61,8 +61,14 @@ class Adam(Optimizer):
         bias_correction1 = 1 - beta1**step
         bias_correction2 = 1 - beta2**step
         step_size = lr / bias_correction1
-        denom = u.add(u.div(exp_avg_sq.sqrt(), math.sqrt(bias_correction2)), eps)
+        denom = u.add(u.div(exp_avg_sq.sqrt(), _sqrt(bias_correction2)), eps)
         return u.add(p, exp_avg / denom, alpha=-step_size)
+
+
+def _sqrt(x):
+    """``math.sqrt(x)``; a traced number (framework.compile) keeps it symbolic, so that a
+    compiled step recomputes it from the step counter at every call."""
+    return math.sqrt(x) if isinstance(x, (int, float)) else x.sqrt()
 
 
 class AdamW(Adam):

@@ -280,8 +280,9 @@ def test_hparams_tell_policies_and_inplace_abn_apart(tmp_path):
     hps = [session_hparams(r.run_dir) for r in (on, abn, off)]
     for name, hp in zip(names, hps):
         assert hp["run"] == name  # the whole name, as a column of its own
-        assert set(hp) == {"run", "inplace", "inplace_abn", "processes", "model", "batch_size", "optimizer",
-                           "lr"}
+        assert set(hp) == {"run", "inplace", "inplace_abn", "compiled", "processes", "model", "batch_size",
+                           "optimizer", "lr"}
+        assert hp["compiled"] is False
         assert hp["processes"] == 1 and hp["model"] == "mlp" and hp["batch_size"] == 32
     assert [(hp["inplace"], hp["inplace_abn"]) for hp in hps] == [("on", False), ("on", True), ("off", True)]
 
@@ -291,14 +292,15 @@ def test_a_compile_switch_in_the_config_shows_in_hparams_and_the_run_name(tmp_pa
     from trainers.trainer import compiled
 
     cfg = tiny_config(tmp_path, "inplace=on", "train.max_steps=2")
-    assert compiled(cfg) is None  # this version's schema has no compile key
-    with_key = Config({**cfg.to_dict(), "compile": True})  # as a schema with the key gives it
+    assert compiled(cfg) is False  # the schema's default
+    with_key = Config({**cfg.to_dict(), "compile": True})
     assert compiled(with_key) is True
     trainer = Trainer(with_key)
     assert trainer.run_name == "inplace-on_np1_compiled"
     assert trainer.hparams()["compiled"] is True
-    assert "compiled" not in Trainer(cfg).hparams()
-    assert compiled(Config({**cfg.to_dict(), "compile": False})) is False
+    assert Trainer(cfg).hparams()["compiled"] is False
+    no_key = {k: v for k, v in cfg.to_dict().items() if k != "compile"}  # a config from before the key
+    assert compiled(Config(no_key)) is None
 
 
 def test_checking_the_model_against_the_data_leaves_nothing_allocated(tmp_path):

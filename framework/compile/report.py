@@ -1,0 +1,125 @@
+"""``compiled.report()`` and ``compiled.explain()``: what the passes did and the memory plan.
+
+The plan figure follows the classic memory-planner drawings: one box per arena buffer,
+its lifetime (first definition to last use, in node indices) on x and its offset in the
+arena on y; buffers the kernels allocate themselves are drawn above the arena, hatched,
+packed as if freed memory were reused perfectly.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .alias import inplace_chains, unbound_inputs
+
+MB = 1024 * 1024
+
+
+def make_report(compiled, entry) -> dict:
+    program, plan = entry.program, entry.plan
+    classes = plan.classes
+    kernel_owned = []
+    for c, p in plan.placement.items():
+        if p == "kernel":
+            kernel_owned.append({"value": f"%{c}", "bytes": plan.nbytes[c], "interval": plan.intervals[c],
+                                 "why": plan.why.get(c, "")})
+    return {
+        "eager_peak_bytes": entry.eager_peak_bytes,
+        "planned_peak_bytes": plan.planned_peak_bytes,
+        "lower_bound_bytes": plan.lower_bound_bytes,
+        "floor_bytes": plan.floor_bytes,
+        "arena_bytes": plan.arena_bytes,
+        "persistent_bytes": plan.persistent_bytes,
+        "replay_peak_bytes": getattr(entry, "replay_peak_bytes", None),
+        "inplace_chains": inplace_chains(program, classes),
+        "reinplaced_ops": list(entry.report["reinplaced_ops"]),
+        "removed_ops": list(entry.report["removed_ops"]),
+        "copies_avoided_bytes": entry.report["copies_avoided_bytes"],
+        "copies_elided": entry.report["copies_elided"],
+        "unbound_writebacks": [wb.source.name for wb in unbound_inputs(program)],
+        "kernel_owned": kernel_owned,
+        # an inplace op whose own kernel returned another array is copied back (as eager does)
+        "replay_copy_bytes": entry.executor.replay_copy_bytes if entry.executor is not None else 0,
+        "nodes": len(program.nodes),
+        "direct_kernels": sum(1 for n in program.nodes if n.info.get("lowered") or n.kind in ("grad_sum", "copy", "fill")),
+        "captures": compiled.captures,
+        "replays": entry.replays,
+        "capture_seconds": getattr(entry, "capture_seconds", None),
+        "build_seconds": getattr(entry, "build_seconds", None),
+    }
+
+
+def _mb(n) -> str:
+    return f"{n / MB:.3f} MB" if n is not None else "n/a"
+
+
+def explain(compiled, entry, draw=None, file=None) -> str:
+    r = make_report(compiled, entry)
+    program, plan = entry.program, entry.plan
+    lines = [f"fw.compile({compiled.__name__}): {r['nodes']} nodes, {r['direct_kernels']} on direct kernels"]
+    lines.append(f"  eager peak (capture) {_mb(r['eager_peak_bytes'])}, planned peak {_mb(r['planned_peak_bytes'])}, "
+                 f"lower bound {_mb(r['lower_bound_bytes'])}, floor {_mb(r['floor_bytes'])}")
+    lines.append(f"  arena {_mb(r['arena_bytes'])} ({sum(1 for p in plan.placement.values() if p == 'arena')} "
+                 f"buffers), persistent {_mb(r['persistent_bytes'])}, replay peak {_mb(r['replay_peak_bytes'])}")
+    lines.append(f"  re-inplaced: {', '.join(r['reinplaced_ops']) or 'none'}")
+    lines.append(f"  copies avoided: {r['copies_avoided_bytes']} bytes ({r['copies_elided']} copies elided); "
+                 f"removed by DCE: {', '.join(r['removed_ops']) or 'none'}")
+    if r["unbound_writebacks"]:
+        lines.append(f"  NOT bound to their own buffer (rebound): {', '.join(r['unbound_writebacks'])}")
+    lines.append("  inplace chains (input first):")
+    for chain in r["inplace_chains"]:
+        lines.append("    " + " -> ".join(chain))
+    lines.append("  memory plan (arena offset, bytes, live from node to node, first value):")
+    rows = sorted(((off, plan.nbytes[c], plan.intervals[c], c) for c, off in plan.offsets.items()))
+    for off, nb, (s, e), c in rows:
+        lines.append(f"    @{off:>10}  {nb:>10}  [{s:>4}, {e:>4}]  %{c} {program.values[c].describe()}")
+    kernel = [(plan.intervals[c], plan.nbytes[c], c) for c, p in plan.placement.items() if p == "kernel"]
+    if kernel:
+        lines.append("  allocated by their kernels (not in the arena):")
+        for (s, e), nb, c in sorted(kernel):
+            lines.append(f"    {nb:>10}  [{s:>4}, {e:>4}]  %{c} {program.values[c].describe()}: {plan.why.get(c, '')}")
+    text = "\n".join(lines)
+    print(text, file=file or sys.stdout)
+    if draw:
+        draw_plan(program, plan, draw, title=f"fw.compile({compiled.__name__}) memory plan")
+    return text
+
+
+def draw_plan(program, plan, path: str, title: str = "memory plan") -> str:
+    """Saves the plan as a PNG: arena buffers as boxes (lifetime on x, offset on y)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.patches import Rectangle  # noqa: PLC0415
+
+    n = max(len(program.nodes), 1)
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    top = plan.arena_bytes / MB
+    cmap = plt.get_cmap("tab20")
+    for k, (c, off) in enumerate(sorted(plan.offsets.items(), key=lambda kv: kv[1])):
+        s, e = plan.intervals[c]
+        ax.add_patch(Rectangle((max(s, 0), off / MB), max(e - max(s, 0), 0.6), plan.nbytes[c] / MB,
+                               facecolor=cmap(k % 20), edgecolor="black", linewidth=0.4))
+    # Buffers the kernels allocate, drawn above the arena where they would sit if freed
+    # memory were reused perfectly (packed the same greedy way): their height over time.
+    from .plan import greedy_by_size  # noqa: PLC0415
+
+    kernel = [(c, plan.nbytes[c], max(plan.intervals[c][0], 0), min(plan.intervals[c][1], n))
+              for c, p in plan.placement.items() if p == "kernel"]
+    koff, ktop = greedy_by_size(kernel)
+    for c, nb, s, e in kernel:
+        ax.add_patch(Rectangle((s, top + koff[c] / MB), max(e - s, 0.6), nb / MB, facecolor="none",
+                               edgecolor="grey", hatch="///", linewidth=0.4))
+    y = top + ktop / MB
+    ax.axhline(top, color="black", linewidth=1)
+    ax.text(0, top, " arena top; above: buffers the kernels allocate (hatched)", va="bottom", fontsize=8)
+    ax.set_xlim(0, n)
+    ax.set_ylim(0, max(y, top) * 1.05 + 1e-6)
+    ax.set_xlabel("node (program order): lifetime")
+    ax.set_ylabel("offset (MB)")
+    ax.set_title(f"{title}: arena {plan.arena_bytes / MB:.2f} MB, planned peak {plan.planned_peak_bytes / MB:.2f} MB")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
