@@ -100,32 +100,32 @@ def is_inference(t: Tensor):
     """True for a tensor made inside :class:`inference_mode`."""
     return t.is_inference()
 
+
 from . import nn, optim  # noqa: E402  (they build on everything above)
 from . import random  # noqa: E402,F401
 from .compile import compile  # noqa: E402,A004  (fw.compile, like torch.compile; above nn and optim)
-
+from .nn import functional as _F  # noqa: E402
+from .nn.module import Module as _Module  # noqa: E402
 
 
 def _calibrate_auto() -> None:
     """Policy auto's reference counts, measured on this interpreter through the real
     entry points (see framework.inplace.proof)."""
-    from .nn import functional as F
-    from .nn.module import Module
 
-    class _SiteProbe(Module):  # a site, as nn.ReLU is one
+    class _SiteProbe(_Module):  # a site, as nn.ReLU is one
         @inplace.passes_ownership
         def forward(self, input, residual=None):
             where = inplace.site_target(input, "calibration")
             return input if where is None else inplace.consume(input, "calibration", where)
 
-    class _OpProbe(Module):  # a module whose forward calls an op
+    class _OpProbe(_Module):  # a module whose forward calls an op
         @inplace.passes_ownership
         def forward(self, input, residual=None):
             return neg(input)
 
-    inplace.calibrate(Tensor=Tensor, make=lambda: zeros(2), neg=neg, add=add, relu=F.relu,
-                      residual_add=F.residual_add, site=_SiteProbe(), op_module=_OpProbe(),
-                      module_call=Module.__call__)
+    inplace.calibrate(Tensor=Tensor, make=lambda: zeros(2), neg=neg, add=add, relu=_F.relu,
+                      residual_add=_F.residual_add, site=_SiteProbe(), op_module=_OpProbe(),
+                      module_call=_Module.__call__)
 
 
 _calibrate_auto()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import backend, memory, random
-from .autograd import function as _function
+from .autograd import node as _node
 from .tensor import Tensor, _wrap
 
 float16 = np.dtype(np.float16)
@@ -84,8 +84,8 @@ def _filled(fill, size, dtype, device, requires_grad):
     with backend.device_context(dev):
         array = fill(xp, shape, dtype)
     t = _new(array, requires_grad)
-    if _function.capture is not None:  # a compiled step replays the recipe (framework/compile)
-        _function.capture.created(t, fill, shape, dtype, dev)
+    if _node.capture is not None:  # a compiled step replays the recipe (framework/compile)
+        _node.capture.created(t, fill, shape, dtype, dev)
     return t
 
 

@@ -241,9 +241,7 @@ def zeros_like(array, category: str | None = None):
 
 
 def _xp_of(array):
-    from .backend import get_array_module  # noqa: PLC0415
-
-    return get_array_module(array)
+    return backend.get_array_module(array)
 
 
 @contextlib.contextmanager

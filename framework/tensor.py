@@ -14,7 +14,10 @@ import weakref
 import numpy as np
 
 from . import backend, memory
+from .autograd import engine, node as _node
 from .autograd.grad_mode import InferenceVersionCounter, no_grad, state
+from .autograd.node import VersionCounter as _VersionCounter
+from .autograd.node import _HookHandle
 from .inplace.consumed import ConsumedData
 from .inplace.proof import passes_ownership as _hands_over
 
@@ -293,8 +296,6 @@ class Tensor:
         """
         if not self.requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
-        from .autograd.function import _HookHandle  # noqa: PLC0415
-
         if self.grad_fn is None:
             if self._hooks is None:
                 self._hooks = []
@@ -314,8 +315,6 @@ class Tensor:
         """``hook(tensor)`` runs after a leaf's ``.grad`` was accumulated (used by DataParallel)."""
         if self.grad_fn is not None:
             raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
-        from .autograd.function import _HookHandle  # noqa: PLC0415
-
         if self._post_acc_hooks is None:
             self._post_acc_hooks = []
         self._post_acc_hooks.append(hook)
@@ -323,8 +322,6 @@ class Tensor:
 
     def backward(self, gradient=None, retain_graph: bool | None = None, inputs=None) -> None:
         """Accumulates d(self)/d(leaf) into every leaf's ``.grad`` (see :func:`autograd.backward`)."""
-        from .autograd import engine  # noqa: PLC0415
-
         self._live()
         engine.backward([self], [gradient], retain_graph=retain_graph, inputs=inputs)
 
@@ -346,7 +343,7 @@ class Tensor:
         fn = self._grad_fn
         if fn is not None:
             fn.__dict__["_output_detached"] = True
-            _function.detached_inplace[0] = True
+            _node.detached_inplace[0] = True
         self._grad_fn = None
         self._requires_grad = False
         return self
@@ -584,6 +581,12 @@ class Tensor:
         # Pickle values only (checkpoints, MPI objects); history is not pickled.
         return (_from_numpy_copy, (backend.to_numpy(self._live()), self._requires_grad))
 
+    @staticmethod
+    def _from_array(array) -> "Tensor":
+        """A new tensor around ``array`` (how the engine, which works on arrays and sits
+        below this class, hands out gradients)."""
+        return _wrap(array)
+
     # --- inplace sites ---------------------------------------------------------------
     def _consume(self, site: str, where, policy: str) -> "Tensor":
         """Hands this tensor's storage and history to a new tensor object, which an inplace
@@ -721,6 +724,9 @@ def _follow_retained_grads() -> None:
             _attach_retain_hook(current, hook)
 
 
+_node.before_backward.append(_follow_retained_grads)
+
+
 class _enable_grad_quiet:
     """Grad mode on for the replay of a view chain, without the decorator machinery."""
 
@@ -734,8 +740,6 @@ class _enable_grad_quiet:
         state.enabled = self.prev
 
 
-from .autograd import function as _function  # noqa: E402
-from .autograd.function import VersionCounter as _VersionCounter  # noqa: E402
 # The one import cycle of the framework: ops build on Tensor, and Tensor's methods call
 # the ops. Imported last, when Tensor exists; the methods look ``_ops`` up at call time.
 from . import ops as _ops  # noqa: E402

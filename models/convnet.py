@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from framework import nn
 
-from . import register_model
+from .registry import register_model
 from .layers import ABN, LEAKY_SLOPE, check_choice, positive_int, positive_ints
 
 NORMS = (None, "bn", "inplace_abn")

@@ -6,7 +6,7 @@ import math
 
 from framework import nn
 
-from . import register_model
+from .registry import register_model
 from .layers import ABN, LEAKY_SLOPE, check_choice, make_activation, positive_int, positive_ints
 
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "leaky_relu")

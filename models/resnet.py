@@ -60,7 +60,7 @@ import framework as fw
 from framework import nn
 from framework.nn import functional as F
 
-from . import register_model
+from .registry import register_model
 from .layers import ABN, LEAKY_SLOPE, check_choice, positive_int
 
 NORMS = ("bn", "inplace_abn")

@@ -33,6 +33,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainers.cli import run_cli  # noqa: E402
+from trainers.config import ConfigError, load_config  # noqa: E402
+from trainers.logging import format_summary, plot_comparison  # noqa: E402
+from trainers.trainer import Trainer  # noqa: E402
 
 VARIANTS = {"off": ("off", None), "on": ("on", None), "auto": ("auto", None), "on+abn": ("on", "inplace_abn"),
             "off+abn": ("off", "inplace_abn"), "auto+abn": ("auto", "inplace_abn"),
@@ -58,7 +61,6 @@ def main(argv=None) -> int:
 
 
 def parse_policies(text: str):
-    from trainers.config import ConfigError  # noqa: PLC0415
 
     names = [p.strip() for p in text.split(",") if p.strip()]
     bad = [n for n in names if n not in VARIANTS]
@@ -70,7 +72,6 @@ def parse_policies(text: str):
 
 
 def policy_config(args, name: str):
-    from trainers.config import load_config  # noqa: PLC0415
 
     policy, norm = VARIANTS[name]
     # Each policy gets its own run folder, named after it (logging.run_name would put them in one).
@@ -80,9 +81,6 @@ def policy_config(args, name: str):
 
 
 def compare(args) -> int:
-    from trainers.config import ConfigError  # noqa: PLC0415
-    from trainers.logging import format_summary, plot_comparison  # noqa: PLC0415
-    from trainers.trainer import Trainer  # noqa: PLC0415
 
     names = parse_policies(args.policies)
     if args.rounds < 1 or args.round_steps < 1:

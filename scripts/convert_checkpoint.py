@@ -17,6 +17,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from trainers.checkpoint import checkpoint_path, write_checkpoint  # noqa: E402
+
 EXIT_BAD_INPUT = 2
 
 
@@ -50,7 +52,6 @@ def convert(path: str, out: str | None = None, *, trust_pickle: bool = False) ->
         ValueError: no ``trust_pickle``, a missing file, or a file that is not an old
             checkpoint (one line each).
     """
-    from trainers.checkpoint import checkpoint_path, write_checkpoint  # noqa: PLC0415
 
     if not trust_pickle:
         raise ValueError(f"converting {path} unpickles it, and unpickling can run any code the file "

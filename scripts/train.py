@@ -17,6 +17,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainers.cli import run_cli  # noqa: E402
+from trainers.config import load_config  # noqa: E402
+from trainers.trainer import Trainer, summary_table  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -35,8 +37,6 @@ def main(argv=None) -> int:
 
 
 def _train(args):
-    from trainers.config import load_config  # noqa: PLC0415
-    from trainers.trainer import Trainer, summary_table  # noqa: PLC0415
 
     cfg = load_config(args.config, args.overrides)
     trainer = Trainer(cfg, resume=args.resume)

@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+
+from framework.distributed.comm import get_world, install_abort_on_exception
+
+from .checkpoint import CheckpointError
+from .config import ConfigError
+from .trainer import TrainingError
+
 EXIT_BAD_INPUT = 2
 EXIT_TRAINING_STOPPED = 3
 
 
 def run_cli(fn) -> int:
-    from framework.distributed.comm import get_world, install_abort_on_exception  # noqa: PLC0415
-
-    from .checkpoint import CheckpointError  # noqa: PLC0415
-    from .config import ConfigError  # noqa: PLC0415
-    from .trainer import TrainingError  # noqa: PLC0415
-
+    """Runs ``fn()`` and turns the errors a user can cause into one line and an exit code."""
     comm = get_world()
     install_abort_on_exception(comm)
-    import numpy as np  # noqa: PLC0415
-
     # A diverging run is reported once, by the trainer's non-finite loss check, not by a
     # stream of NumPy overflow warnings before it.
     np.seterr(over="ignore", invalid="ignore", divide="ignore")

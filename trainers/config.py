@@ -75,8 +75,8 @@ class Field:
 
 def _parse_device(spec: str):
     """The framework's one device parser (``framework.backend.parse_device``)."""
-    # Imported here, not at the top: ``python -m trainers.config`` prints the reference
-    # without importing the framework (a test holds it to that).
+    # Imported here, not at the top, for import time: ``python -m trainers.config`` prints
+    # the reference without importing the framework (a test holds it to that).
     from framework.backend import parse_device  # noqa: PLC0415
 
     return parse_device(spec)

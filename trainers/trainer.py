@@ -26,7 +26,12 @@ import numpy as np
 
 import framework as fw
 from framework import backend, memory
-from framework.distributed.comm import get_world
+from framework.compile.collectives import allreduce_mean_
+from framework.distributed.comm import for_device, get_world
+from framework.distributed.data_parallel import DataParallel
+from framework.distributed.sampler import DistributedSampler
+from framework.distributed.sync_batchnorm import SyncBatchNorm
+from models import build_model, model_signature
 
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict
@@ -81,7 +86,6 @@ def build_model_for(cfg: Config, train_set):
         ConfigError: an unknown ``model.name``, or ``model.args`` the model refuses
             (the model's message names the argument).
     """
-    from models import build_model, model_signature  # noqa: PLC0415
 
     args = dict(cfg.model.args)
     try:
@@ -323,8 +327,6 @@ class Trainer:
         # (framework/distributed/data_parallel.py); parameters start from rank 0's.
         self.dp = None
         if self.comm.size > 1:
-            from framework.distributed.comm import for_device  # noqa: PLC0415
-            from framework.distributed.data_parallel import DataParallel  # noqa: PLC0415
 
             try:  # NCCL for GPU buffers, or MPI (host staging on a GPU)
                 self.comm = for_device(self.comm, self.device, cfg.distributed.backend)
@@ -337,7 +339,6 @@ class Trainer:
             _broadcast(list(self.model.parameters()) + list(self.model.buffers()), self.comm)
         elif self.comm.size > 1:
             if cfg.distributed.sync_bn:
-                from framework.distributed.sync_batchnorm import SyncBatchNorm  # noqa: PLC0415
 
                 self.model = SyncBatchNorm.convert_sync_batchnorm(self.model, self.comm)
             self.dp = DataParallel(self.model, self.comm, bucket_mb=cfg.distributed.bucket_mb)
@@ -351,7 +352,6 @@ class Trainer:
 
         sampler = None
         if self.comm.size > 1:
-            from framework.distributed.sampler import DistributedSampler  # noqa: PLC0415
 
             # Every rank draws the epoch's permutation and takes every size-th index, so
             # N ranks x batch B see exactly the samples of one process x batch N*B.
@@ -478,7 +478,6 @@ class Trainer:
         loss = self.criterion(out, y)
         loss.backward()
         if self.comm.size > 1:
-            from framework.compile.collectives import allreduce_mean_  # noqa: PLC0415
 
             allreduce_mean_([p.grad for p in self.params if p.grad is not None], self.comm)
         self.optimizer.step()

@@ -10,9 +10,12 @@ users, C++ nodes inside):
   base of the framework's built-in ops: forward and backward on raw arrays, saved
   tensors declared with ``saves``, the one apply path that makes inplace safe.
 
-``function``, ``engine``, ``custom_function`` and ``graph`` import the Tensor class,
-which itself needs grad modes at import time, so they are loaded on first use (PEP 562)
-rather than here.
+The modules form two layers (docs/DESIGN.md): ``grad_mode``, ``node`` (versions, saved
+tensors, the node base) and ``engine`` work on arrays and nodes, below the Tensor class;
+``function`` (the op contract and the apply path), ``custom_function`` and ``graph``
+work on tensors, beside the ops. This package imports only ``grad_mode`` itself; the
+rest is loaded on first use (PEP 562), so that the lower layers can import
+``framework.autograd.grad_mode`` without pulling in the upper ones.
 """
 
 from .grad_mode import (
@@ -32,7 +35,7 @@ _LAZY = {
     "Function": ("custom_function", "Function"),
     "FunctionCtx": ("custom_function", "FunctionCtx"),
     "OpFunction": ("function", "Function"),
-    "SavedTensor": ("function", "SavedTensor"),
+    "SavedTensor": ("node", "SavedTensor"),
 }
 
 
@@ -42,7 +45,7 @@ def __getattr__(name):
     if name in _LAZY:
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
-    if name in ("graph", "custom_function", "function", "engine"):
+    if name in ("graph", "custom_function", "function", "engine", "node"):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

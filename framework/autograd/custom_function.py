@@ -45,7 +45,9 @@ import warnings
 
 import numpy as np
 
-from ..backend import get_array_module
+from ..backend import device_of, get_array_module
+from ..ops.broadcast import sum_to
+from ..tensor import Tensor, _wrap
 from .function import _FREED, CopySlices, SavedTensor, _backward_twice_message, _check_inplace_target, edge_of
 from .function import Function as OpFunction
 from .grad_mode import no_grad, state
@@ -432,13 +434,9 @@ def _fit_gradient(ctx, i, g, meta):
                 f"Function {ctx.name()} returned an invalid gradient at index {i} - got {list(g.shape)} but "
                 f"expected shape compatible with {list(shape)}"
             )
-        from ..ops.broadcast import sum_to  # noqa: PLC0415
-
         g = sum_to(g, shape)
     if g.dtype != dtype:
         g = g.astype(dtype)
-    from ..backend import device_of  # noqa: PLC0415
-
     if device_of(g) != device:
         raise RuntimeError(
             f"Function {ctx.name()} returned an invalid gradient at index {i} - expected device {device} but got "
@@ -447,4 +445,3 @@ def _fit_gradient(ctx, i, g, meta):
     return g
 
 
-from ..tensor import Tensor, _wrap  # noqa: E402  (tensor.py does not import this module at load)

@@ -21,8 +21,8 @@ import sys
 
 from .. import inplace, memory
 from ..backend import get_array_module
-from . import function as _function  # _function.capture: the recorder of framework.compile, or None
-from .function import Function, _as_array
+from . import node as _node  # _node.capture: the recorder of framework.compile, or None
+from .node import Node, _as_array
 from .grad_mode import no_grad, state
 
 
@@ -56,8 +56,8 @@ def _is_exclusive(array) -> bool:
 def _sum_into(store, key, new) -> None:
     """``store[key] += new``: in place into ``store[key]``'s buffer under the policy when
     the engine alone holds it (Paddle's ``use_count == 1`` rule), else a new array."""
-    if _function.capture is not None:
-        return _function.capture.sum_into(store, key, new)
+    if _node.capture is not None:
+        return _node.capture.sum_into(store, key, new)
     existing = store[key]
     store[key] = None  # now only this local refers to it, unless someone else does
     if inplace.enabled() and _is_exclusive(existing):
@@ -71,10 +71,8 @@ def _sum_into(store, key, new) -> None:
 def _run_leaf_hooks(leaf, grad):
     """A leaf's tensor hooks, in order; a returned tensor replaces the gradient."""
     if leaf._hooks:
-        from ..tensor import _wrap  # noqa: PLC0415
-
         for hook in tuple(leaf._hooks):
-            r = hook(_wrap(grad))
+            r = hook(leaf._from_array(grad))
             if r is not None:
                 grad = r._data
     return grad
@@ -83,8 +81,8 @@ def _run_leaf_hooks(leaf, grad):
 def _accumulate_leaf(leaf, box) -> None:
     """Adds the gradient in ``box`` (a list it pops it from, so that this function's
     local is its only holder) into ``leaf.grad``, runs the leaf's hooks around it."""
-    if _function.capture is not None:
-        return _function.capture.accumulate_leaf(leaf, box)
+    if _node.capture is not None:
+        return _node.capture.accumulate_leaf(leaf, box)
     grad = box.pop()
     if not leaf._requires_grad:
         # A view made under no_grad of a tensor that requires grad reports
@@ -104,21 +102,17 @@ def _accumulate_leaf(leaf, box) -> None:
         grad = grad.astype(leaf._data.dtype)
     current = leaf._grad
     if current is None:
-        from ..tensor import _wrap  # noqa: PLC0415
-
         if not _is_exclusive(grad):
             grad = grad.copy()
         memory.track(grad, "gradients")
-        leaf._grad = _wrap(grad)
+        leaf._grad = leaf._from_array(grad)
     elif inplace.enabled():
         # Like PyTorch's AccumulateGrad: .grad is updated in place (its version bumps).
         get_array_module(grad).add(current._data, grad, out=current._data)
         current._vc.bump("grad accumulation", ("<autograd engine>", 0))
         memory.count("inplace_grad_accumulations")
     else:
-        from ..tensor import _wrap  # noqa: PLC0415
-
-        leaf._grad = _wrap(memory.track(_as_array(current._data + grad), "gradients"))
+        leaf._grad = leaf._from_array(memory.track(_as_array(current._data + grad), "gradients"))
     if leaf._post_acc_hooks:
         for hook in tuple(leaf._post_acc_hooks):
             hook(leaf)
@@ -136,7 +130,7 @@ def _needed_nodes(root_nodes, node_targets, leaf_ids):
                 for c in n.next:
                     if c is None:
                         continue
-                    if isinstance(c, Function):
+                    if isinstance(c, Node):
                         hit = hit or needed.get(c, False)
                     elif id(c) in leaf_ids:
                         hit = True
@@ -147,7 +141,7 @@ def _needed_nodes(root_nodes, node_targets, leaf_ids):
             needed[n] = False
             stack.append((n, True))
             for c in n.next:
-                if isinstance(c, Function) and c not in needed:
+                if isinstance(c, Node) and c not in needed:
                     stack.append((c, False))
     return needed
 
@@ -159,12 +153,11 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
     gradients are returned (``accumulate=False``, autograd.grad) or accumulated into
     their ``.grad`` only (``backward(inputs=...)``).
     """
-    from ..tensor import Tensor, _follow_retained_grads  # noqa: PLC0415
-
-    _follow_retained_grads()
+    for callback in _node.before_backward:
+        callback()
     root_nodes = []
     for edge, _ in roots:
-        if isinstance(edge, Function) and edge not in root_nodes:
+        if isinstance(edge, Node) and edge not in root_nodes:
             root_nodes.append(edge)
 
     leaf_ids = node_targets = needed = None
@@ -191,12 +184,12 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
             entry[1] += 1
 
     for edge, _ in roots:
-        if isinstance(edge, Tensor):
+        if not isinstance(edge, Node):
             count_leaf(edge)
     while stack:
         node = stack.pop()
         for nxt in node.next:
-            if isinstance(nxt, Function):
+            if isinstance(nxt, Node):
                 if needed is None or needed.get(nxt):
                     deps[nxt] = deps.get(nxt, 0) + 1
                     if nxt not in seen:
@@ -245,7 +238,7 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
     with memory.category("gradients"), no_grad():
         for edge, g in roots:
             track(g, "gradients")
-            if isinstance(edge, Tensor):
+            if not isinstance(edge, Node):
                 arrive_leaf(edge, [g], 0)
             elif edge in grads:
                 grads[edge] = _as_array(grads[edge] + g)
@@ -273,8 +266,8 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                 reused += reuse
                 node.reuse_grad = reuse
                 try:
-                    outs = list(node.run_backward(g) if _function.capture is None
-                                else _function.capture.run_backward(node, g))
+                    outs = list(node.run_backward(g) if _node.capture is None
+                                else _node.capture.run_backward(node, g))
                     # Count the new gradients now, while the incoming one is still alive:
                     # that overlap is part of backward's real peak.
                     for out in outs:
@@ -295,7 +288,7 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                     if outs is not None:
                         outs[i] = None
                     continue
-                if not isinstance(nxt, Function):
+                if not isinstance(nxt, Node):
                     arrive_leaf(nxt, outs or [None] * (i + 1), i)
                     continue
                 gi = None
@@ -329,12 +322,15 @@ def _check_nan(node, outs) -> None:
             )
 
 
-def _roots(tensors, grad_tensors):
-    from ..tensor import Tensor  # noqa: PLC0415
+def _is_tensor(x) -> bool:
+    """A tensor, told apart without importing the class (it lives above this layer)."""
+    return hasattr(x, "_from_array") and hasattr(x, "grad_fn")
 
+
+def _roots(tensors, grad_tensors):
     roots = []
     for k, (t, g) in enumerate(zip(tensors, grad_tensors)):
-        if not isinstance(t, Tensor):
+        if not _is_tensor(t):
             raise TypeError(f"backward expects tensors, got {type(t).__name__}")
         if not t.requires_grad:
             raise RuntimeError(f"element {k} of tensors does not require grad and does not have a grad_fn")
@@ -346,10 +342,10 @@ def _roots(tensors, grad_tensors):
                     "pass a gradient of the same shape to backward(gradient=...)"
                 )
             g = xp.ones(t._data.shape, dtype=t._data.dtype)
-            if _function.capture is not None:
-                _function.capture.root_grad(g)
+            if _node.capture is not None:
+                _node.capture.root_grad(g)
         else:
-            g = g._data if isinstance(g, Tensor) else xp.asarray(g, dtype=t._data.dtype)
+            g = g._data if _is_tensor(g) else xp.asarray(g, dtype=t._data.dtype)
             if g.shape != t._data.shape:
                 raise RuntimeError(f"gradient has shape {g.shape}, but the output has shape {t._data.shape}")
         fn = t.grad_fn
@@ -360,9 +356,7 @@ def _roots(tensors, grad_tensors):
 def _as_list(x):
     if x is None:
         return None
-    from ..tensor import Tensor  # noqa: PLC0415
-
-    return [x] if isinstance(x, Tensor) else list(x)
+    return [x] if _is_tensor(x) else list(x)
 
 
 def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, inputs=None) -> None:
@@ -388,8 +382,6 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, input
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, allow_unused: bool = False):
     """Returns d(outputs)/d(inputs) as a tuple of tensors, without touching any ``.grad``."""
-    from ..tensor import _wrap  # noqa: PLC0415
-
     outputs = _as_list(outputs)
     inputs = _as_list(inputs)
     for t in inputs:
@@ -406,5 +398,5 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, a
                 "One of the differentiated Tensors appears to not have been used in the graph. "
                 "Set allow_unused=True if this is the desired behavior."
             )
-        result.append(None if g is None else _wrap(g if _is_exclusive(g) else g.copy()))
+        result.append(None if g is None else t._from_array(g if _is_exclusive(g) else g.copy()))
     return tuple(result)

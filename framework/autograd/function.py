@@ -32,126 +32,22 @@ from .. import inplace as _inplace
 from .. import memory
 from ..callsite import call_site
 from ..inplace.consumed import ConsumedData as _Consumed
-from .grad_mode import InferenceVersionCounter, state
+from . import node as _node
+from ..backend import get_array_module
+from .grad_mode import InferenceVersionCounter, no_grad, state
+from .node import (  # noqa: F401  (SavedTensor, VersionCounter, _FREED: the op contract's names)
+    _FREED,
+    Node,
+    SavedTensor,
+    VersionCounter,
+    _as_array,
+    _backward_twice_message,
+    _HookHandle,
+)
 from .view_meta import rebase_message
+from ..tensor import Tensor, _wrap  # this module is the ops layer: above the Tensor class
 
-_FREED = object()
-
-
-def _as_array(a):
-    # NumPy ufuncs and reductions return scalars for 0-d results; tensors and gradients
-    # must stay arrays (repr, .numpy(), out= and memory accounting expect one).
-    return np.asarray(a) if isinstance(a, np.generic) else a
-
-
-class VersionCounter:
-    """The version of a storage, shared by its views and ``detach()``.
-
-    ``writes`` remembers the last few inplace ops as ``(version after, op, (file, line))``
-    so that a stale saved tensor can name the op that changed it. The defaults are class
-    attributes: every tensor gets a counter, and most are never written, so a new one
-    costs an allocation and nothing more.
-    """
-
-    value = 0
-    writes = None
-
-    def bump(self, op_name: str, site) -> None:
-        self.value += 1
-        writes = self.writes
-        if writes is None:
-            self.writes = [(self.value, op_name, site)]
-        else:
-            writes.append((self.value, op_name, site))
-            if len(writes) > 8:
-                del writes[0]
-
-
-def _describe(array) -> str:
-    return f"[{array.dtype} tensor of shape {tuple(array.shape)}]"
-
-
-# Called with every new SavedTensor of a tensor others can write, while
-# autograd.graph.allow_mutation_on_saved_tensors() is active (None otherwise).
-on_save = None
-
-
-class SavedTensor:
-    """An array that a node keeps for backward, with the version it had when saved."""
-
-    __slots__ = ("array", "vc", "version", "name", "__weakref__")
-
-    def __init__(self, array, vc, name):
-        self.array = array
-        self.vc = vc  # None for private copies nobody else can modify
-        self.version = vc.value if vc is not None else 0
-        self.name = name
-        memory.note_saved(array)
-        if on_save is not None and vc is not None:
-            on_save(self)
-
-    def unpack(self, node):
-        vc = self.vc
-        if vc is not None:
-            if vc.value != self.version:
-                raise RuntimeError(_version_error(self, node))
-            if detached_inplace[0] and self.name != "result" and _input_detached(node, self.name):
-                raise RuntimeError(
-                    "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_()."
-                    "This is not supported, please use out-of-place `.detach()` instead"
-                )
-        return self.array
-
-    def release(self):
-        if self.array is not None:
-            memory.note_released(self.array)
-            self.array = None
-
-    def __del__(self):
-        if self.array is None:
-            return
-        try:
-            self.release()
-        except Exception:  # interpreter shutdown: module globals may be gone
-            pass
-
-
-detached_inplace = [False]  # set once any non-leaf was detached in place: only then is it checked
-
-
-def _input_detached(node, name) -> bool:
-    """Whether the input ``name`` of ``node`` was a non-leaf later detached in place:
-    the node can no longer send its gradient anywhere (see ``Tensor.detach_``)."""
-    edges = node.__dict__.get("next")
-    if edges is None:
-        return False
-    for saved_name, idx, _ in type(node)._save_plan:
-        if saved_name == name:
-            edge = edges[idx] if 0 <= idx < len(edges) else None
-            return isinstance(edge, Function) and edge.__dict__.get("_output_detached", False)
-    return False
-
-
-def _version_error(saved: SavedTensor, node) -> str:
-    what = "the output" if saved.name == "result" else f"input '{saved.name}'"
-    msg = (
-        "one of the variables needed for gradient computation has been modified by an "
-        f"inplace operation: {_describe(saved.array)}, which is {what} of {node.name()}, "
-        f"is at version {saved.vc.value}; expected version {saved.version} instead."
-    )
-    writes = [w for w in (saved.vc.writes or ()) if w[0] > saved.version]
-    if writes:
-        parts = [f"{op} at {file}:{line} (version {v})" for v, op, (file, line) in writes]
-        msg += " It was modified by " + ", then ".join(parts) + "."
-    elif saved.vc.value > saved.version:
-        msg += " The op that modified it is no longer recorded (more than 8 inplace ops since)."
-    return msg + (
-        " Hint: make the inplace op out of place (e.g. x = x.exp() instead of x.exp_()), "
-        "or clone() the tensor before modifying it."
-    )
-
-
-class Function:
+class Function(Node):
     """Base of every op; an instance is the autograd node (and the ``ctx``) of one call.
 
     Class attributes:
@@ -166,7 +62,6 @@ class Function:
     saves: tuple = ()
     saved_when: dict = {}
     out = None  # the target's buffer while an inplace forward runs (see _apply)
-    reuse_grad = False  # set by the engine: backward may write its result over its grad
     is_view = False
     differentiable = True
     inplace_name: str | None = None
@@ -228,79 +123,6 @@ class Function:
             saved = ctx._saved = {}
         for name, array in arrays.items():
             saved[name] = SavedTensor(array, None, name)  # private: nobody else writes it
-
-    # --- node machinery, used by the engine ---------------------------------------
-    @classmethod
-    def name(cls) -> str:
-        return cls.__name__ + "Backward"
-
-    def __getattr__(self, name):
-        # Only reached for attributes not set in forward: the saved tensors.
-        saved = self.__dict__.get("_saved")
-        if saved is _FREED:
-            raise RuntimeError(_backward_twice_message(self))
-        if saved is not None and name in saved:
-            return saved[name].unpack(self)
-        if name in type(self).saves:
-            raise AttributeError(
-                f"{self.name()} did not save {name!r}: saved_when says it is needed only for "
-                "inputs whose gradient was not requested"
-            )
-        raise AttributeError(f"{type(self).__name__!s} node has no attribute {name!r}")
-
-    def run_backward(self, grad):
-        """Calls ``backward`` and checks the number of gradients it returned."""
-        if self.__dict__.get("_saved") is _FREED:
-            raise RuntimeError(_backward_twice_message(self))
-        grads = self.backward(grad)
-        if type(grads) is not tuple:
-            grads = (grads,)
-        for g in grads:
-            if isinstance(g, np.generic):
-                grads = tuple(_as_array(g) for g in grads)
-                break
-        if len(grads) != len(self.next):
-            raise RuntimeError(f"{self.name()} returned {len(grads)} gradients, expected {len(self.next)}")
-        return grads
-
-    def release(self):
-        """Frees the saved tensors (after a backward without ``retain_graph``)."""
-        saved = self.__dict__.get("_saved")
-        if saved is not None and saved is not _FREED:
-            for s in saved.values():
-                s.release()
-            self._saved = _FREED
-
-    def register_prehook(self, fn):
-        """``fn(grad_array) -> grad_array | None`` runs before this node's backward."""
-        hooks = self.__dict__.setdefault("_pre_hooks", [])
-        hooks.append(fn)
-        return _HookHandle(hooks, fn)
-
-    def __repr__(self):
-        return f"<{self.name()}>"
-
-
-class _HookHandle:
-    __slots__ = ("_hooks", "_fn")
-
-    def __init__(self, hooks, fn):
-        self._hooks, self._fn = hooks, fn
-
-    def remove(self):
-        if self._fn in self._hooks:
-            self._hooks.remove(self._fn)
-
-
-def _backward_twice_message(node) -> str:
-    return (
-        f"Trying to backward through the graph a second time (or directly access saved tensors "
-        f"after they have already been freed): {node.name()} has freed its saved tensors. "
-        "Saved intermediate values of the graph are freed when you call .backward() or "
-        "autograd.grad(). Specify retain_graph=True if you need to backward through the graph a "
-        "second time or if you need to access saved tensors after calling backward."
-    )
-
 
 # --- the generic apply path -------------------------------------------------------
 
@@ -400,8 +222,6 @@ def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
             continue
         if inplace:
             if xp_may_share is None:
-                from ..backend import get_array_module  # noqa: PLC0415
-
                 xp_may_share = get_array_module(target).may_share_memory
             if arr is target or xp_may_share(arr, target):
                 # Backward needs the value the kernel is about to overwrite: keep a copy.
@@ -416,10 +236,6 @@ def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
 
 
 _NO_NEEDS = tuple((False,) * n for n in range(8))
-
-# The recorder of framework.compile while a step is being captured, else None: the one
-# check this hot path pays for compilation (framework/compile/capture.py).
-capture = None
 
 
 def _apply(cls, inputs, params, inplace):
@@ -441,8 +257,8 @@ def _apply(cls, inputs, params, inplace):
     then runs in place on, and leaves the input consumed (see :mod:`framework.inplace`).
     While a compiled step is captured, the recorder runs this path and records the call.
     """
-    if capture is not None:
-        return capture.apply(cls, inputs, params, inplace)
+    if _node.capture is not None:
+        return _node.capture.apply(cls, inputs, params, inplace)
     where = None
     if not inplace and cls.auto_inplace and _inplace._policy == "auto":
         where = _inplace.auto_target(cls, inputs, params)
@@ -621,8 +437,6 @@ def _compose_view_fn(src, cls, rest, params):
 
 def view_region(view_fn, array):
     """Applies a view chain recorded as ``view_fn`` to a raw array of the base's shape."""
-    from .grad_mode import no_grad  # noqa: PLC0415
-
     with no_grad():
         return view_fn(_wrap(array))._data
 
@@ -662,6 +476,5 @@ class CopySlices(Function):
         self.fn.release()
 
 
-from ..tensor import Tensor, _wrap  # noqa: E402  (tensor.py does not import this module at load)
 
 _inplace.passes_ownership(Function.apply)

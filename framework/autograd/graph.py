@@ -14,8 +14,9 @@ import weakref
 
 from .. import memory
 from ..backend import get_array_module
+from ..callsite import call_site
 from . import function as _function
-from .function import call_site
+from . import node as _node
 
 _OUT_OF_CONTEXT = (
     "Trying to backward outside of the 'allow_mutation_on_saved_tensors' context in which the graph was "
@@ -54,12 +55,12 @@ class allow_mutation_on_saved_tensors:
         self.cloned = weakref.WeakValueDictionary()  # live copies
         self._tracked = {}  # version counter -> [weakref to SavedTensor]
         self._ids = itertools.count()
-        _function.on_save = self._on_save
+        _node.on_save = self._on_save
         _function.before_write = self._before_write
         return self
 
     def __exit__(self, *exc):
-        _function.on_save = None
+        _node.on_save = None
         _function.before_write = None
         closed = _ClosedContext()
         for refs in self._tracked.values():

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import inplace as _inplace
 from .. import memory
-from ..autograd import function as _function
+from ..autograd import node as _node
 from ..autograd.grad_mode import state as _grad_state
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
@@ -28,6 +28,8 @@ from .dce import eliminate_dead_code
 from .plan import plan_memory, verify
 from .program import Source, WriteBack
 from .reinplace import reinplace
+from .report import explain as _explain
+from .report import make_report
 from .scalars import Sym, Tape, evaluate, guards_hold
 
 CACHE_SIZE = 8
@@ -286,11 +288,11 @@ class CompiledStep:
         try:
             with memory.record_timeline("cpu") as tl, _RefuseValueReads():
                 rec.timeline = tl
-                _function.capture = rec
+                _node.capture = rec
                 try:
                     result = self.step(*pos, **kw)
                 finally:
-                    _function.capture = None
+                    _node.capture = None
             program = rec.program
             program.outputs = rec.output_template(result)
             self._writebacks(rec, entry_state)
@@ -459,16 +461,14 @@ class CompiledStep:
         back, over all replays: eager copies them too), ``nodes``,
         ``captures``, ``replays``, ``capture_seconds``, ``build_seconds``.
         """
-        from .report import make_report  # noqa: PLC0415
 
         return make_report(self, self._current())
 
     def explain(self, draw: str | None = None, file=None) -> str:
         """Prints (and returns) the inplace chains and the memory plan; ``draw=path`` also
         saves the plan as a figure (buffers as boxes: lifetime on x, offset on y)."""
-        from .report import explain  # noqa: PLC0415
 
-        return explain(self, self._current(), draw=draw, file=file)
+        return _explain(self, self._current(), draw=draw, file=file)
 
     # --- building -----------------------------------------------------------------------------
     def _build(self, entry: _Entry) -> None:
@@ -481,7 +481,7 @@ class CompiledStep:
             if v.producer is not None and v.edge is None:
                 info = program.nodes[v.producer].info
                 info["new_bytes"] = info.get("new_bytes", 0) + v.nbytes
-        kernels.annotate(program)
+        replay.annotate(program)
         alias.bind_writebacks(program)
         before = {id(wb.source): wb.how for wb in program.writebacks}
         before_bytes = {id(wb.source): program.values[wb.value].nbytes for wb in program.writebacks

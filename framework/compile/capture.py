@@ -30,6 +30,7 @@ from .. import memory
 from ..callsite import call_site
 from ..autograd import engine as _engine
 from ..autograd import function as _function
+from ..autograd import node as _node
 from ..autograd.function import CopySlices
 from ..backend import is_array
 from ..tensor import Tensor
@@ -243,11 +244,11 @@ class Recorder:
     # --- hooks -------------------------------------------------------------------------------
     def _run(self, fn, *args):
         """Calls eager code with the recorder switched off."""
-        _function.capture = None
+        _node.capture = None
         try:
             return fn(*args)
         finally:
-            _function.capture = self
+            _node.capture = self
 
     def _events(self) -> int:
         return len(self.timeline.events) if self.timeline is not None else 0

@@ -339,7 +339,7 @@ def _f_contig(v) -> bool:
     return True
 
 
-def _forward_ok(node, program) -> bool:
+def forward_ok(node, program) -> bool:
     op = node.op
     if node.kind != "call" or node.info.get("saved_copies") or node.info.get("kept"):
         return False
@@ -349,33 +349,6 @@ def _forward_ok(node, program) -> bool:
         return op in (View, Permute)
     v = program.values[node.outputs[0]]
     return op in FORWARD and (_c_contig(v) or _f_contig(v))
-
-
-def annotate(program) -> None:
-    """Marks the forward/backward pairs that run on direct kernels (``info["lowered"]``).
-
-    A forward runs lowered only together with its backward (they share no context object
-    then): both must have an emitter that accepts the node (asked with a dry run).
-    """
-    from .replay import DryGen  # noqa: PLC0415  (the code generator lives with replay)
-
-    backward_of = {n.info["fwd"]: n for n in program.nodes if n.kind == "backward"}
-    for n in program.nodes:
-        if n.kind == "call":
-            n.info["in_shapes"] = [program.values[t.id].shape if isinstance(t, Ref) else () for t in n.inputs]
-    dry = DryGen(program)
-    for n in program.nodes:
-        if n.kind != "call":
-            continue
-        ok = _forward_ok(n, program)
-        b = backward_of.get(n.index)
-        if ok and b is not None:
-            ok = n.op in BACKWARD and not b.info.get("copyslices") and dry.accepts(BACKWARD[n.op], b)
-        if ok and not n.op.is_view:
-            ok = dry.accepts(FORWARD[n.op], n)
-        n.info["lowered"] = ok
-        if b is not None:
-            b.info["lowered"] = ok
 
 
 def emit(node, g) -> bool:
@@ -414,5 +387,5 @@ def emit(node, g) -> bool:
     return False
 
 
-__all__ = ["OUT_CAPABLE", "INPLACE_FORM", "FORWARD", "FORWARD_ONLY", "BACKWARD", "REUSES_GRAD", "annotate", "emit",
+__all__ = ["OUT_CAPABLE", "INPLACE_FORM", "FORWARD", "FORWARD_ONLY", "BACKWARD", "REUSES_GRAD", "emit",
            "writes_out", "can_write_into", "has_inplace_form"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from .program import Ref, ScalarRef, StatsOut
+from .refs import Ref, ScalarRef, StatsOut
 from .scalars import format_entry, format_guard
 
 

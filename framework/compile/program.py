@@ -28,41 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
-class Ref:
-    """A reference to a value inside a node template."""
-
-    __slots__ = ("id",)
-
-    def __init__(self, vid: int):
-        self.id = vid
-
-    def __repr__(self):
-        return f"%{self.id}"
-
-
-class ScalarRef:
-    """A reference to a traced scalar (slot of ``Program.scalars``) inside a template."""
-
-    __slots__ = ("slot",)
-
-    def __init__(self, slot: int):
-        self.slot = slot
-
-    def __repr__(self):
-        return f"$s{self.slot}"
-
-
-class StatsOut:
-    """A dict attribute that forward fills with side outputs (BatchNorm's ``stats``)."""
-
-    __slots__ = ("values",)
-
-    def __init__(self, values: dict):
-        self.values = values  # key -> value id (arrays); other keys are left to forward
-
-    def __repr__(self):
-        return "{" + ", ".join(f"{k}: %{v}" for k, v in self.values.items()) + "}"
+from .printing import format_program
+from .refs import Ref, ScalarRef, StatsOut  # noqa: F401  (the template types, re-exported)
 
 
 @dataclass(frozen=True)
@@ -299,8 +266,6 @@ class Program:
 
     # --- printing -------------------------------------------------------------------
     def __str__(self) -> str:
-        from .printing import format_program  # noqa: PLC0415
-
         return format_program(self)
 
     def __repr__(self) -> str:

@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 
-from .. import memory
+from .. import backend, memory
 from ..autograd.function import CopySlices, _as_array
 from ..ops.view import reshape_view
 from ..tensor import _wrap
@@ -133,7 +133,6 @@ class Executor:
 
     def _create(self, node):
         """A creation recipe (fw.zeros, fw.randn, ...) called again: random draws stay in step."""
-        from .. import backend  # noqa: PLC0415
 
         recipe, shape, dtype, dev = (node.info[k] for k in ("recipe", "shape", "dtype", "device"))
         xp, env, vid, track = backend.xp_for(dev), self.env, node.outputs[0], memory.track
@@ -534,3 +533,28 @@ class DryGen(Gen):
 
     def view(self, o, x, fn, fmt) -> bool:
         return True
+
+
+def annotate(program) -> None:
+    """Marks the forward/backward pairs that run on direct kernels (``info["lowered"]``).
+
+    A forward runs lowered only together with its backward (they share no context object
+    then): both must have an emitter that accepts the node (asked with a dry run).
+    """
+    backward_of = {n.info["fwd"]: n for n in program.nodes if n.kind == "backward"}
+    for n in program.nodes:
+        if n.kind == "call":
+            n.info["in_shapes"] = [program.values[t.id].shape if isinstance(t, Ref) else () for t in n.inputs]
+    dry = DryGen(program)
+    for n in program.nodes:
+        if n.kind != "call":
+            continue
+        ok = kernels.forward_ok(n, program)
+        b = backward_of.get(n.index)
+        if ok and b is not None:
+            ok = n.op in kernels.BACKWARD and not b.info.get("copyslices") and dry.accepts(kernels.BACKWARD[n.op], b)
+        if ok and not n.op.is_view:
+            ok = dry.accepts(kernels.FORWARD[n.op], n)
+        n.info["lowered"] = ok
+        if b is not None:
+            b.info["lowered"] = ok

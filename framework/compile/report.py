@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from .alias import inplace_chains, unbound_inputs
+from .plan import greedy_by_size
 
 MB = 1024 * 1024
 
@@ -103,7 +104,6 @@ def draw_plan(program, plan, path: str, title: str = "memory plan") -> str:
                                facecolor=cmap(k % 20), edgecolor="black", linewidth=0.4))
     # Buffers the kernels allocate, drawn above the arena where they would sit if freed
     # memory were reused perfectly (packed the same greedy way): their height over time.
-    from .plan import greedy_by_size  # noqa: PLC0415
 
     kernel = [(c, plan.nbytes[c], max(plan.intervals[c][0], 0), min(plan.intervals[c][1], n))
               for c, p in plan.placement.items() if p == "kernel"]

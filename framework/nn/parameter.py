@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import backend, memory
-from ..tensor import Tensor
+from ..creation import empty
+from ..tensor import Tensor, _wrap
 
 
 class Parameter(Tensor):
@@ -23,8 +24,6 @@ class Parameter(Tensor):
 
     def __new__(cls, data: Tensor | None = None, requires_grad: bool = True):
         if data is None:
-            from ..creation import empty  # noqa: PLC0415
-
             data = empty(0)
         if not isinstance(data, Tensor):
             raise TypeError(f"Parameter expects a Tensor, got {type(data).__name__}: wrap it with fw.tensor() first")
@@ -68,16 +67,12 @@ class Parameter(Tensor):
             return memo[id(self)]
         copy = _from_array(self._data.copy(), self._requires_grad)
         if self._grad is not None:
-            from ..tensor import _wrap  # noqa: PLC0415
-
             copy._grad = _wrap(memory.track(self._grad._data.copy(), "gradients"))
         memo[id(self)] = copy
         return copy
 
 
 def _from_array(array, requires_grad: bool) -> Parameter:
-    from ..tensor import _wrap  # noqa: PLC0415
-
     return Parameter(_wrap(array), requires_grad)  # _wrap gives a fresh version counter
 
 

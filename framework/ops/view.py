@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import backend, memory
 from ..autograd.function import Function
-from ..backend import get_array_module
+from ..backend import device_of, get_array_module, to_device
 from .broadcast import sum_to
 
 # ``array`` reshaped without copying, or None (NumPy and CuPy need different calls).
@@ -278,12 +278,8 @@ class Stack(Function):
 
 class ToDevice(Function):
     def forward(ctx, x, device=None):
-        from ..backend import device_of, to_device  # noqa: PLC0415
-
         ctx.source = device_of(x)
         return to_device(x, device)
 
     def backward(ctx, g):
-        from ..backend import to_device  # noqa: PLC0415
-
         return to_device(g, ctx.source)

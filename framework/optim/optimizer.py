@@ -30,6 +30,7 @@ from .. import inplace as _inplace
 from .. import memory
 from ..callsite import call_site
 from ..autograd.grad_mode import enable_grad, no_grad
+from ..nn.module import _zero_grad
 from ..tensor import Tensor, _wrap
 
 
@@ -139,8 +140,6 @@ class Optimizer:
     # --- gradients ---------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Resets every parameter's gradient: to ``None`` (default), or to zeros in place."""
-        from ..nn.module import _zero_grad  # noqa: PLC0415
-
         for group in self.param_groups:
             for p in group["params"]:
                 _zero_grad(p, set_to_none)

@@ -11,7 +11,7 @@ import framework as fw
 from framework import memory, nn, optim
 
 import models
-from models import available_models, build_model, register_model
+from models import available_models, build_model, register_model, registry
 
 # Small versions of every model (and every norm / activation path), with an input shape.
 SMALL = {
@@ -91,7 +91,7 @@ def test_names_are_case_insensitive_and_cfg_sections_work():
 
 
 def test_register_model(monkeypatch):
-    monkeypatch.setattr(models, "_REGISTRY", dict(models._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
 
     @register_model("tiny_test_model")
     def tiny(num_classes=3):

@@ -257,9 +257,7 @@ class ufunc:
         raise NotImplementedError(f"`{self.name}.accumulate` is not supported yet")
 
     def outer(self, A, B, **kwargs):  # noqa: N803 - NumPy's names
-        from . import array  # noqa: PLC0415
-
-        A, B = array(A), array(B)
+        A, B = (x if isinstance(x, ndarray) else _from_host(numpy.asarray(x)) for x in (A, B))
         return self(A.reshape(A.shape + (1,) * B.ndim), B.reshape((1,) * A.ndim + B.shape), **kwargs)
 
 

@@ -14,6 +14,7 @@ import builtins
 import numpy
 
 from . import _core
+from .cuda import runtime
 from ._core import _call, _call_view, _check_current, _dtype, _from_host, _operand, _wrap, ndarray
 
 # --- creation ----------------------------------------------------------------------------------------
@@ -449,8 +450,6 @@ def _method(a, name, *args, **kwargs):
 
 
 def _runtime_device() -> int:
-    from .cuda import runtime  # noqa: PLC0415
-
     return runtime.getDevice()
 
 

@@ -58,7 +58,7 @@ def test_reading_a_value_during_capture_is_refused_with_the_line(read):
     assert read in source_line or (read == "bool" and "loss > 1" in source_line)
     # nothing is left installed: reads work again outside the capture
     assert isinstance(F.cross_entropy(model(x), y).item(), float)
-    assert fw.autograd.function.capture is None
+    assert fw.autograd.node.capture is None
 
 
 def test_a_tensor_made_in_the_step_outside_the_ops_is_refused():

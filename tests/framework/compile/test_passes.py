@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import framework as fw
-from framework.compile import alias, dce, plan, reinplace
+from framework.compile import alias, dce, plan, reinplace, replay
 from framework.compile.program import Program, Ref, Source, WriteBack
 from framework.ops import dropout as D
 from framework.ops import elementwise as E
@@ -258,9 +258,8 @@ def test_plan_places_kernel_owned_values_outside_the_arena_and_explains_why():
     z = b.op(E.Exp, y, shape=(4, 4))
     b.op(E.Neg, z, shape=(4, 4))
     b.p.outputs = Ref(b.op(E.Relu, z, shape=(4, 4)))
-    from framework.compile import kernels
 
-    kernels.annotate(b.p)
+    replay.annotate(b.p)
     pl = plan.plan_memory(b.p)
     assert pl.placement[y] == "kernel" and "allocates its own output" in pl.why[y]
     out = b.p.output_refs()[0]

@@ -68,7 +68,4 @@ class Device:
     @property
     def mem_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes: the nominal size less what the stand-in's pools hold."""
-        from .memory import _bytes_held_on  # noqa: PLC0415  (memory imports this module)
-
-        total = runtime.getDeviceProperties(self.id)["totalGlobalMem"]
-        return total - _bytes_held_on(self.id), total
+        return runtime._mem_info(self.id)

@@ -136,7 +136,7 @@ def _host_buffer(memptr: MemoryPointer) -> tuple[numpy.ndarray, int]:
 
 # --- pools ----------------------------------------------------------------------------------------
 
-_pools: weakref.WeakSet = weakref.WeakSet()  # every single-device pool, for pointer lookups
+_pools = runtime._pools  # every single-device pool: for pointer lookups, and runtime.memGetInfo
 
 
 class SingleDeviceMemoryPool:
@@ -295,7 +295,3 @@ def _block_at(ptr: int, nbytes: int):
                 return pmem, ptr - pmem.ptr
     return None
 
-
-def _bytes_held_on(device_id: int) -> int:
-    """Bytes the pools hold on a device (in use and cached)."""
-    return sum(p.total_bytes() for p in list(_pools) if p._device_id == device_id)

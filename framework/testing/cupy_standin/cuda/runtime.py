@@ -7,6 +7,7 @@ every stand-in operation has finished when its call returns.
 from __future__ import annotations
 
 import threading
+import weakref
 
 #: How many GPUs the stand-in simulates. Two, so that code choosing a GPU per rank,
 #: moving arrays between GPUs and NCCL with one GPU per rank all run.
@@ -18,6 +19,10 @@ _CUDA_VERSION = 12080
 is_hip = False
 
 _local = threading.local()
+
+#: Every single-device memory pool (``cuda.memory`` registers them): what a device's
+#: memory holds, for ``memGetInfo``.
+_pools: weakref.WeakSet = weakref.WeakSet()
 
 
 class CUDARuntimeError(RuntimeError):
@@ -68,3 +73,15 @@ def getDeviceProperties(device: int) -> dict:  # noqa: N802
         "minor": 0,
         "pciBusID": int(device),
     }
+
+
+def memGetInfo() -> tuple[int, int]:  # noqa: N802
+    """``(free, total)`` bytes of the current device: its nominal size less what the
+    stand-in's pools hold on it (in use and cached)."""
+    return _mem_info(getDevice())
+
+
+def _mem_info(device: int) -> tuple[int, int]:
+    total = getDeviceProperties(device)["totalGlobalMem"]
+    held = sum(p.total_bytes() for p in list(_pools) if p._device_id == device)
+    return total - held, total
