@@ -81,12 +81,17 @@ def main(argv=None):
         on = best[(chain, "on")] / N * 1e6
         for policy in ("on", "auto"):
             us = best[(chain, policy)] / N * 1e6
-            print(f"| {chain.replace('_chain', '')} | {policy} | {us:.2f} | "
-                  f"{'' if policy == 'on' else f'{us - on:+.2f}'} | {rewritten[(chain, policy)]} |")
+            print(
+                f"| {chain.replace('_chain', '')} | {policy} | {us:.2f} | "
+                f"{'' if policy == 'on' else f'{us - on:+.2f}'} | {rewritten[(chain, policy)]} |"
+            )
     info = common.machine_info()
     print(f"\n{repeats} repeats, min. Machine: {common.machine_line(info)}")
     payload = {
-        "machine": info, "command": common.command_line(), "ops_per_chain": N, "repeats": repeats,
+        "machine": info,
+        "command": common.command_line(),
+        "ops_per_chain": N,
+        "repeats": repeats,
         "us_per_op": {f"{c}/{p}": best[(c, p)] / N * 1e6 for c, p in best},
         "rewritten": {f"{c}/{p}": n for (c, p), n in rewritten.items()},
     }

@@ -51,13 +51,19 @@ MB = 1024 * 1024
 # name -> (model factory, input shape per sample, batch for the bitwise run, batch for memory)
 MODELS = {
     "mlp (quickstart)": (lambda: MLP(in_features=64, num_classes=10, hidden=(256, 256)), (64,), 32, 32),
-    "convnet": (lambda: ConvNet(in_channels=1, num_classes=10, channels=(32, 64), image_size=8, norm="bn"),
-                (1, 8, 8), 32, 32),
+    "convnet": (
+        lambda: ConvNet(in_channels=1, num_classes=10, channels=(32, 64), image_size=8, norm="bn"),
+        (1, 8, 8),
+        32,
+        32,
+    ),
     "resnet20": (lambda: ResNet(depth=20, width=16, norm="bn"), (3, 32, 32), 16, 64),
     "resnet20 + InPlace-ABN": (lambda: ResNet(depth=20, width=16, norm="inplace_abn"), (3, 32, 32), 16, 64),
 }
-QUICK = {"mlp (quickstart)": (lambda: MLP(in_features=64, num_classes=10, hidden=(32, 32)), (64,), 8, 8),
-         "resnet8": (lambda: ResNet(depth=8, width=4, norm="bn"), (3, 8, 8), 2, 4)}
+QUICK = {
+    "mlp (quickstart)": (lambda: MLP(in_features=64, num_classes=10, hidden=(32, 32)), (64,), 8, 8),
+    "resnet8": (lambda: ResNet(depth=8, width=4, norm="bn"), (3, 8, 8), 2, 4),
+}
 
 
 def setup(factory, policy, seed=0):
@@ -78,8 +84,13 @@ def setup(factory, policy, seed=0):
 
 def make_batches(shape, batch, n, seed=1):
     rng = np.random.default_rng(seed)
-    return [(fw.from_numpy(rng.standard_normal((batch,) + shape).astype(np.float32)),
-             fw.from_numpy(rng.integers(0, 10, batch))) for _ in range(n)]
+    return [
+        (
+            fw.from_numpy(rng.standard_normal((batch,) + shape).astype(np.float32)),
+            fw.from_numpy(rng.integers(0, 10, batch)),
+        )
+        for _ in range(n)
+    ]
 
 
 def state_of(model, opt):
@@ -91,6 +102,7 @@ def state_of(model, opt):
 
 
 # --- 1. bitwise -----------------------------------------------------------------------------
+
 
 def bitwise(factory, shape, batch, steps, policy="off"):
     """The first step where compiled and eager differ (None: equal at every step)."""
@@ -112,6 +124,7 @@ def bitwise(factory, shape, batch, steps, policy="off"):
 
 
 # --- 2. memory --------------------------------------------------------------------------------
+
 
 def eager_peak(factory, shape, batch, policy, persistent):
     model, opt, step = setup(factory, policy)
@@ -136,18 +149,28 @@ def memory_row(name, factory, shape, batch):
     r_off = compiled_report(factory, shape, batch, "off")
     r_auto = compiled_report(factory, shape, batch, "auto")
     pers = r_off["persistent_bytes"]
-    row = {"model": name, "batch": batch,
-           "eager_off_peak": eager_peak(factory, shape, batch, "off", pers),
-           "eager_auto_peak": eager_peak(factory, shape, batch, "auto", pers)}
+    row = {
+        "model": name,
+        "batch": batch,
+        "eager_off_peak": eager_peak(factory, shape, batch, "off", pers),
+        "eager_auto_peak": eager_peak(factory, shape, batch, "auto", pers),
+    }
     for tag, r in (("off", r_off), ("auto", r_auto)):
-        row[tag] = {"planned_peak": r["planned_peak_bytes"], "replay_peak": r["replay_peak_bytes"],
-                    "lower_bound": r["lower_bound_bytes"], "floor": r["floor_bytes"], "arena": r["arena_bytes"],
-                    "reinplaced": len(r["reinplaced_ops"]), "unbound": len(r["unbound_writebacks"]),
-                    "nodes": r["nodes"]}
+        row[tag] = {
+            "planned_peak": r["planned_peak_bytes"],
+            "replay_peak": r["replay_peak_bytes"],
+            "lower_bound": r["lower_bound_bytes"],
+            "floor": r["floor_bytes"],
+            "arena": r["arena_bytes"],
+            "reinplaced": len(r["reinplaced_ops"]),
+            "unbound": len(r["unbound_writebacks"]),
+            "nodes": r["nodes"],
+        }
     return row
 
 
 # --- 3. speed ---------------------------------------------------------------------------------
+
 
 def mlp_speed(repeats, policy, quick):
     factory, shape, batch, _ = (QUICK if quick else MODELS)["mlp (quickstart)"]
@@ -187,6 +210,7 @@ def tiny_ops(repeats, n_ops):
 
 # --- 4. capture cost ----------------------------------------------------------------------------
 
+
 def capture_cost(factory, shape, batch, repeats):
     _, _, eager = setup(factory, "auto")
     batches = make_batches(shape, batch, 3)
@@ -199,8 +223,12 @@ def capture_cost(factory, shape, batch, repeats):
     t1 = time.perf_counter()
     f(*batches[1])
     t2 = time.perf_counter()
-    return {"eager_s": eager_s, "first_call_s": t1 - t0, "second_call_s": t2 - t1,
-            "build_s": f._current().build_seconds}
+    return {
+        "eager_s": eager_s,
+        "first_call_s": t1 - t0,
+        "second_call_s": t2 - t1,
+        "build_s": f._current().build_seconds,
+    }
 
 
 def main(argv=None) -> dict:
@@ -218,11 +246,21 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         first_diff = bitwise(factory, shape, batch, steps)
         bits[name] = first_diff
-        bit_rows.append([name, batch, steps, "yes" if first_diff is None else f"no (step {first_diff})",
-                         f"{time.perf_counter() - t0:.0f} s"])
+        bit_rows.append(
+            [
+                name,
+                batch,
+                steps,
+                "yes" if first_diff is None else f"no (step {first_diff})",
+                f"{time.perf_counter() - t0:.0f} s",
+            ]
+        )
     print(f"### Bitwise: compiled (captured under `off`) vs eager `off`, {steps} steps\n")
-    print(common.markdown_table(["model", "batch", "steps", "losses, params, running stats, optimizer state equal",
-                                 "time"], bit_rows))
+    print(
+        common.markdown_table(
+            ["model", "batch", "steps", "losses, params, running stats, optimizer state equal", "time"], bit_rows
+        )
+    )
 
     mem = []
     for name, (factory, shape, _, batch) in models.items():
@@ -232,24 +270,63 @@ def main(argv=None) -> dict:
     for m in mem:
         for tag in ("off", "auto"):
             c = m[tag]
-            rows.append([m["model"], m["batch"], tag, f"{m['eager_' + tag + '_peak'] / MB:.3f}",
-                         f"{c['planned_peak'] / MB:.3f}", f"{c['replay_peak'] / MB:.3f}",
-                         f"{c['lower_bound'] / MB:.3f}", f"{c['floor'] / MB:.3f}",
-                         f"{c['planned_peak'] / c['floor']:.3f}", f"{c['arena'] / MB:.2f}", c["reinplaced"],
-                         c["unbound"]])
-    print(common.markdown_table(["model", "batch", "policy", "eager peak", "compiled: planned", "replay (measured)",
-                                 "lower bound", "floor", "planned/floor", "arena", "re-inplaced ops",
-                                 "unbound chains"], rows))
+            rows.append(
+                [
+                    m["model"],
+                    m["batch"],
+                    tag,
+                    f"{m['eager_' + tag + '_peak'] / MB:.3f}",
+                    f"{c['planned_peak'] / MB:.3f}",
+                    f"{c['replay_peak'] / MB:.3f}",
+                    f"{c['lower_bound'] / MB:.3f}",
+                    f"{c['floor'] / MB:.3f}",
+                    f"{c['planned_peak'] / c['floor']:.3f}",
+                    f"{c['arena'] / MB:.2f}",
+                    c["reinplaced"],
+                    c["unbound"],
+                ]
+            )
+    print(
+        common.markdown_table(
+            [
+                "model",
+                "batch",
+                "policy",
+                "eager peak",
+                "compiled: planned",
+                "replay (measured)",
+                "lower bound",
+                "floor",
+                "planned/floor",
+                "arena",
+                "re-inplaced ops",
+                "unbound chains",
+            ],
+            rows,
+        )
+    )
 
     speed = {pol: mlp_speed(repeats, pol, args.quick) for pol in ("auto", "off")}
     n_ops = 20 if args.quick else 200
     tiny = tiny_ops(repeats, n_ops)
     print(f"\n### Speed (min of {repeats}, interleaved)\n")
-    srows = [[f"quickstart MLP step, policy {pol}", f"{s['eager']['min'] * 1e3:.3f} ms",
-              f"{s['compiled']['min'] * 1e3:.3f} ms", f"{s['eager']['min'] / s['compiled']['min']:.2f}x"]
-             for pol, s in speed.items()]
-    srows.append([f"tiny op + its backward ({n_ops}-op chain), per op", f"{tiny['eager']:.2f} µs",
-                  f"{tiny['compiled']:.2f} µs", f"{tiny['eager'] / tiny['compiled']:.1f}x"])
+    srows = [
+        [
+            f"quickstart MLP step, policy {pol}",
+            f"{s['eager']['min'] * 1e3:.3f} ms",
+            f"{s['compiled']['min'] * 1e3:.3f} ms",
+            f"{s['eager']['min'] / s['compiled']['min']:.2f}x",
+        ]
+        for pol, s in speed.items()
+    ]
+    srows.append(
+        [
+            f"tiny op + its backward ({n_ops}-op chain), per op",
+            f"{tiny['eager']:.2f} µs",
+            f"{tiny['compiled']:.2f} µs",
+            f"{tiny['eager'] / tiny['compiled']:.1f}x",
+        ]
+    )
     print(common.markdown_table(["what", "eager", "compiled", "speedup"], srows))
     print(f"\n(NumPy forward + backward kernels of the same chain, written by hand: {tiny['numpy']:.2f} µs/op)")
 
@@ -259,41 +336,82 @@ def main(argv=None) -> dict:
         factory, shape, _, batch = models[name]
         caps[name] = capture_cost(factory, shape, batch, max(3, repeats // 4))
     print("\n### Capture cost (policy auto)\n")
-    print(common.markdown_table(
-        ["model", "eager step", "first call (capture)", "ratio", "second call (capture + plan)", "ratio", "plan"],
-        [[n, f"{c['eager_s'] * 1e3:.1f} ms", f"{c['first_call_s'] * 1e3:.1f} ms",
-          f"{c['first_call_s'] / c['eager_s']:.2f}x", f"{c['second_call_s'] * 1e3:.1f} ms",
-          f"{c['second_call_s'] / c['eager_s']:.2f}x", f"{c['build_s'] * 1e3:.1f} ms"] for n, c in caps.items()]))
+    print(
+        common.markdown_table(
+            ["model", "eager step", "first call (capture)", "ratio", "second call (capture + plan)", "ratio", "plan"],
+            [
+                [
+                    n,
+                    f"{c['eager_s'] * 1e3:.1f} ms",
+                    f"{c['first_call_s'] * 1e3:.1f} ms",
+                    f"{c['first_call_s'] / c['eager_s']:.2f}x",
+                    f"{c['second_call_s'] * 1e3:.1f} ms",
+                    f"{c['second_call_s'] / c['eager_s']:.2f}x",
+                    f"{c['build_s'] * 1e3:.1f} ms",
+                ]
+                for n, c in caps.items()
+            ],
+        )
+    )
 
     resnet = next((m for m in mem if m["model"] == "resnet20"), mem[-1])["auto"]
     mlp_auto = speed["auto"]["eager"]["min"] / speed["auto"]["compiled"]["min"]
     targets = [
-        ("compiled bitwise equal to eager off over the steps, every model", all(v is None for v in bits.values()),
-         ", ".join(f"{k}: {'yes' if v is None else 'no'}" for k, v in bits.items())),
-        ("planned peak (compiled under auto) <= eager auto peak, every model",
-         all(m["auto"]["planned_peak"] <= m["eager_auto_peak"] for m in mem),
-         ", ".join(f"{m['model']}: {m['auto']['planned_peak'] / m['eager_auto_peak']:.4f}" for m in mem)),
-        ("planned peak <= 1.05x floor on ResNet-20 (under auto)", resnet["planned_peak"] <= 1.05 * resnet["floor"],
-         f"{resnet['planned_peak'] / resnet['floor']:.3f}"),
+        (
+            "compiled bitwise equal to eager off over the steps, every model",
+            all(v is None for v in bits.values()),
+            ", ".join(f"{k}: {'yes' if v is None else 'no'}" for k, v in bits.items()),
+        ),
+        (
+            "planned peak (compiled under auto) <= eager auto peak, every model",
+            all(m["auto"]["planned_peak"] <= m["eager_auto_peak"] for m in mem),
+            ", ".join(f"{m['model']}: {m['auto']['planned_peak'] / m['eager_auto_peak']:.4f}" for m in mem),
+        ),
+        (
+            "planned peak <= 1.05x floor on ResNet-20 (under auto)",
+            resnet["planned_peak"] <= 1.05 * resnet["floor"],
+            f"{resnet['planned_peak'] / resnet['floor']:.3f}",
+        ),
         ("quickstart MLP compiled / eager >= 1.5x (policy auto)", mlp_auto >= 1.5, f"{mlp_auto:.2f}x"),
         ("replayed tiny op <= 2 µs (with its backward)", tiny["compiled"] <= 2.0, f"{tiny['compiled']:.2f} µs"),
-        ("first call (capture) <= 3x an eager step", all(c["first_call_s"] <= 3 * c["eager_s"] for c in caps.values()),
-         ", ".join(f"{n}: {c['first_call_s'] / c['eager_s']:.2f}x" for n, c in caps.items())),
-        ("second call (capture again + plan + code) <= 3x an eager step",
-         all(c["second_call_s"] <= 3 * c["eager_s"] for c in caps.values()),
-         ", ".join(f"{n}: {c['second_call_s'] / c['eager_s']:.2f}x" for n, c in caps.items())),
-        ("(not a target) compiled under off: planned peak <= eager auto peak",
-         all(m["off"]["planned_peak"] <= m["eager_auto_peak"] for m in mem),
-         ", ".join(f"{m['model']}: {m['off']['planned_peak'] / m['eager_auto_peak']:.4f} "
-                   f"(measured {m['off']['replay_peak'] / m['eager_auto_peak']:.4f})" for m in mem)),
+        (
+            "first call (capture) <= 3x an eager step",
+            all(c["first_call_s"] <= 3 * c["eager_s"] for c in caps.values()),
+            ", ".join(f"{n}: {c['first_call_s'] / c['eager_s']:.2f}x" for n, c in caps.items()),
+        ),
+        (
+            "second call (capture again + plan + code) <= 3x an eager step",
+            all(c["second_call_s"] <= 3 * c["eager_s"] for c in caps.values()),
+            ", ".join(f"{n}: {c['second_call_s'] / c['eager_s']:.2f}x" for n, c in caps.items()),
+        ),
+        (
+            "(not a target) compiled under off: planned peak <= eager auto peak",
+            all(m["off"]["planned_peak"] <= m["eager_auto_peak"] for m in mem),
+            ", ".join(
+                f"{m['model']}: {m['off']['planned_peak'] / m['eager_auto_peak']:.4f} "
+                f"(measured {m['off']['replay_peak'] / m['eager_auto_peak']:.4f})"
+                for m in mem
+            ),
+        ),
     ]
     print("\n### Targets\n")
-    print(common.markdown_table(["target (issue 13)", "met", "value"],
-                                [[t, "yes" if ok else "no", v] for t, ok, v in targets]))
-    payload = {"benchmark": "compile", "machine": info, "command": common.command_line(),
-               "params": {"steps": steps, "repeats": repeats, "quick": args.quick},
-               "bitwise_first_difference": bits, "memory": mem, "speed_mlp": speed, "tiny_op_us": tiny,
-               "capture": caps, "targets": {t: ok for t, ok, _ in targets}}
+    print(
+        common.markdown_table(
+            ["target (issue 13)", "met", "value"], [[t, "yes" if ok else "no", v] for t, ok, v in targets]
+        )
+    )
+    payload = {
+        "benchmark": "compile",
+        "machine": info,
+        "command": common.command_line(),
+        "params": {"steps": steps, "repeats": repeats, "quick": args.quick},
+        "bitwise_first_difference": bits,
+        "memory": mem,
+        "speed_mlp": speed,
+        "tiny_op_us": tiny,
+        "capture": caps,
+        "targets": {t: ok for t, ok, _ in targets},
+    }
     if args.json:
         common.write_json(args.json, payload)
     return payload

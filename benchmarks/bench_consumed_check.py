@@ -81,17 +81,21 @@ def main(argv=None):
         def run():
             function._read_inputs = _checked
             return fn()
+
         return run
 
     def without_check(fn):
         def run():
             function._read_inputs = _unchecked
             return fn()
+
         return run
 
     variants = {
-        "forward, checked": with_check(forward), "forward, unchecked": without_check(forward),
-        "fwd+bwd, checked": with_check(forward_backward), "fwd+bwd, unchecked": without_check(forward_backward),
+        "forward, checked": with_check(forward),
+        "forward, unchecked": without_check(forward),
+        "fwd+bwd, checked": with_check(forward_backward),
+        "fwd+bwd, unchecked": without_check(forward_backward),
     }
     try:
         times = common.interleaved(variants, repeats, warmup=3)
@@ -103,10 +107,21 @@ def main(argv=None):
     for what in ("forward", "fwd+bwd"):
         a, b = us[f"{what}, checked"], us[f"{what}, unchecked"]
         per_op = {k: (a[k] - b[k]) / n_ops * 1e6 for k in ("min", "median")}
-        rows.append([what, f"{a['min'] / n_ops * 1e6:.2f}", f"{b['min'] / n_ops * 1e6:.2f}",
-                     f"{per_op['min']:+.3f}", f"{per_op['median']:+.3f}"])
-        result[what] = {"checked_us_per_op": a["min"] / n_ops * 1e6, "unchecked_us_per_op": b["min"] / n_ops * 1e6,
-                        "check_us_per_op_min": per_op["min"], "check_us_per_op_median": per_op["median"]}
+        rows.append(
+            [
+                what,
+                f"{a['min'] / n_ops * 1e6:.2f}",
+                f"{b['min'] / n_ops * 1e6:.2f}",
+                f"{per_op['min']:+.3f}",
+                f"{per_op['median']:+.3f}",
+            ]
+        )
+        result[what] = {
+            "checked_us_per_op": a["min"] / n_ops * 1e6,
+            "unchecked_us_per_op": b["min"] / n_ops * 1e6,
+            "check_us_per_op_min": per_op["min"],
+            "check_us_per_op_median": per_op["median"],
+        }
     print(common.machine_line(result["machine"]))
     print(f"{n_ops} ops on {SIZE} floats, {repeats} interleaved rounds; us per op (min over rounds)")
     print(common.markdown_table(["chain", "checked", "unchecked", "check (min)", "check (median)"], rows))

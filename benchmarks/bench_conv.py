@@ -192,7 +192,8 @@ def _torch(pass_, xa, wa, ga, stride, device):
         return lambda: torch_F.conv2d(x, w, stride=stride, padding=PADDING)
     mask = [pass_ == "grad_input", pass_ == "grad_weight", False]
     return lambda: torch.ops.aten.convolution_backward(
-        g, x, w, None, s, [PADDING, PADDING], [1, 1], False, [0, 0], 1, mask)
+        g, x, w, None, s, [PADDING, PADDING], [1, 1], False, [0, 0], 1, mask
+    )
 
 
 def layer_rows(args, layer, batch, device, variants, limits, repeats):
@@ -225,15 +226,23 @@ def layer_rows(args, layer, batch, device, variants, limits, repeats):
         for label, t in times.items():
             v, lim = meta.get(label, ("torch", None))
             ws = _workspace_peak(fns[label]) if v != "torch" and device.type == "cpu" else None
-            results.append({
-                "layer": name, "pass": pass_, "variant": label, "algorithm": v, "count": count,
-                "needs_grad_input": needs_gx, "batch": batch, "workspace_limit": lim,
-                "seconds": spread(t), "gflops": flops / statistics.median(t) / 1e9,
-                "workspace_peak_bytes": ws,
-                "vs_torch": paired_ratios(t, times["torch"]) if "torch" in times and v != "torch" else None,
-                "chosen_by": [m for m, plan in chosen.items()
-                              if getattr(plan, pass_) == v and len(limits) == 1],
-            })
+            results.append(
+                {
+                    "layer": name,
+                    "pass": pass_,
+                    "variant": label,
+                    "algorithm": v,
+                    "count": count,
+                    "needs_grad_input": needs_gx,
+                    "batch": batch,
+                    "workspace_limit": lim,
+                    "seconds": spread(t),
+                    "gflops": flops / statistics.median(t) / 1e9,
+                    "workspace_peak_bytes": ws,
+                    "vs_torch": paired_ratios(t, times["torch"]) if "torch" in times and v != "torch" else None,
+                    "chosen_by": [m for m, plan in chosen.items() if getattr(plan, pass_) == v and len(limits) == 1],
+                }
+            )
     return results
 
 
@@ -248,14 +257,21 @@ def _ratio(r):
 def layer_table(results) -> str:
     rows = []
     for r in results:
-        rows.append([
-            r["layer"], r["pass"].replace("_", " "), r["variant"], ", ".join(r["chosen_by"]),
-            _ms(r["seconds"]), f"{r['gflops']:.0f}",
-            "-" if r["workspace_peak_bytes"] is None else f"{r['workspace_peak_bytes'] / 2**20:.2f}",
-            _ratio(r["vs_torch"]),
-        ])
+        rows.append(
+            [
+                r["layer"],
+                r["pass"].replace("_", " "),
+                r["variant"],
+                ", ".join(r["chosen_by"]),
+                _ms(r["seconds"]),
+                f"{r['gflops']:.0f}",
+                "-" if r["workspace_peak_bytes"] is None else f"{r['workspace_peak_bytes'] / 2**20:.2f}",
+                _ratio(r["vs_torch"]),
+            ]
+        )
     return common.markdown_table(
-        ["layer", "pass", "variant", "chosen", "ms median (min-max)", "GFLOP/s", "ws MiB", "time ours / torch"], rows)
+        ["layer", "pass", "variant", "chosen", "ms median (min-max)", "GFLOP/s", "ws MiB", "time ours / torch"], rows
+    )
 
 
 def chosen_table(results) -> str:
@@ -307,9 +323,11 @@ def model_rounds(batch, rounds_, clock, with_torch=True):
         runners[mode] = (Runner("resnet20", "on", "on", False, batch=batch), mode)
     steps = {}
     for label, (runner, mode) in runners.items():
+
         def step(runner=runner, mode=mode):
             with C.contraction(mode):
                 return runner.step()
+
         steps[label] = step
     if with_torch and torch is not None:
         steps["torch"] = TorchRunner("resnet20", batch=batch).step
@@ -320,8 +338,10 @@ def model_rounds(batch, rounds_, clock, with_torch=True):
     out = {}
     for label, t in times.items():
         out[label] = {
-            "step_seconds": spread(t), "samples_per_s": batch / statistics.median(t),
-            "vs_torch_samples_per_s": None if label == "torch" or "torch" not in times
+            "step_seconds": spread(t),
+            "samples_per_s": batch / statistics.median(t),
+            "vs_torch_samples_per_s": None
+            if label == "torch" or "torch" not in times
             else spread([b / a for a, b in zip(t, times["torch"], strict=True)]),
         }
     return out
@@ -332,15 +352,22 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=None, help="batch size (default 64; 4 with --quick)")
     p.add_argument("--layers", default=None, help="comma-separated indices into LAYERS (default: all)")
     p.add_argument("--variants", default=",".join(ALGORITHMS), help="comma-separated algorithms to time")
-    p.add_argument("--limits", default=None,
-                   help="comma-separated workspace limits to time each algorithm under (auto, 4M, 512K, 0, "
-                        "none); default: the current one")
+    p.add_argument(
+        "--limits",
+        default=None,
+        help="comma-separated workspace limits to time each algorithm under (auto, 4M, 512K, 0, "
+        "none); default: the current one",
+    )
     p.add_argument("--model", action="store_true", help="also time whole ResNet-20 steps against PyTorch")
     p.add_argument("--model-rounds", type=int, default=None, help="timed model steps per variant (default 9)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (CuPy; PyTorch on the same device)")
     p.add_argument("--threads", type=int, default=None, help="limit BLAS and PyTorch to N threads (default: no limit)")
-    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="wall clock, or this process's CPU time (steadier on a busy machine with --threads 1)")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall clock, or this process's CPU time (steadier on a busy machine with --threads 1)",
+    )
     args = p.parse_args(argv)
     repeats = common.repeats_of(args, 9)
     batch = args.batch or (4 if args.quick else 64)
@@ -370,8 +397,10 @@ def main(argv=None) -> int:
             model = model_rounds(batch, args.model_rounds or (1 if args.quick else 9), args.clock)
     info = common.machine_info()
     threads = "default threads" if args.threads is None else f"{args.threads} thread(s)"
-    print(f"conv2d 3x3 pad 1, float32, batch {batch}, device {device}, {threads}, {args.clock} clock, "
-          f"{repeats} alternating rounds, workspace limit {', '.join(format_limit(v) for v in limits)}")
+    print(
+        f"conv2d 3x3 pad 1, float32, batch {batch}, device {device}, {threads}, {args.clock} clock, "
+        f"{repeats} alternating rounds, workspace limit {', '.join(format_limit(v) for v in limits)}"
+    )
     print(common.machine_line(info) + ("" if torch is None else f", PyTorch {torch.__version__}"))
     print()
     print(layer_table(results))
@@ -380,24 +409,44 @@ def main(argv=None) -> int:
         print(chosen_table(results))
     totals = network_totals(results) if len(layers) == len(LAYERS) and len(limits) == 1 else None
     if totals:
-        print("\nConvolutions of one ResNet-20 step, summed from the medians above (each layer x its count, "
-              "the chosen algorithm per pass, no input gradient for the stem):\n")
-        rows = [[mode, f"{t * 1e3:.1f}", f"{t / totals['torch']:.2f}x" if totals.get("torch") else "-"]
-                for mode, t in totals.items()]
+        print(
+            "\nConvolutions of one ResNet-20 step, summed from the medians above (each layer x its count, "
+            "the chosen algorithm per pass, no input gradient for the stem):\n"
+        )
+        rows = [
+            [mode, f"{t * 1e3:.1f}", f"{t / totals['torch']:.2f}x" if totals.get("torch") else "-"]
+            for mode, t in totals.items()
+        ]
         print(common.markdown_table(["mode", "ms", "time vs torch"], rows))
     if model:
         print(f"\nResNet-20 training step, batch {batch}, SGD momentum, policy on, {args.clock} clock:\n")
-        rows = [[label, _ms(m["step_seconds"]), f"{m['samples_per_s']:.0f}", _ratio(m["vs_torch_samples_per_s"])]
-                for label, m in model.items()]
-        print(common.markdown_table(["conv2d mode", "step ms median (min-max)", "samples/s",
-                                     "samples/s ours / torch"], rows))
+        rows = [
+            [label, _ms(m["step_seconds"]), f"{m['samples_per_s']:.0f}", _ratio(m["vs_torch_samples_per_s"])]
+            for label, m in model.items()
+        ]
+        print(
+            common.markdown_table(
+                ["conv2d mode", "step ms median (min-max)", "samples/s", "samples/s ours / torch"], rows
+            )
+        )
     if args.json:
-        common.write_json(args.json, {
-            "benchmark": "bench_conv", "command": common.command_line(), "machine": info,
-            "torch": None if torch is None else torch.__version__, "device": str(device),
-            "threads": args.threads, "clock": args.clock, "batch": batch, "repeats": repeats,
-            "results": results, "network_totals_s": totals, "model": model,
-        })
+        common.write_json(
+            args.json,
+            {
+                "benchmark": "bench_conv",
+                "command": common.command_line(),
+                "machine": info,
+                "torch": None if torch is None else torch.__version__,
+                "device": str(device),
+                "threads": args.threads,
+                "clock": args.clock,
+                "batch": batch,
+                "repeats": repeats,
+                "results": results,
+                "network_totals_s": totals,
+                "model": model,
+            },
+        )
     return 0
 
 

@@ -71,10 +71,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import framework as fw  # noqa: E402
+from benchmarks import common  # noqa: E402
 from framework import memory, nn, optim  # noqa: E402
 from framework.distributed.comm import find_mpiexec  # noqa: E402
-
-from benchmarks import common  # noqa: E402
 from models import build_model  # noqa: E402
 
 MB = 2**20
@@ -85,6 +84,7 @@ _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LO
 
 
 # -- launching ----------------------------------------------------------------------------
+
 
 def under_mpiexec() -> bool:
     return any(v in os.environ for v in _MPI_ENV)
@@ -114,6 +114,7 @@ def launch(argv: list[str]) -> int:
 
 
 # -- helpers ------------------------------------------------------------------------------
+
 
 def load_str() -> str:
     """The 1, 5 and 15 minute load averages, e.g. ``"0.52 / 0.80 / 1.01"``."""
@@ -148,6 +149,7 @@ def ms(s: float) -> str:
 
 
 # -- 1. allreduce bandwidth ---------------------------------------------------------------
+
 
 def bench_allreduce(comm, repeats: int, batch: int) -> dict:
     from framework.distributed.data_parallel import DataParallel  # noqa: PLC0415
@@ -191,6 +193,7 @@ def bench_allreduce(comm, repeats: int, batch: int) -> dict:
         def fn():
             with fw.inplace.policy(policy):
                 dp.finish()
+
         return fn
 
     def per_parameter():
@@ -215,9 +218,11 @@ def bench_allreduce(comm, repeats: int, batch: int) -> dict:
         "DataParallel.finish(), off (packed copies), 25 MiB": len(dps["off25"][0].buckets),
         "allreduce_ per parameter": len(per_param),
     }
-    keys = {"DataParallel.finish(), on, 25 MiB buckets": "on25",
-            "DataParallel.finish(), on, 1 MiB buckets": "on1",
-            "DataParallel.finish(), off (packed copies), 25 MiB": "off25"}
+    keys = {
+        "DataParallel.finish(), on, 25 MiB buckets": "on25",
+        "DataParallel.finish(), on, 1 MiB buckets": "on1",
+        "DataParallel.finish(), off (packed copies), 25 MiB": "off25",
+    }
 
     def setup(name):
         if name in keys:
@@ -230,12 +235,17 @@ def bench_allreduce(comm, repeats: int, batch: int) -> dict:
     rows = {}
     for name, t in times.items():
         s = common.summarize(t)
-        rows[name] = {**s, "collectives": n_calls[name], "bytes": nbytes,
-                      "gbps_at_min": nbytes / s["min"] / 1e9, "gbps_at_median": nbytes / s["median"] / 1e9}
+        rows[name] = {
+            **s,
+            "collectives": n_calls[name],
+            "bytes": nbytes,
+            "gbps_at_min": nbytes / s["min"] / 1e9,
+            "gbps_at_median": nbytes / s["median"] / 1e9,
+        }
     raw_min = rows["raw MPI Allreduce(IN_PLACE), 1 flat buffer"]["min"]
     raw_med = rows["raw MPI Allreduce(IN_PLACE), 1 flat buffer"]["median"]
     pp = rows["allreduce_ per parameter"]
-    for name, r in rows.items():
+    for r in rows.values():
         r["over_raw_min"] = raw_min / r["min"]
         r["over_raw_median"] = raw_med / r["median"]
         r["speedup_vs_per_param_min"] = pp["min"] / r["min"]
@@ -244,6 +254,7 @@ def bench_allreduce(comm, repeats: int, batch: int) -> dict:
 
 
 # -- 2. gradient memory ----------------------------------------------------------------------
+
 
 def _grad_memory_one(comm, policy: str, x, y) -> tuple[dict, int]:
     from framework.distributed.data_parallel import DataParallel  # noqa: PLC0415
@@ -294,6 +305,7 @@ def bench_grad_memory(comm, batch: int) -> dict:
 
 
 # -- 3. weak scaling --------------------------------------------------------------------------
+
 
 def bench_weak_scaling(comm, rounds: int, steps: int, batch: int, width: int) -> dict:
     from framework.distributed.data_parallel import DataParallel  # noqa: PLC0415
@@ -351,7 +363,10 @@ def bench_weak_scaling(comm, rounds: int, steps: int, batch: int, width: int) ->
     best1, best2 = max(thr1), max(thr2)
     med1, med2 = statistics.median(thr1), statistics.median(thr2)
     return {
-        "width": width, "batch_per_rank": batch, "steps_per_round": steps, "rounds": rounds,
+        "width": width,
+        "batch_per_rank": batch,
+        "steps_per_round": steps,
+        "rounds": rounds,
         "samples_per_s_1": {"best": best1, "median": med1},
         "samples_per_s_2": {"best": best2, "median": med2},
         "efficiency_best": best2 / (comm.size * best1),
@@ -360,6 +375,7 @@ def bench_weak_scaling(comm, rounds: int, steps: int, batch: int, width: int) ->
 
 
 # -- 4. overlap with backward ----------------------------------------------------------------
+
 
 def bench_overlap(comm, repeats: int, batch: int) -> dict:
     from framework.distributed.data_parallel import DataParallel  # noqa: PLC0415
@@ -385,10 +401,15 @@ def bench_overlap(comm, repeats: int, batch: int) -> dict:
             object.__setattr__(dp, "poll_in_hooks", poll)
             loss_fn(dp(x), y).backward()
             dp.finish()
+
         return fn
 
-    variants = {"compute": compute, "comm": comm_only, "step (poll in hooks)": step(True),
-                "step (no polling)": step(False)}
+    variants = {
+        "compute": compute,
+        "comm": comm_only,
+        "step (poll in hooks)": step(True),
+        "step (no polling)": step(False),
+    }
 
     def setup(name):
         dp.zero_grad()
@@ -400,8 +421,7 @@ def bench_overlap(comm, repeats: int, batch: int) -> dict:
     with fw.inplace.policy("on"):
         times = gather_max(comm, common.interleaved(variants, repeats, warmup=2, setup=setup))
     med = {k: statistics.median(v) for k, v in times.items()}
-    out = {"bytes": nbytes, "buckets": len(dp.buckets), "batch_per_rank": batch,
-           "median_s": med}
+    out = {"bytes": nbytes, "buckets": len(dp.buckets), "batch_per_rank": batch, "median_s": med}
     for k in ("step (poll in hooks)", "step (no polling)"):
         out[f"overlap, {k}"] = (med["compute"] + med["comm"] - med[k]) / med["comm"]
     return out
@@ -409,61 +429,121 @@ def bench_overlap(comm, repeats: int, batch: int) -> dict:
 
 # -- main ---------------------------------------------------------------------------------------
 
+
 def report(res: dict, info: dict) -> None:
     a = res["allreduce"]
-    print(f"## Allreduce of ResNet-20's gradients ({a['num_params']} tensors, {a['numel']:,} float32 = "
-          f"{a['bytes'] / MB:.2f} MiB), {RANKS} ranks\n")
-    print("Time = slowest rank, per call after a barrier; min and median over "
-          f"{next(iter(a['rows'].values()))['repeats']} interleaved repeats. GB/s = bytes / time.\n")
+    print(
+        f"## Allreduce of ResNet-20's gradients ({a['num_params']} tensors, {a['numel']:,} float32 = "
+        f"{a['bytes'] / MB:.2f} MiB), {RANKS} ranks\n"
+    )
+    print(
+        "Time = slowest rank, per call after a barrier; min and median over "
+        f"{next(iter(a['rows'].values()))['repeats']} interleaved repeats. GB/s = bytes / time.\n"
+    )
     rows = []
     for name, r in a["rows"].items():
-        rows.append([name, r["collectives"], ms(r["min"]), ms(r["median"]),
-                     f"{r['gbps_at_min']:.2f}", f"{r['gbps_at_median']:.2f}",
-                     f"{r['over_raw_min']:.2f} / {r['over_raw_median']:.2f}",
-                     f"{r['speedup_vs_per_param_min']:.1f}x / {r['speedup_vs_per_param_median']:.1f}x"])
-    print(common.markdown_table(
-        ["path", "collectives", "min ms", "median ms", "GB/s (min)", "GB/s (median)",
-         "vs raw (min / median)", "vs per-param (min / median)"], rows))
+        rows.append(
+            [
+                name,
+                r["collectives"],
+                ms(r["min"]),
+                ms(r["median"]),
+                f"{r['gbps_at_min']:.2f}",
+                f"{r['gbps_at_median']:.2f}",
+                f"{r['over_raw_min']:.2f} / {r['over_raw_median']:.2f}",
+                f"{r['speedup_vs_per_param_min']:.1f}x / {r['speedup_vs_per_param_median']:.1f}x",
+            ]
+        )
+    print(
+        common.markdown_table(
+            [
+                "path",
+                "collectives",
+                "min ms",
+                "median ms",
+                "GB/s (min)",
+                "GB/s (median)",
+                "vs raw (min / median)",
+                "vs per-param (min / median)",
+            ],
+            rows,
+        )
+    )
     b = a["rows"]["DataParallel.finish(), on, 25 MiB buckets"]
-    print(f"\nTarget: bucketed / raw >= {TARGETS['bucketed_over_raw']}: "
-          f"{b['over_raw_min']:.2f} at min, {b['over_raw_median']:.2f} at median. "
-          f"Target: bucketed vs per-parameter >= {TARGETS['bucketed_over_per_param']:.0f}x: "
-          f"{b['speedup_vs_per_param_min']:.1f}x at min, {b['speedup_vs_per_param_median']:.1f}x at median.\n")
+    print(
+        f"\nTarget: bucketed / raw >= {TARGETS['bucketed_over_raw']}: "
+        f"{b['over_raw_min']:.2f} at min, {b['over_raw_median']:.2f} at median. "
+        f"Target: bucketed vs per-parameter >= {TARGETS['bucketed_over_per_param']:.0f}x: "
+        f"{b['speedup_vs_per_param_min']:.1f}x at min, {b['speedup_vs_per_param_median']:.1f}x at median.\n"
+    )
 
     m = res["grad_memory"]
-    print(f"## Gradient memory of one DataParallel step (ResNet-20 width 16, batch {res['params']['mem_batch']} "
-          f"per rank, rank 0)\n")
-    print(common.markdown_table(
-        ["policy", "gradients live after step (MiB)", "gradients peak in finish() + step (MiB)",
-         "gradients peak in whole step (MiB)", "total peak in whole step (MiB)"],
-        [[f"{p} ({'bucket views' if p == 'on' else 'packed copies'})", f"{m[p]['live_after_mb']:.2f}",
-          f"{m[p]['sync_peak_mb']:.2f}", f"{m[p]['peak_mb']:.2f}", f"{m[p]['total_peak_mb']:.2f}"]
-         for p in ("off", "on")]))
+    print(
+        f"## Gradient memory of one DataParallel step (ResNet-20 width 16, batch {res['params']['mem_batch']} "
+        f"per rank, rank 0)\n"
+    )
+    print(
+        common.markdown_table(
+            [
+                "policy",
+                "gradients live after step (MiB)",
+                "gradients peak in finish() + step (MiB)",
+                "gradients peak in whole step (MiB)",
+                "total peak in whole step (MiB)",
+            ],
+            [
+                [
+                    f"{p} ({'bucket views' if p == 'on' else 'packed copies'})",
+                    f"{m[p]['live_after_mb']:.2f}",
+                    f"{m[p]['sync_peak_mb']:.2f}",
+                    f"{m[p]['peak_mb']:.2f}",
+                    f"{m[p]['total_peak_mb']:.2f}",
+                ]
+                for p in ("off", "on")
+            ],
+        )
+    )
     one = m["one_gradient_copy_mb"]
-    print(f"\nOne full gradient copy = {one:.2f} MiB. Off - on: {m['sync_saving_mb']:.2f} MiB "
-          f"({m['sync_saving_mb'] / one:.2f} copies) at the gradient sync, {m['peak_saving_mb']:.2f} MiB "
-          f"({m['peak_saving_mb'] / one:.2f} copies) over the whole step (backward's intermediate "
-          f"gradients are in the same category).\n")
+    print(
+        f"\nOne full gradient copy = {one:.2f} MiB. Off - on: {m['sync_saving_mb']:.2f} MiB "
+        f"({m['sync_saving_mb'] / one:.2f} copies) at the gradient sync, {m['peak_saving_mb']:.2f} MiB "
+        f"({m['peak_saving_mb'] / one:.2f} copies) over the whole step (backward's intermediate "
+        f"gradients are in the same category).\n"
+    )
 
     w = res["weak_scaling"]
-    print(f"## Weak scaling 1 -> 2 ranks (ResNet-20 width {w['width']}, batch {w['batch_per_rank']} per rank, "
-          f"SGD momentum, 1 BLAS thread per rank, {w['rounds']} rounds of {w['steps_per_round']} steps)\n")
-    print(common.markdown_table(
-        ["ranks", "samples/s (best round)", "samples/s (median round)"],
-        [[1, f"{w['samples_per_s_1']['best']:.1f}", f"{w['samples_per_s_1']['median']:.1f}"],
-         [2, f"{w['samples_per_s_2']['best']:.1f}", f"{w['samples_per_s_2']['median']:.1f}"],
-         ["efficiency", f"{w['efficiency_best']:.2f}", f"{w['efficiency_median']:.2f}"]]))
-    print(f"\nTarget: efficiency >= {TARGETS['weak_scaling']}: {w['efficiency_best']:.2f} (best), "
-          f"{w['efficiency_median']:.2f} (median).")
+    print(
+        f"## Weak scaling 1 -> 2 ranks (ResNet-20 width {w['width']}, batch {w['batch_per_rank']} per rank, "
+        f"SGD momentum, 1 BLAS thread per rank, {w['rounds']} rounds of {w['steps_per_round']} steps)\n"
+    )
+    print(
+        common.markdown_table(
+            ["ranks", "samples/s (best round)", "samples/s (median round)"],
+            [
+                [1, f"{w['samples_per_s_1']['best']:.1f}", f"{w['samples_per_s_1']['median']:.1f}"],
+                [2, f"{w['samples_per_s_2']['best']:.1f}", f"{w['samples_per_s_2']['median']:.1f}"],
+                ["efficiency", f"{w['efficiency_best']:.2f}", f"{w['efficiency_median']:.2f}"],
+            ],
+        )
+    )
+    print(
+        f"\nTarget: efficiency >= {TARGETS['weak_scaling']}: {w['efficiency_best']:.2f} (best), "
+        f"{w['efficiency_median']:.2f} (median)."
+    )
     o = res["overlap"]
-    print(f"## Overlap of the allreduce with backward (MLP 1024-2048-2048-10, {o['bytes'] / MB:.1f} MiB of "
-          f"gradients in {o['buckets']} buckets, batch {o['batch_per_rank']} per rank)\n")
-    print(common.markdown_table(
-        ["timing", "median ms"], [[k, ms(v)] for k, v in o["median_s"].items()]))
-    print(f"\nOverlap = (compute + comm - step) / comm: {o['overlap, step (poll in hooks)']:.2f} with polls in "
-          f"the hooks, {o['overlap, step (no polling)']:.2f} without.\n")
-    print(f"Load average (1 / 5 / 15 min) before launch: {res['load_before']}; after the run: "
-          f"{res['load_after']} (the {RANKS} ranks themselves count; 2 cores).\n")
+    print(
+        f"## Overlap of the allreduce with backward (MLP 1024-2048-2048-10, {o['bytes'] / MB:.1f} MiB of "
+        f"gradients in {o['buckets']} buckets, batch {o['batch_per_rank']} per rank)\n"
+    )
+    print(common.markdown_table(["timing", "median ms"], [[k, ms(v)] for k, v in o["median_s"].items()]))
+    print(
+        f"\nOverlap = (compute + comm - step) / comm: {o['overlap, step (poll in hooks)']:.2f} with polls in "
+        f"the hooks, {o['overlap, step (no polling)']:.2f} without.\n"
+    )
+    print(
+        f"Load average (1 / 5 / 15 min) before launch: {res['load_before']}; after the run: "
+        f"{res['load_after']} (the {RANKS} ranks themselves count; 2 cores).\n"
+    )
     print(f"Machine: {common.machine_line(info)}")
 
 
@@ -483,11 +563,18 @@ def main(argv: list[str] | None = None):
         return 2
     repeats = common.repeats_of(args, 30)
     quick = args.quick
-    params = {"quick": quick, "repeats": repeats, "ranks": comm.size,
-              "grad_batch": 2 if quick else 4, "mem_batch": 4 if quick else 8,
-              "ws_width": 8 if quick else 16, "ws_batch": 8 if quick else 32,
-              "ws_rounds": 2 if quick else 9, "ws_steps": 1 if quick else 4,
-              "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    params = {
+        "quick": quick,
+        "repeats": repeats,
+        "ranks": comm.size,
+        "grad_batch": 2 if quick else 4,
+        "mem_batch": 4 if quick else 8,
+        "ws_width": 8 if quick else 16,
+        "ws_batch": 8 if quick else 32,
+        "ws_rounds": 2 if quick else 9,
+        "ws_steps": 1 if quick else 4,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
     load_before = os.environ.get(_LOAD_ENV)
     if load_before is None:
         load_before = load_str()
@@ -495,16 +582,16 @@ def main(argv: list[str] | None = None):
     res = {"params": params, "load_before": load_before}
     res["allreduce"] = bench_allreduce(comm, repeats, params["grad_batch"])
     res["grad_memory"] = bench_grad_memory(comm, params["mem_batch"])
-    res["weak_scaling"] = bench_weak_scaling(comm, params["ws_rounds"], params["ws_steps"],
-                                             params["ws_batch"], params["ws_width"])
+    res["weak_scaling"] = bench_weak_scaling(
+        comm, params["ws_rounds"], params["ws_steps"], params["ws_batch"], params["ws_width"]
+    )
     res["overlap"] = bench_overlap(comm, max(repeats // 2, 3), 8)
     res["load_after"] = load_str()
     if comm.rank == 0:
         report(res, info)
         sys.stdout.flush()
         if args.json:
-            common.write_json(args.json, {"machine": info, "targets": TARGETS, **res,
-                                          "command": common.command_line()})
+            common.write_json(args.json, {"machine": info, "targets": TARGETS, **res, "command": common.command_line()})
     return res if comm.rank == 0 else None
 
 

@@ -49,33 +49,45 @@ VARIANTS = ("fw inplace", "fw out", "np inplace", "np out")
 
 # op -> (arrays moved per call, {variant: fn(x, y, xa, ya)})
 OPS = {
-    "add": (3, {
-        "fw inplace": lambda x, y, xa, ya: x.add_(y),
-        "fw out": lambda x, y, xa, ya: x + y,
-        "np inplace": lambda x, y, xa, ya: np.add(xa, ya, out=xa),
-        "np out": lambda x, y, xa, ya: np.add(xa, ya),
-        # The same call as "np inplace" again: how far apart two identical variants land
-        # on this machine, i.e. the noise floor of every ratio in the table.
-        "np inplace (control)": lambda x, y, xa, ya: np.add(xa, ya, out=xa),
-    }),
-    "relu": (2, {
-        "fw inplace": lambda x, y, xa, ya: x.relu_(),
-        "fw out": lambda x, y, xa, ya: x.relu(),
-        "np inplace": lambda x, y, xa, ya: np.maximum(xa, 0, out=xa),
-        "np out": lambda x, y, xa, ya: np.maximum(xa, 0),
-    }),
-    "exp": (2, {
-        "fw inplace": lambda x, y, xa, ya: x.exp_(),
-        "fw out": lambda x, y, xa, ya: x.exp(),
-        "np inplace": lambda x, y, xa, ya: np.exp(xa, out=xa),
-        "np out": lambda x, y, xa, ya: np.exp(xa),
-    }),
-    "mul": (3, {
-        "fw inplace": lambda x, y, xa, ya: x.mul_(y),
-        "fw out": lambda x, y, xa, ya: x * y,
-        "np inplace": lambda x, y, xa, ya: np.multiply(xa, ya, out=xa),
-        "np out": lambda x, y, xa, ya: np.multiply(xa, ya),
-    }),
+    "add": (
+        3,
+        {
+            "fw inplace": lambda x, y, xa, ya: x.add_(y),
+            "fw out": lambda x, y, xa, ya: x + y,
+            "np inplace": lambda x, y, xa, ya: np.add(xa, ya, out=xa),
+            "np out": lambda x, y, xa, ya: np.add(xa, ya),
+            # The same call as "np inplace" again: how far apart two identical variants land
+            # on this machine, i.e. the noise floor of every ratio in the table.
+            "np inplace (control)": lambda x, y, xa, ya: np.add(xa, ya, out=xa),
+        },
+    ),
+    "relu": (
+        2,
+        {
+            "fw inplace": lambda x, y, xa, ya: x.relu_(),
+            "fw out": lambda x, y, xa, ya: x.relu(),
+            "np inplace": lambda x, y, xa, ya: np.maximum(xa, 0, out=xa),
+            "np out": lambda x, y, xa, ya: np.maximum(xa, 0),
+        },
+    ),
+    "exp": (
+        2,
+        {
+            "fw inplace": lambda x, y, xa, ya: x.exp_(),
+            "fw out": lambda x, y, xa, ya: x.exp(),
+            "np inplace": lambda x, y, xa, ya: np.exp(xa, out=xa),
+            "np out": lambda x, y, xa, ya: np.exp(xa),
+        },
+    ),
+    "mul": (
+        3,
+        {
+            "fw inplace": lambda x, y, xa, ya: x.mul_(y),
+            "fw out": lambda x, y, xa, ya: x * y,
+            "np inplace": lambda x, y, xa, ya: np.multiply(xa, ya, out=xa),
+            "np out": lambda x, y, xa, ya: np.multiply(xa, ya),
+        },
+    ),
 }
 INPLACE_NAMES = {"add": "x.add_(y)", "relu": "x.relu_()", "exp": "x.exp_()", "mul": "x.mul_(y)"}
 
@@ -133,7 +145,7 @@ def main(argv=None) -> dict:
     for op, (_, fns) in OPS.items():
         for v in fns:
             fn = fns[v]
-            variants[(op, v)] = (lambda fn=fn: fn(x, y, xa, ya))
+            variants[(op, v)] = lambda fn=fn: fn(x, y, xa, ya)
     times = common.interleaved(variants, repeats, setup=lambda name: np.copyto(xa, x0))
 
     results = {}
@@ -154,23 +166,43 @@ def main(argv=None) -> dict:
                 "ratio_to_np_inplace": s["min"] / raw,
             }
             results[op][v] = r
-            rows.append([
-                op, v, f"{r['min_ms']:.3f}", f"{r['median_ms']:.3f}", f"{r['gb_per_s']:.1f}",
-                "-" if r["allocated_bytes_counter"] is None else _mib(counter), _mib(traced),
-                f"{r['ratio_to_np_inplace']:.2f}x",
-            ])
+            rows.append(
+                [
+                    op,
+                    v,
+                    f"{r['min_ms']:.3f}",
+                    f"{r['median_ms']:.3f}",
+                    f"{r['gb_per_s']:.1f}",
+                    "-" if r["allocated_bytes_counter"] is None else _mib(counter),
+                    _mib(traced),
+                    f"{r['ratio_to_np_inplace']:.2f}x",
+                ]
+            )
 
     ratios = {op: results[op]["fw inplace"]["ratio_to_np_inplace"] for op in OPS}
     met = ratios["add"] <= TARGET_RATIO
-    print(f"## Elementwise ops on {size} float32 elements ({size * itemsize / 2**20:.0f} MiB per tensor), "
-          f"min and median of {repeats} interleaved rounds\n")
+    print(
+        f"## Elementwise ops on {size} float32 elements ({size * itemsize / 2**20:.0f} MiB per tensor), "
+        f"min and median of {repeats} interleaved rounds\n"
+    )
     print(f"Machine: {common.machine_line(info)}\n")
-    print(common.markdown_table(
-        ["op", "variant", "ms (min)", "ms (median)", "GB/s", "alloc/call (counter)", "alloc/call (tracemalloc)",
-         "vs np inplace"], rows))
+    print(
+        common.markdown_table(
+            [
+                "op",
+                "variant",
+                "ms (min)",
+                "ms (median)",
+                "GB/s",
+                "alloc/call (counter)",
+                "alloc/call (tracemalloc)",
+                "vs np inplace",
+            ],
+            rows,
+        )
+    )
     print("\nInplace overhead (framework inplace / raw NumPy inplace, min times):\n")
-    print(common.markdown_table(
-        ["op", "ratio"], [[INPLACE_NAMES[op], f"{ratios[op]:.3f}x"] for op in OPS]))
+    print(common.markdown_table(["op", "ratio"], [[INPLACE_NAMES[op], f"{ratios[op]:.3f}x"] for op in OPS]))
     control = results["add"]["np inplace (control)"]["ratio_to_np_inplace"]
     print(f"\nNoise floor: the same np.add(x, y, out=x) timed twice lands {abs(control - 1) * 100:.1f}% apart.")
     print(f"\nTarget: x.add_(y) <= {TARGET_RATIO}x raw NumPy: {'MET' if met else 'MISSED'} ({ratios['add']:.3f}x)")

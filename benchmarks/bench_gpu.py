@@ -32,6 +32,7 @@ Run:  python benchmarks/bench_gpu.py [--quick] [--json PATH] [--models resnet20 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import platform
@@ -44,9 +45,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import framework as fw  # noqa: E402
-from framework import backend, memory  # noqa: E402
-
 from benchmarks import bench_models, common  # noqa: E402
+from framework import backend, memory  # noqa: E402
 
 MB = 2**20
 GPU_MODELS = ("mlp", "convnet", "resnet20")
@@ -94,15 +94,22 @@ def measure_ours(model: str, variant, device, batch: int, p: dict, sync) -> dict
     name, policy, abn = variant
     runner = bench_models.Runner(model, name, policy, abn, device=device, batch=batch)
     mem = runner.measure_memory(warmup=p["warmup"], steps=p["mem_steps"])
-    times = _timed_rounds(lambda: runner.step(read_loss=False), sync, p["rounds"], p["steps"])
+    times = _timed_rounds(functools.partial(runner.step, read_loss=False), sync, p["rounds"], p["steps"])
     med = statistics.median(times)
     del runner
     gc.collect()
     return {
-        "model": model, "batch": batch, "variant": name, "framework": "ours",
-        "peak_mb": mem["peak_mb"], "floor_mb": mem["floor_mb"], "activation_mb": mem["activation_mb"],
-        "params_mb": mem["params_mb"], "peak_breakdown_mb": mem["peak_breakdown_mb"],
-        "step_ms": 1e3 * med / p["steps"], "samples_per_s": batch * p["steps"] / med,
+        "model": model,
+        "batch": batch,
+        "variant": name,
+        "framework": "ours",
+        "peak_mb": mem["peak_mb"],
+        "floor_mb": mem["floor_mb"],
+        "activation_mb": mem["activation_mb"],
+        "params_mb": mem["params_mb"],
+        "peak_breakdown_mb": mem["peak_breakdown_mb"],
+        "step_ms": 1e3 * med / p["steps"],
+        "samples_per_s": batch * p["steps"] / med,
         "round_seconds": times,
     }
 
@@ -120,15 +127,21 @@ def measure_torch(model: str, torch, device_index: int, batch: int, p: dict) -> 
         runner.step()
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev)
-    times = _timed_rounds(lambda: runner.step(read_loss=False), lambda: torch.cuda.synchronize(dev),
-                          p["rounds"], p["steps"])
+    times = _timed_rounds(
+        functools.partial(runner.step, read_loss=False), lambda: torch.cuda.synchronize(dev), p["rounds"], p["steps"]
+    )
     med = statistics.median(times)
     del runner
     gc.collect()
     torch.cuda.empty_cache()
     return {
-        "model": model, "batch": batch, "variant": "PyTorch (BN + ReLU(inplace=True))", "framework": "torch",
-        "peak_mb": peak / MB, "step_ms": 1e3 * med / p["steps"], "samples_per_s": batch * p["steps"] / med,
+        "model": model,
+        "batch": batch,
+        "variant": "PyTorch (BN + ReLU(inplace=True))",
+        "framework": "torch",
+        "peak_mb": peak / MB,
+        "step_ms": 1e3 * med / p["steps"],
+        "samples_per_s": batch * p["steps"] / med,
         "round_seconds": times,
     }
 
@@ -194,8 +207,11 @@ def targets(rows) -> list[dict]:
         if row is None:
             continue
         ratio = row["samples_per_s"] / ref["samples_per_s"] if ref else None
-        add(f"{at}: samples/s, {row['variant']} / PyTorch >= {TORCH_SPEED_RATIO}", ratio,
-            None if ratio is None else ratio >= TORCH_SPEED_RATIO)
+        add(
+            f"{at}: samples/s, {row['variant']} / PyTorch >= {TORCH_SPEED_RATIO}",
+            ratio,
+            None if ratio is None else ratio >= TORCH_SPEED_RATIO,
+        )
     return out
 
 
@@ -240,11 +256,18 @@ def parse_batches(items) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help=f"fewer steps ({QUICK['rounds']} rounds of {QUICK['steps']}): a smoke run of a few minutes")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"fewer steps ({QUICK['rounds']} rounds of {QUICK['steps']}): a smoke run of a few minutes",
+    )
     ap.add_argument("--models", nargs="+", default=list(GPU_MODELS), choices=list(GPU_MODELS))
-    ap.add_argument("--batch", action="append", metavar="MODEL=N",
-                    help=f"batch of a model (default {', '.join(f'{k}={v}' for k, v in BATCH.items())})")
+    ap.add_argument(
+        "--batch",
+        action="append",
+        metavar="MODEL=N",
+        help=f"batch of a model (default {', '.join(f'{k}={v}' for k, v in BATCH.items())})",
+    )
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds (median reported)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per timed round")
     ap.add_argument("--device", default="cuda", help="cuda or cuda:N")
@@ -284,21 +307,34 @@ def main(argv=None) -> int:
             if torch is not None:
                 rows.append(measure_torch(model, torch, device.index, batches[model], params))
     results = {
-        "benchmark": "bench_gpu", "command": common.command_line(), "env": _env(device, torch),
+        "benchmark": "bench_gpu",
+        "command": common.command_line(),
+        "env": _env(device, torch),
         "params": {**params, "quick": args.quick, "batches": {m: batches[m] for m in args.models}},
-        "torch_missing": why_no_torch, "rows": rows,
+        "torch_missing": why_no_torch,
+        "rows": rows,
     }
     results["targets"] = targets(rows)
     print(markdown(results))
     env = results["env"]
-    print(f"\n{env['gpu']} ({env['device']}), CuPy {env['cupy']}, CUDA runtime {env['cuda_runtime']}, "
-          f"driver {env['cuda_driver']}" + (f", PyTorch {env['torch']} (cuDNN {env['cudnn']}, benchmark on)"
-                                           if torch is not None else f"; no PyTorch column: {why_no_torch}"))
-    print(f"peak: pool hook over {params['mem_steps']} steps after {params['warmup']} warmup steps; "
-          f"samples/s: median of {params['rounds']} rounds x {params['steps']} steps, synchronized")
+    print(
+        f"\n{env['gpu']} ({env['device']}), CuPy {env['cupy']}, CUDA runtime {env['cuda_runtime']}, "
+        f"driver {env['cuda_driver']}"
+        + (
+            f", PyTorch {env['torch']} (cuDNN {env['cudnn']}, benchmark on)"
+            if torch is not None
+            else f"; no PyTorch column: {why_no_torch}"
+        )
+    )
+    print(
+        f"peak: pool hook over {params['mem_steps']} steps after {params['warmup']} warmup steps; "
+        f"samples/s: median of {params['rounds']} rounds x {params['steps']} steps, synchronized"
+    )
     if env["cupy_choice"] == "standin":
-        print("CuPy stand-in (framework.testing.cupy_standin): NumPy on the CPU. The code path and the "
-              "pool accounting ran; no GPU did, so these are not GPU numbers")
+        print(
+            "CuPy stand-in (framework.testing.cupy_standin): NumPy on the CPU. The code path and the "
+            "pool accounting ran; no GPU did, so these are not GPU numbers"
+        )
     if args.json:
         common.write_json(args.json, results)
     return 0

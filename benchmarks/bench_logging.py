@@ -43,8 +43,13 @@ def _fit(overrides, logdir):
     from trainers.config import load_config  # noqa: PLC0415
     from trainers.trainer import Trainer  # noqa: PLC0415
 
-    base = [f"logging.logdir={logdir}", f"checkpoint.dir={logdir}/ckpt", "logging.timeline=false",
-            "train.eval_every=100000", "checkpoint.every=0"]
+    base = [
+        f"logging.logdir={logdir}",
+        f"checkpoint.dir={logdir}/ckpt",
+        "logging.timeline=false",
+        "train.eval_every=100000",
+        "checkpoint.every=0",
+    ]
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", base + overrides)
     trainer = Trainer(cfg)
     stderr, sys.stderr = sys.stderr, io.StringIO()  # the bar draws to stderr: keep the table clean
@@ -56,10 +61,18 @@ def _fit(overrides, logdir):
         sys.stderr = stderr
 
 
-TAGS = (["train/loss", "train/accuracy", "perf/samples_per_sec", "perf/step_ms", "memory/peak_mb",
-         "memory/allocated_mb", "memory/floor_mb"]
-        + [f"memory/{c}_mb" for c in ("parameters", "gradients", "optimizer_state", "activations", "workspace",
-                                      "inplace_copies", "other")])
+TAGS = [
+    "train/loss",
+    "train/accuracy",
+    "perf/samples_per_sec",
+    "perf/step_ms",
+    "memory/peak_mb",
+    "memory/allocated_mb",
+    "memory/floor_mb",
+] + [
+    f"memory/{c}_mb"
+    for c in ("parameters", "gradients", "optimizer_state", "activations", "workspace", "inplace_copies", "other")
+]
 LOG_EVERY = 10
 
 
@@ -92,6 +105,7 @@ def writer_costs(repeats: int, steps: int) -> dict:
                 step()
                 if (i + 1) % LOG_EVERY == 0:
                     log(i)
+
         return run
 
     def summary():
@@ -130,8 +144,13 @@ def writer_costs(repeats: int, steps: int) -> dict:
     for name, seconds in times.items():
         ratios = [t / b for t, b in zip(seconds, base)]
         extra = [(t - b) / log_points * 1e6 for t, b in zip(seconds, base)]
-        out[name] = {"ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-                     "us_per_log_point": statistics.median(extra), "seconds": seconds}
+        out[name] = {
+            "ratio": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "us_per_log_point": statistics.median(extra),
+            "seconds": seconds,
+        }
     return {"step_ms": statistics.median(base) / steps * 1e3, "variants": out}
 
 
@@ -155,7 +174,9 @@ def call_costs(repeats: int, calls: int = 200) -> dict:
         logger.close()
     bar = Progress(total=10**6, log_every=10, file=io.StringIO())
     n = 2000
-    t = common.time_repeats(lambda: [bar.update(i, loss=1.0, samples_per_sec=1.0, peak_mb=1.0) for i in range(n)], repeats)
+    t = common.time_repeats(
+        lambda: [bar.update(i, loss=1.0, samples_per_sec=1.0, peak_mb=1.0) for i in range(n)], repeats
+    )
     out["progress_update_us"] = min(t) / n * 1e6
     bar.close()
     return out
@@ -169,12 +190,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as d:
         variants = {
             "logging on": lambda: _fit([f"train.max_steps={steps}", "train.log_every=10", "logging.progress=true"], d),
-            "logging off": lambda: _fit([f"train.max_steps={steps}", f"train.log_every={steps}",
-                                         "logging.progress=false"], d),
+            "logging off": lambda: _fit(
+                [f"train.max_steps={steps}", f"train.log_every={steps}", "logging.progress=false"], d
+            ),
         }
         times = {k: [] for k in variants}
         for r in range(repeats):
-            for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+            for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
                 times[name].append(variants[name]()[0])
     on, off = min(times["logging on"]), min(times["logging off"])
     overhead = (on - off) / off
@@ -182,29 +204,56 @@ def main(argv=None) -> int:
     writers = writer_costs(repeats=3 if args.quick else 4 * repeats, steps=100 if args.quick else 300)
     calls = call_costs(3 if args.quick else 20)
     print(f"# Logging overhead ({common.machine_line()})\n")
-    print(common.markdown_table(
-        ["variant", "steps", "wall s (min)", "ms/step"],
-        [[k, steps, f"{min(v):.3f}", f"{1000 * min(v) / steps:.3f}"] for k, v in times.items()],
-    ))
-    print(f"\nOverhead of logging every 10 steps + progress bar: {100 * overhead:+.2f}% of step time "
-          f"(target < {100 * TARGET:.0f}%: {'met' if overhead < TARGET else 'MISSED'}); median of the "
-          f"per-round ratios: {100 * paired:+.2f}%")
+    print(
+        common.markdown_table(
+            ["variant", "steps", "wall s (min)", "ms/step"],
+            [[k, steps, f"{min(v):.3f}", f"{1000 * min(v) / steps:.3f}"] for k, v in times.items()],
+        )
+    )
+    print(
+        f"\nOverhead of logging every 10 steps + progress bar: {100 * overhead:+.2f}% of step time "
+        f"(target < {100 * TARGET:.0f}%: {'met' if overhead < TARGET else 'MISSED'}); median of the "
+        f"per-round ratios: {100 * paired:+.2f}%"
+    )
     variants = writers["variants"]
-    print(f"\nEvent writers in a loop of {writers['step_ms']:.2f} ms steps, 14 tags every {LOG_EVERY} steps "
-          f"(median of {len(variants['no logging']['seconds'])} interleaved rounds):\n")
-    print(common.markdown_table(
-        ["writer", "time / no logging (median)", "min-max", "extra us per log point (median)"],
-        [[name, f"{w['ratio']:.3f}", f"{w['ratio_min']:.3f}-{w['ratio_max']:.3f}", f"{w['us_per_log_point']:.0f}"]
-         for name, w in variants.items() if name != "no logging"],
-    ))
-    print(f"\nRunLogger.scalars with the trainer's 14 tags: {calls['scalars_us']:.1f} us per call; "
-          f"RunLogger.flush (write + fsync): {calls['flush_ms']:.2f} ms; "
-          f"Progress.update: {calls['progress_update_us']:.2f} us per call")
+    print(
+        f"\nEvent writers in a loop of {writers['step_ms']:.2f} ms steps, 14 tags every {LOG_EVERY} steps "
+        f"(median of {len(variants['no logging']['seconds'])} interleaved rounds):\n"
+    )
+    print(
+        common.markdown_table(
+            ["writer", "time / no logging (median)", "min-max", "extra us per log point (median)"],
+            [
+                [
+                    name,
+                    f"{w['ratio']:.3f}",
+                    f"{w['ratio_min']:.3f}-{w['ratio_max']:.3f}",
+                    f"{w['us_per_log_point']:.0f}",
+                ]
+                for name, w in variants.items()
+                if name != "no logging"
+            ],
+        )
+    )
+    print(
+        f"\nRunLogger.scalars with the trainer's 14 tags: {calls['scalars_us']:.1f} us per call; "
+        f"RunLogger.flush (write + fsync): {calls['flush_ms']:.2f} ms; "
+        f"Progress.update: {calls['progress_update_us']:.2f} us per call"
+    )
     if args.json:
-        common.write_json(args.json, {"machine": common.machine_info(), "command": common.command_line(),
-                                      "steps": steps, "times": times, "overhead": overhead,
-                                      "overhead_paired_median": paired, "calls": calls,
-                                      "writers": writers})
+        common.write_json(
+            args.json,
+            {
+                "machine": common.machine_info(),
+                "command": common.command_line(),
+                "steps": steps,
+                "times": times,
+                "overhead": overhead,
+                "overhead_paired_median": paired,
+                "calls": calls,
+                "writers": writers,
+            },
+        )
     return 0
 
 

@@ -42,27 +42,42 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import framework as fw  # noqa: E402
 from framework import memory, nn, optim  # noqa: E402
-
 from models import build_model  # noqa: E402
 
 MB = 2**20
 
 # name -> (registry name, kwargs for off/on, kwargs for on + InPlace-ABN, input shape per sample, batch)
 MODELS = {
-    "mlp": ("mlp", dict(in_features=64, hidden=(128, 128), norm="bn"),
-            dict(in_features=64, hidden=(128, 128), norm="inplace_abn"), (64,), 256),
-    "convnet": ("convnet", dict(channels=(32, 64), image_size=8, norm="bn"),
-                dict(channels=(32, 64), image_size=8, norm="inplace_abn"), (1, 8, 8), 256),
+    "mlp": (
+        "mlp",
+        dict(in_features=64, hidden=(128, 128), norm="bn"),
+        dict(in_features=64, hidden=(128, 128), norm="inplace_abn"),
+        (64,),
+        256,
+    ),
+    "convnet": (
+        "convnet",
+        dict(channels=(32, 64), image_size=8, norm="bn"),
+        dict(channels=(32, 64), image_size=8, norm="inplace_abn"),
+        (1, 8, 8),
+        256,
+    ),
     "mlp_plain": ("mlp", dict(in_features=64, hidden=(128, 128)), None, (64,), 256),
     "resnet20": ("resnet20", dict(width=16, norm="bn"), dict(width=16, norm="inplace_abn"), (3, 32, 32), 128),
 }
-VARIANTS = (("off", "off", False), ("on", "on", False), ("auto", "auto", False),
-            ("on+InPlaceABN", "on", True), ("auto+InPlaceABN", "auto", True))
+VARIANTS = (
+    ("off", "off", False),
+    ("on", "on", False),
+    ("auto", "auto", False),
+    ("on+InPlaceABN", "on", True),
+    ("auto+InPlaceABN", "auto", True),
+)
 
 
 def variants_of(model_name: str):
     """The variants that apply to a model (no InPlace-ABN rows for a model without a norm)."""
     return [v for v in VARIANTS if not v[2] or MODELS[model_name][2] is not None]
+
 
 TARGETS = {
     "act_ratio": 0.50,  # ResNet-20: activation memory on+InPlaceABN <= 50% of off
@@ -78,8 +93,16 @@ class Runner:
     ``batch`` overrides the model's batch from :data:`MODELS`.
     """
 
-    def __init__(self, model_name: str, variant: str, policy: str, abn: bool, seed: int = 0,
-                 device="cpu", batch: int | None = None):
+    def __init__(
+        self,
+        model_name: str,
+        variant: str,
+        policy: str,
+        abn: bool,
+        seed: int = 0,
+        device="cpu",
+        batch: int | None = None,
+    ):
         reg, kw_bn, kw_abn, shape, default_batch = MODELS[model_name]
         batch = batch or default_batch
         self.model_name, self.variant, self.policy, self.batch = model_name, variant, policy, batch
@@ -110,7 +133,9 @@ class Runner:
             loss.backward()
             self.opt.step()
             after = memory.stats()
-            self.auto_stats = tuple(after.get(k, 0) - before.get(k, 0) for k in ("auto_inplace_ops", "auto_inplace_bytes"))
+            self.auto_stats = tuple(
+                after.get(k, 0) - before.get(k, 0) for k in ("auto_inplace_ops", "auto_inplace_bytes")
+            )
             return loss.item() if read_loss else None
 
     def state_bytes(self) -> dict:
@@ -174,8 +199,12 @@ def torch_model(model_name: str):
     if reg == "convnet":
         layers, prev = [], shape[0]
         for c in kw["channels"]:
-            layers += [tnn.Conv2d(prev, c, 3, padding=1, bias=False), tnn.BatchNorm2d(c), tnn.ReLU(inplace=True),
-                       tnn.MaxPool2d(2)]
+            layers += [
+                tnn.Conv2d(prev, c, 3, padding=1, bias=False),
+                tnn.BatchNorm2d(c),
+                tnn.ReLU(inplace=True),
+                tnn.MaxPool2d(2),
+            ]
             prev = c
         side = kw["image_size"] >> len(kw["channels"])
         return tnn.Sequential(*layers, tnn.Flatten(), tnn.Linear(prev * side * side, 10))
@@ -232,7 +261,6 @@ class TorchRunner:
         loss.backward()
         self.opt.step()
         return loss.item() if read_loss else None
-
 
 
 def timed(step) -> float:
@@ -298,16 +326,31 @@ def _targets(results) -> list[dict]:
         _, kw, _, _, batch = MODELS["mlp_plain"]
         one_per_layer = sum(batch * w * 4 for w in kw["hidden"]) / MB
         gain = mlp_off["peak_mb"] - mlp_auto["peak_mb"]
-        out.append({"target": f"MLP (no norm) peak, off - auto >= one activation per hidden layer "
-                              f"({one_per_layer:.2f} MB)", "value": gain, "met": gain >= one_per_layer})
+        out.append(
+            {
+                "target": f"MLP (no norm) peak, off - auto >= one activation per hidden layer ({one_per_layer:.2f} MB)",
+                "value": gain,
+                "met": gain >= one_per_layer,
+            }
+        )
     if off is None:
         return out
     ratio = abn["activation_mb"] / off["activation_mb"]
-    out.append({"target": "ResNet-20 activation memory, on+InPlaceABN / off <= 0.50",
-                "value": ratio, "met": ratio <= TARGETS["act_ratio"]})
+    out.append(
+        {
+            "target": "ResNet-20 activation memory, on+InPlaceABN / off <= 0.50",
+            "value": ratio,
+            "met": ratio <= TARGETS["act_ratio"],
+        }
+    )
     for row in (off, on, abn):
-        out.append({"target": f"ResNet-20 peak / floor <= 1.15 ({row['variant']})",
-                    "value": row["peak_over_floor"], "met": row["peak_over_floor"] <= TARGETS["peak_over_floor"]})
+        out.append(
+            {
+                "target": f"ResNet-20 peak / floor <= 1.15 ({row['variant']})",
+                "value": row["peak_over_floor"],
+                "met": row["peak_over_floor"] <= TARGETS["peak_over_floor"],
+            }
+        )
     sp = on["samples_per_s"] / off["samples_per_s"]
     out.append({"target": "ResNet-20 samples/s, on / off >= 1", "value": sp, "met": sp >= 1.0})
     d = auto["peak_mb"] - on["peak_mb"]
@@ -317,8 +360,13 @@ def _targets(results) -> list[dict]:
     t = results.get("torch_resnet20")
     if t:
         tr = on["samples_per_s"] / t["samples_per_s"]
-        out.append({"target": "ResNet-20 samples/s, ours (on) / PyTorch >= 0.5", "value": tr,
-                    "met": tr >= TARGETS["torch_ratio"]})
+        out.append(
+            {
+                "target": "ResNet-20 samples/s, ours (on) / PyTorch >= 0.5",
+                "value": tr,
+                "met": tr >= TARGETS["torch_ratio"],
+            }
+        )
     return out
 
 
@@ -348,8 +396,10 @@ def markdown(results) -> str:
         )
     t = results.get("torch_resnet20")
     if t:
-        lines.append(f"| resnet20 (PyTorch {results['env']['torch']}) | 128 | inplace ReLU/add | | | | | | | | | "
-                     f"{t['samples_per_s']:.0f} |")
+        lines.append(
+            f"| resnet20 (PyTorch {results['env']['torch']}) | 128 | inplace ReLU/add | | | | | | | | | "
+            f"{t['samples_per_s']:.0f} |"
+        )
     if results.get("targets"):
         lines += ["", "| target | value | met |", "|---|---:|---|"]
         for t in results["targets"]:
@@ -368,12 +418,17 @@ def main(argv=None) -> int:
     rounds = args.rounds or (2 if args.quick else 7)
     warmup = 1 if args.quick else 2
     results = run(args.models, rounds, warmup, with_torch=not args.no_torch)
-    results["command"] = " ".join(["python", "benchmarks/bench_models.py"] + (argv if argv is not None else sys.argv[1:]))
+    results["command"] = " ".join(
+        ["python", "benchmarks/bench_models.py"] + (argv if argv is not None else sys.argv[1:])
+    )
     results["rounds"] = rounds
     print(markdown(results))
     env = results["env"]
-    print(f"\n{rounds} timed rounds, medians; python {env['python']}, numpy {env['numpy']}, "
-          f"{env['cpus']} CPUs" + (f", torch {env['torch']} ({env.get('torch_threads')} threads)" if env.get("torch") else ""))
+    print(
+        f"\n{rounds} timed rounds, medians; python {env['python']}, numpy {env['numpy']}, "
+        f"{env['cpus']} CPUs"
+        + (f", torch {env['torch']} ({env.get('torch_threads')} threads)" if env.get("torch") else "")
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

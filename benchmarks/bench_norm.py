@@ -109,24 +109,45 @@ def main(argv=None) -> int:
         bwd = statistics.median(r[1] for r in runs) * 1e3
         saved = max(r[2] for r in runs)
         peak = max(r[3] for r in runs)
-        rows.append(dict(variant=name, forward_ms=fwd, backward_ms=bwd, total_ms=fwd + bwd,
-                         saved_bytes=saved, saved_activations=saved / act, peak_bytes=peak,
-                         peak_activations=peak / act))
+        rows.append(
+            dict(
+                variant=name,
+                forward_ms=fwd,
+                backward_ms=bwd,
+                total_ms=fwd + bwd,
+                saved_bytes=saved,
+                saved_activations=saved / act,
+                peak_bytes=peak,
+                peak_activations=peak / act,
+            )
+        )
 
     ref = rows[0]
-    print(f"BatchNorm + activation, input {shape} float32 (one activation = {act / MB:.2f} MiB), "
-          f"forward + backward, CPU/NumPy {np.__version__}, median of {reps} runs\n")
+    print(
+        f"BatchNorm + activation, input {shape} float32 (one activation = {act / MB:.2f} MiB), "
+        f"forward + backward, CPU/NumPy {np.__version__}, median of {reps} runs\n"
+    )
     print("| variant | saved for backward | peak above inputs | forward ms | backward ms | total ms | vs BN + ReLU |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['variant']} | {r['saved_bytes'] / MB:.2f} MiB ({r['saved_activations']:.2f} act) "
-              f"| {r['peak_bytes'] / MB:.2f} MiB ({r['peak_activations']:.2f} act) "
-              f"| {r['forward_ms']:.1f} | {r['backward_ms']:.1f} | {r['total_ms']:.1f} "
-              f"| {r['total_ms'] / ref['total_ms']:.2f}x |")
+        print(
+            f"| {r['variant']} | {r['saved_bytes'] / MB:.2f} MiB ({r['saved_activations']:.2f} act) "
+            f"| {r['peak_bytes'] / MB:.2f} MiB ({r['peak_activations']:.2f} act) "
+            f"| {r['forward_ms']:.1f} | {r['backward_ms']:.1f} | {r['total_ms']:.1f} "
+            f"| {r['total_ms'] / ref['total_ms']:.2f}x |"
+        )
     if args.json:
-        meta = dict(shape=list(shape), dtype="float32", reps=reps, activation_bytes=act,
-                    numpy=np.__version__, python=platform.python_version(), machine=platform.machine(),
-                    processor=platform.processor(), cpu_count=os.cpu_count())
+        meta = dict(
+            shape=list(shape),
+            dtype="float32",
+            reps=reps,
+            activation_bytes=act,
+            numpy=np.__version__,
+            python=platform.python_version(),
+            machine=platform.machine(),
+            processor=platform.processor(),
+            cpu_count=os.cpu_count(),
+        )
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, results=rows), f, indent=2)
         print(f"\nwrote {args.json}")

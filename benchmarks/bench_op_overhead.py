@@ -148,8 +148,13 @@ def profile(n_ops, top):
 def main(argv=None) -> dict:
     p = common.parser(__doc__.splitlines()[0], default_repeats=50)
     p.add_argument("--ops", type=int, default=None, help="ops in the chain (default 200; 20 with --quick)")
-    p.add_argument("--profile", type=int, default=0, metavar="TOP",
-                   help="also print cProfile's TOP functions (by own time) of forward + backward")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="TOP",
+        help="also print cProfile's TOP functions (by own time) of forward + backward",
+    )
     args = p.parse_args(argv)
     repeats = common.repeats_of(args, 50)
     n_ops = args.ops or (20 if args.quick else 200)
@@ -169,22 +174,36 @@ def main(argv=None) -> dict:
 
     kind_rows = []
     for k, r in per_kind.items():
-        kind_rows.append([k] + [f"{r[m]['min_us_per_op']:.2f}" for m in (
-            "forward + backward", "forward (grad on)", "forward (no_grad)", "NumPy forward kernels",
-            "NumPy forward + backward kernels")])
+        kind_rows.append(
+            [k]
+            + [
+                f"{r[m]['min_us_per_op']:.2f}"
+                for m in (
+                    "forward + backward",
+                    "forward (grad on)",
+                    "forward (no_grad)",
+                    "NumPy forward kernels",
+                    "NumPy forward + backward kernels",
+                )
+            ]
+        )
 
     fb = mixed["forward + backward"]["min_us_per_op"]
     met = fb <= TARGET_US
-    print(f"## Per-op overhead: {n_ops} ops on a {SIZE}-element float32 tensor "
-          f"(mix: {', '.join(MIX)}), best of {repeats}\n")
+    print(
+        f"## Per-op overhead: {n_ops} ops on a {SIZE}-element float32 tensor "
+        f"(mix: {', '.join(MIX)}), best of {repeats}\n"
+    )
     print(f"Machine: {common.machine_line(info)}\n")
-    print(common.markdown_table(
-        ["mode", "µs/op (min)", "µs/op (median)", "framework µs/op (share)"], rows))
+    print(common.markdown_table(["mode", "µs/op (min)", "µs/op (median)", "framework µs/op (share)"], rows))
     print("\nframework = min minus the NumPy kernels of the same mode (forward+backward or forward).")
     print(f"\nTarget: forward + backward <= {TARGET_US:g} µs/op: {'MET' if met else 'MISSED'} ({fb:.2f} µs/op)\n")
     print(f"### By op kind (chains of {n_ops} of one op; µs/op, min of {repeats})\n")
-    print(common.markdown_table(
-        ["op", "fwd+bwd", "fwd (grad on)", "fwd (no_grad)", "NumPy fwd", "NumPy fwd+bwd"], kind_rows))
+    print(
+        common.markdown_table(
+            ["op", "fwd+bwd", "fwd (grad on)", "fwd (no_grad)", "NumPy fwd", "NumPy fwd+bwd"], kind_rows
+        )
+    )
 
     payload = {
         "benchmark": "op_overhead",

@@ -35,7 +35,6 @@ else:
 import framework as fw
 from framework import nn, optim
 from framework.nn import functional as F
-
 from models import build_model
 
 WORKLOADS = ("mlp", "resnet20", "tiny")
@@ -49,6 +48,7 @@ def _ours_step(model, x, y, opt):
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
+
     return step
 
 
@@ -66,6 +66,7 @@ def ours(workload: str, batch: int):
                 h = ((h * 0.5 + c).tanh() * c) - 0.1
             h.sum().backward()
             x.grad = None
+
         return step
     if workload == "mlp":
         model = nn.Sequential(nn.Linear(3072, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
@@ -93,10 +94,12 @@ def theirs(workload: str, batch: int):
                 h = ((h * 0.5 + c).tanh() * c) - 0.1
             h.sum().backward()
             x.grad = None
+
         return step
     if workload == "mlp":
-        model = tnn.Sequential(tnn.Linear(3072, 1024), tnn.ReLU(), tnn.Linear(1024, 1024), tnn.ReLU(),
-                               tnn.Linear(1024, 10))
+        model = tnn.Sequential(
+            tnn.Linear(3072, 1024), tnn.ReLU(), tnn.Linear(1024, 1024), tnn.ReLU(), tnn.Linear(1024, 10)
+        )
         x = torch.randn(batch, 3072)
     else:
         from benchmarks.bench_models import torch_model  # noqa: PLC0415
@@ -110,6 +113,7 @@ def theirs(workload: str, batch: int):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+
     return step
 
 
@@ -132,9 +136,12 @@ def measure(workload: str, rounds: int, batch: int, policy: str, steps_per_round
     ratios = [p / o for o, p in zip(times["ours"], times["pytorch"])]  # ours/PyTorch in speed
     per = TINY_OPS if workload == "tiny" else batch
     out = {
-        "ours_ms": statistics.median(times["ours"]) * 1e3, "pytorch_ms": statistics.median(times["pytorch"]) * 1e3,
-        "speed_ratio_median": statistics.median(ratios), "speed_ratio_min": min(ratios),
-        "speed_ratio_max": max(ratios), "rounds": rounds,
+        "ours_ms": statistics.median(times["ours"]) * 1e3,
+        "pytorch_ms": statistics.median(times["pytorch"]) * 1e3,
+        "speed_ratio_median": statistics.median(ratios),
+        "speed_ratio_min": min(ratios),
+        "speed_ratio_max": max(ratios),
+        "rounds": rounds,
     }
     if workload == "tiny":
         out["ours_us_per_op"] = out["ours_ms"] * 1e3 / per
@@ -158,8 +165,14 @@ def main(argv=None):
         raise SystemExit("this benchmark needs PyTorch: pip install torch==2.13.0") from None
     if os.environ.get("OMP_NUM_THREADS") != "1":
         print("note: set OMP_NUM_THREADS=1 so NumPy's BLAS runs one thread, as PyTorch does here")
-    results = {"machine": common.machine_info(), "command": common.command_line(), "torch": torch.__version__,
-               "policy": args.policy, "batch": args.batch, "workloads": {}}
+    results = {
+        "machine": common.machine_info(),
+        "command": common.command_line(),
+        "torch": torch.__version__,
+        "policy": args.policy,
+        "batch": args.batch,
+        "workloads": {},
+    }
     rows = []
     for w in args.only:
         steps = 1 if w != "tiny" else 5
@@ -173,10 +186,20 @@ def main(argv=None):
         else:
             what = f"{r['ours_samples_per_s']:.0f} vs {r['pytorch_samples_per_s']:.0f} samples/s"
         met = r["speed_ratio_median"] >= target
-        rows.append([w, what, f"{r['speed_ratio_median']:.2f}", f"{r['speed_ratio_min']:.2f}-{r['speed_ratio_max']:.2f}",
-                     f">= {target}", "yes" if met else "no"])
+        rows.append(
+            [
+                w,
+                what,
+                f"{r['speed_ratio_median']:.2f}",
+                f"{r['speed_ratio_min']:.2f}-{r['speed_ratio_max']:.2f}",
+                f">= {target}",
+                "yes" if met else "no",
+            ]
+        )
     print(common.machine_line(results["machine"]) + f", PyTorch {torch.__version__}, policy {args.policy}")
-    print(common.markdown_table(["workload", "ours vs PyTorch (median)", "speed ratio", "spread", "target", "met"], rows))
+    print(
+        common.markdown_table(["workload", "ours vs PyTorch (median)", "speed ratio", "spread", "target", "met"], rows)
+    )
     if args.json:
         common.write_json(args.json, results)
     return results

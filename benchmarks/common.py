@@ -17,7 +17,7 @@ import platform
 import statistics
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,8 +45,9 @@ def time_repeats(fn: Callable[[], object], repeats: int, warmup: int = 1, setup:
     return out
 
 
-def interleaved(variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
-                setup: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+def interleaved(
+    variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 1, setup: Callable[[str], None] | None = None
+) -> dict[str, list[float]]:
     """Times every variant once per round, ``repeats`` rounds, rotating the order.
 
     Returns ``{name: [seconds per round]}``. ``setup(name)`` runs untimed before each
@@ -113,8 +114,7 @@ def machine_info() -> dict:
 def machine_line(info: dict | None = None) -> str:
     info = info or machine_info()
     load = "" if info.get("load_average_1min") is None else f", load average {info['load_average_1min']}"
-    return (f"{info['cpu']}, {info['cores']} cores, Python {info['python']}, NumPy {info['numpy']}, "
-            f"{info['date']}{load}")
+    return f"{info['cpu']}, {info['cores']} cores, Python {info['python']}, NumPy {info['numpy']}, {info['date']}{load}"
 
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:
@@ -127,8 +127,12 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 def parser(description: str, default_repeats: int) -> argparse.ArgumentParser:
     """The options every benchmark has: ``--repeats``, ``--quick``, ``--json``."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--repeats", type=int, default=None,
-                   help=f"timed repeats per variant (default {default_repeats}; 3 with --quick)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"timed repeats per variant (default {default_repeats}; 3 with --quick)",
+    )
     p.add_argument("--quick", action="store_true", help="small sizes and few repeats: a smoke run, not a measurement")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the results to this JSON file")
     return p

@@ -30,7 +30,14 @@ if ROOT not in sys.path:  # run from anywhere, without installing the project
 
 import framework as fw  # noqa: E402
 from examples.tour_experiment import (  # noqa: E402
-    AUTO, DROPPED, IN_PLACE, KEPT, TORCH_VARIANTS, VARIANT_NOTES, VARIANTS, experiment,
+    AUTO,
+    DROPPED,
+    IN_PLACE,
+    KEPT,
+    TORCH_VARIANTS,
+    VARIANT_NOTES,
+    VARIANTS,
+    experiment,
 )
 from examples.tour_scenarios import CHAPTERS, SCENARIOS, Scenario  # noqa: E402
 
@@ -72,8 +79,14 @@ SHORT = 28
 
 
 def _wrapped(prefix: str, text: str, indent: int) -> str:
-    return textwrap.fill(text, WIDTH, initial_indent=prefix, subsequent_indent=" " * indent,
-                         break_long_words=False, break_on_hyphens=False)
+    return textwrap.fill(
+        text,
+        WIDTH,
+        initial_indent=prefix,
+        subsequent_indent=" " * indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def print_scenario(sc: Scenario, ours, theirs=None) -> list[str]:
@@ -107,6 +120,7 @@ def print_scenario(sc: Scenario, ours, theirs=None) -> list[str]:
 
 # --- 5. printing the experiment ------------------------------------------------------------
 
+
 def _mb(nbytes) -> str:
     return f"{nbytes / 1e6:.1f}"
 
@@ -116,52 +130,64 @@ def _ms(seconds, reduce) -> str:
 
 
 def print_experiment(times, faults, memory, size, n_ops, repeats) -> None:
-    print(f"\n5. The measured experiment: {n_ops} additions on a {size}x{size} float32 tensor "
-          f"({size * size * 4 / 1e6:.1f} MB), {repeats} repeat(s), the variants alternating")
+    print(
+        f"\n5. The measured experiment: {n_ops} additions on a {size}x{size} float32 tensor "
+        f"({size * size * 4 / 1e6:.1f} MB), {repeats} repeat(s), the variants alternating"
+    )
     libs = list(times)
     print(f"\n  time of {n_ops} ops (ms) and page faults (median over the repeats)")
     print(f"  {'variant':<24}" + "".join(f"{lib + ' min':>16}{'median':>8}{'faults':>8}" for lib in libs))
     for v in VARIANTS:
-        cells = [f"{_ms(times[lib].get(v), min):>16}{_ms(times[lib].get(v), statistics.median):>8}"
-                 f"{statistics.median(faults[lib][v]) if v in faults[lib] else '-':>8}" for lib in libs]
+        cells = [
+            f"{_ms(times[lib].get(v), min):>16}{_ms(times[lib].get(v), statistics.median):>8}"
+            f"{statistics.median(faults[lib][v]) if v in faults[lib] else '-':>8}"
+            for lib in libs
+        ]
         print(f"  {v:<24}" + "".join(cells))
     print("\n  memory on the framework (MB; tracemalloc also counts a few KB of Python objects)")
     print(f"  {'variant':<24}{'allocated':>12}{'peak (counter)':>17}{'peak (tracemalloc)':>21}{'live after':>13}")
     for v in VARIANTS:
         m = memory[v]
-        print(f"  {v:<24}{_mb(m['allocated']):>12}{_mb(m['peak']):>17}{_mb(m['traced_peak']):>21}"
-              f"{_mb(m['live']):>13}")
+        print(f"  {v:<24}{_mb(m['allocated']):>12}{_mb(m['peak']):>17}{_mb(m['traced_peak']):>21}{_mb(m['live']):>13}")
     print()
     for v in VARIANTS:
         print(f"  {v:<24}{VARIANT_NOTES[v]}")
     if "torch" in times:
         print("  PyTorch's CPU allocator does not report to tracemalloc: its memory is not measured here.")
     med = {v: statistics.median(times["framework"][v]) for v in VARIANTS}
-    print(_wrapped(
-        "  what it shows: ",
-        f"every variant does the same {n_ops} x {size * size:,} float32 additions, so inplace does not "
-        f"lower the arithmetic. add_ allocates nothing ({_mb(memory[IN_PLACE]['allocated'])} MB) and peaks "
-        f"at {_mb(memory[IN_PLACE]['peak'])} MB above the start. `x = x + y` allocates "
-        f"{_mb(memory[DROPPED]['allocated'])} MB in all but peaks at one extra tensor "
-        f"({_mb(memory[DROPPED]['peak'])} MB), since each result frees the previous one, and takes "
-        f"{med[DROPPED] / med[IN_PLACE]:.1f}x add_'s time (the allocator hands the freed buffer back: two "
-        f"buffers take turns). Keeping every result peaks at {_mb(memory[KEPT]['peak'])} MB and takes "
-        f"{med[KEPT] / med[IN_PLACE]:.1f}x the time: each result is fresh memory the OS must map, and the "
-        f"data no longer stays in the caches ({statistics.median(faults['framework'][KEPT])} page faults "
-        f"against {statistics.median(faults['framework'][IN_PLACE])} for add_). Under policy auto the same `x = x + y` ran "
-        f"{memory[AUTO]['auto_ops']} of {n_ops} additions in place ({_mb(memory[AUTO]['allocated'])} MB "
-        f"allocated, {med[AUTO] / med[IN_PLACE]:.1f}x add_'s time). Inplace saves allocation and memory "
-        "bandwidth, not arithmetic.",
-        17))
+    print(
+        _wrapped(
+            "  what it shows: ",
+            f"every variant does the same {n_ops} x {size * size:,} float32 additions, so inplace does not "
+            f"lower the arithmetic. add_ allocates nothing ({_mb(memory[IN_PLACE]['allocated'])} MB) and peaks "
+            f"at {_mb(memory[IN_PLACE]['peak'])} MB above the start. `x = x + y` allocates "
+            f"{_mb(memory[DROPPED]['allocated'])} MB in all but peaks at one extra tensor "
+            f"({_mb(memory[DROPPED]['peak'])} MB), since each result frees the previous one, and takes "
+            f"{med[DROPPED] / med[IN_PLACE]:.1f}x add_'s time (the allocator hands the freed buffer back: two "
+            f"buffers take turns). Keeping every result peaks at {_mb(memory[KEPT]['peak'])} MB and takes "
+            f"{med[KEPT] / med[IN_PLACE]:.1f}x the time: each result is fresh memory the OS must map, and the "
+            f"data no longer stays in the caches ({statistics.median(faults['framework'][KEPT])} page faults "
+            f"against {statistics.median(faults['framework'][IN_PLACE])} for add_). "
+            "Under policy auto the same `x = x + y` ran "
+            f"{memory[AUTO]['auto_ops']} of {n_ops} additions in place ({_mb(memory[AUTO]['allocated'])} MB "
+            f"allocated, {med[AUTO] / med[IN_PLACE]:.1f}x add_'s time). Inplace saves allocation and memory "
+            "bandwidth, not arithmetic.",
+            17,
+        )
+    )
     if "torch" in times:
         t_med = {v: statistics.median(times["torch"][v]) for v in TORCH_VARIANTS}
-        print(_wrapped(
-            "  on PyTorch: ",
-            f"`x = x + y` takes {t_med[DROPPED] / t_med[IN_PLACE]:.1f}x add_'s time with "
-            f"{statistics.median(faults['torch'][DROPPED])} page faults (against "
-            f"{statistics.median(faults['framework'][DROPPED])} on the framework): its results land on fresh "
-            "pages where NumPy reused the freed buffer; keeping every result takes "
-            f"{t_med[KEPT] / t_med[IN_PLACE]:.1f}x add_'s time.", 14))
+        print(
+            _wrapped(
+                "  on PyTorch: ",
+                f"`x = x + y` takes {t_med[DROPPED] / t_med[IN_PLACE]:.1f}x add_'s time with "
+                f"{statistics.median(faults['torch'][DROPPED])} page faults (against "
+                f"{statistics.median(faults['framework'][DROPPED])} on the framework): its results land on fresh "
+                "pages where NumPy reused the freed buffer; keeping every result takes "
+                f"{t_med[KEPT] / t_med[IN_PLACE]:.1f}x add_'s time.",
+                14,
+            )
+        )
 
 
 def plot_experiment(times, memory, size, n_ops, path) -> None:
@@ -187,8 +213,11 @@ def plot_experiment(times, memory, size, n_ops, path) -> None:
     ax_t.set_ylabel(f"ms for {n_ops} ops")
     ax_t.set_title(f"time: {n_ops} additions on {size}x{size} float32")
     ax_t.legend(fontsize=8)
-    series = (("allocated", "allocated in all"), ("peak", "peak (framework counter)"),
-              ("traced_peak", "peak (tracemalloc)"))
+    series = (
+        ("allocated", "allocated in all"),
+        ("peak", "peak (framework counter)"),
+        ("traced_peak", "peak (tracemalloc)"),
+    )
     width = 0.8 / len(series)
     for i, (field, label) in enumerate(series):
         xs = [k + (i - 1) * width for k in range(len(VARIANTS))]
@@ -208,6 +237,7 @@ def plot_experiment(times, memory, size, n_ops, path) -> None:
 
 # --- the tour ---------------------------------------------------------------------------------
 
+
 def import_torch():
     """PyTorch if it is installed, else None."""
     try:
@@ -219,10 +249,15 @@ def import_torch():
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description="Run every scenario of the well-known inplace articles.")
-    parser.add_argument("--quick", action="store_true",
-                        help="a short experiment (10 ops, 1 repeat) instead of 100 ops x 5 repeats")
-    parser.add_argument("--plot", default=DEFAULT_PLOT, metavar="PATH",
-                        help=f"where to save the experiment's bar chart (.png; default {DEFAULT_PLOT})")
+    parser.add_argument(
+        "--quick", action="store_true", help="a short experiment (10 ops, 1 repeat) instead of 100 ops x 5 repeats"
+    )
+    parser.add_argument(
+        "--plot",
+        default=DEFAULT_PLOT,
+        metavar="PATH",
+        help=f"where to save the experiment's bar chart (.png; default {DEFAULT_PLOT})",
+    )
     parser.add_argument("--no-torch", action="store_true", help="do not run the scenarios on PyTorch")
     args = parser.parse_args(argv)
     if not args.plot.lower().endswith(".png"):
@@ -268,4 +303,3 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -19,6 +19,7 @@ import framework as fw
 
 # --- recording what a scenario sees --------------------------------------------------------
 
+
 def is_torch(lib) -> bool:
     return lib.__name__ == "torch"
 
@@ -106,17 +107,24 @@ CHAPTERS = {
 
 def scenario(number, title, source, why, more=None, differs=None):
     """Registers the decorated ``fn(lib, note)`` as a scenario of the tour, in order."""
+
     def register(fn):
         SCENARIOS.append(Scenario(number, title, source, why, fn, more, differs))
         return fn
+
     return register
 
 
 # --- 1. Paddle's introduction to inplace -----------------------------------------------------
 
-@scenario("1.1", "y = x.scale_(2.0) returns x itself (scale_ is mul_ here)", "Paddle intro",
-          why="an inplace op writes into x's own storage and returns x, so y is a second name "
-              "for the same tensor; the write bumps x's version counter")
+
+@scenario(
+    "1.1",
+    "y = x.scale_(2.0) returns x itself (scale_ is mul_ here)",
+    "Paddle intro",
+    why="an inplace op writes into x's own storage and returns x, so y is a second name "
+    "for the same tensor; the write bumps x's version counter",
+)
 def returns_itself(lib, note):
     x = lib.tensor([1.0, 2.0, 3.0])
     note("x._version before", x._version)
@@ -126,11 +134,15 @@ def returns_itself(lib, note):
     note("x._version after", x._version)
 
 
-@scenario("1.2", "a.scale_(2.0) on a leaf that requires grad raises at once", "Paddle intro",
-          why="a is the value its gradient belongs to and the optimizer updates: changed in place "
-              "it would become an op's output and its .grad would no longer be the gradient of the "
-              "parameter you hold (see 4.2)",
-          more="the framework names the refused op (mul_) and says what to do instead")
+@scenario(
+    "1.2",
+    "a.scale_(2.0) on a leaf that requires grad raises at once",
+    "Paddle intro",
+    why="a is the value its gradient belongs to and the optimizer updates: changed in place "
+    "it would become an op's output and its .grad would no longer be the gradient of the "
+    "parameter you hold (see 4.2)",
+    more="the framework names the refused op (mul_) and says what to do instead",
+)
 def leaf_refuses_inplace(lib, note):
     a = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
     with note.attempt("a.mul_(2.0)"):
@@ -142,9 +154,14 @@ def leaf_refuses_inplace(lib, note):
 
 # --- 2. Paddle's article on inplace memory and speed -------------------------------------------
 
-@scenario("2.1", "x.sin_() on a leaf is refused, and x is left as it was", "Paddle memory/speed",
-          why="the leaf rule of 1.2; the check runs before the kernel, so nothing was written",
-          more="the framework names sin_ in the error")
+
+@scenario(
+    "2.1",
+    "x.sin_() on a leaf is refused, and x is left as it was",
+    "Paddle memory/speed",
+    why="the leaf rule of 1.2; the check runs before the kernel, so nothing was written",
+    more="the framework names sin_ in the error",
+)
 def leaf_sin_refused(lib, note):
     x = lib.tensor([0.5, 1.0, 1.5], requires_grad=True)
     with note.attempt("x.sin_()"):
@@ -153,9 +170,13 @@ def leaf_sin_refused(lib, note):
     note("x._version", x._version)
 
 
-@scenario("2.2", "y = sin(x); y += 1 is accepted", "Paddle memory/speed",
-          why="y is not a leaf, SinBackward saved x (not y) and AddBackward saves nothing: no value "
-              "that backward reads was overwritten")
+@scenario(
+    "2.2",
+    "y = sin(x); y += 1 is accepted",
+    "Paddle memory/speed",
+    why="y is not a leaf, SinBackward saved x (not y) and AddBackward saves nothing: no value "
+    "that backward reads was overwritten",
+)
 def add_into_result(lib, note):
     x = lib.tensor([0.5, 1.0, 1.5], requires_grad=True)
     y = lib.sin(x)
@@ -168,13 +189,16 @@ def add_into_result(lib, note):
     note("cos(x)", lib.cos(x.detach()))
 
 
-@scenario("2.3", "h.sin_() on a non-leaf h: a correct gradient, at the cost of a copy of h",
-          "Paddle memory/speed",
-          why="sin's backward needs its input cos(h), which sin_ overwrites: the op first keeps a copy "
-              "of h (12 bytes here), so sin_ saves no memory; exp_ and relu_ are free because their "
-              "backward reads the result, which is what stays in h",
-          more="the framework counts the copy as it happens (inplace_copy_bytes in fw.memory.stats(), "
-               "category inplace_copies in fw.memory.breakdown()); PyTorch makes the same copy silently")
+@scenario(
+    "2.3",
+    "h.sin_() on a non-leaf h: a correct gradient, at the cost of a copy of h",
+    "Paddle memory/speed",
+    why="sin's backward needs its input cos(h), which sin_ overwrites: the op first keeps a copy "
+    "of h (12 bytes here), so sin_ saves no memory; exp_ and relu_ are free because their "
+    "backward reads the result, which is what stays in h",
+    more="the framework counts the copy as it happens (inplace_copy_bytes in fw.memory.stats(), "
+    "category inplace_copies in fw.memory.breakdown()); PyTorch makes the same copy silently",
+)
 def sin_on_non_leaf(lib, note):
     x = lib.tensor([0.5, 1.0, 1.5], requires_grad=True)
     h = x * 1  # a non-leaf: autograd may let it be overwritten
@@ -191,13 +215,17 @@ def sin_on_non_leaf(lib, note):
 
 # --- 3. PyTorch's article on leaves and version counters ---------------------------------------
 
-@scenario("3.1", "b[0] = 1000 bumps b._version from 0 to 1; then backward refuses", "PyTorch leaves/versions",
-          why="ExpBackward saved its result b at version 0 to compute grad * b; b is now at version 1, "
-              "so the saved values are gone and backward would be wrong",
-          more="the framework says which op changed b and where: 'modified by fill_ at "
-               "<this file>:<line of b[0] = 1000>'; PyTorch says neither",
-          differs={"b.grad_fn": "PyTorch prints CopySlices; the framework also names the op "
-                                "inside it (FillBackward)"})
+
+@scenario(
+    "3.1",
+    "b[0] = 1000 bumps b._version from 0 to 1; then backward refuses",
+    "PyTorch leaves/versions",
+    why="ExpBackward saved its result b at version 0 to compute grad * b; b is now at version 1, "
+    "so the saved values are gone and backward would be wrong",
+    more="the framework says which op changed b and where: 'modified by fill_ at "
+    "<this file>:<line of b[0] = 1000>'; PyTorch says neither",
+    differs={"b.grad_fn": "PyTorch prints CopySlices; the framework also names the op inside it (FillBackward)"},
+)
 def version_counter(lib, note):
     a = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
     b = a.exp()
@@ -210,14 +238,19 @@ def version_counter(lib, note):
         b.sum().backward()
 
 
-@scenario("3.2", "a[:] = 0 on a leaf that requires grad: refused at once (not CopySlices)",
-          "PyTorch leaves/versions",
-          why="the article's PyTorch accepted the write, gave a the grad_fn CopySlices and failed later in "
-              "backward with 'leaf variable has been moved into the graph interior'; PyTorch 2.13 and "
-              "this framework refuse the write itself, before it changes anything",
-          differs={"a[:] = 0": "PyTorch skips the full slice and writes into a itself ('a leaf "
-                               "Variable'); the framework writes through the view a[:] ('a view of a "
-                               "leaf Variable'): the same refusal, worded for what was written"})
+@scenario(
+    "3.2",
+    "a[:] = 0 on a leaf that requires grad: refused at once (not CopySlices)",
+    "PyTorch leaves/versions",
+    why="the article's PyTorch accepted the write, gave a the grad_fn CopySlices and failed later in "
+    "backward with 'leaf variable has been moved into the graph interior'; PyTorch 2.13 and "
+    "this framework refuse the write itself, before it changes anything",
+    differs={
+        "a[:] = 0": "PyTorch skips the full slice and writes into a itself ('a leaf "
+        "Variable'); the framework writes through the view a[:] ('a view of a "
+        "leaf Variable'): the same refusal, worded for what was written"
+    },
+)
 def leaf_slice_assign(lib, note):
     a = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
     with note.attempt("a[:] = 0"):
@@ -228,9 +261,13 @@ def leaf_slice_assign(lib, note):
     note("a._version", a._version)
 
 
-@scenario("3.3", "a.add_(10.) on a leaf raises at once", "PyTorch leaves/versions",
-          why="the leaf rule of 1.2: the value the optimizer updates cannot become an op's output",
-          more="the framework names add_ and suggests `with no_grad():` for a weight update")
+@scenario(
+    "3.3",
+    "a.add_(10.) on a leaf raises at once",
+    "PyTorch leaves/versions",
+    why="the leaf rule of 1.2: the value the optimizer updates cannot become an op's output",
+    more="the framework names add_ and suggests `with no_grad():` for a weight update",
+)
 def leaf_add(lib, note):
     a = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
     with note.attempt("a.add_(10.)"):
@@ -238,10 +275,14 @@ def leaf_add(lib, note):
     note("a._version", a._version)
 
 
-@scenario("3.4", "the three ways to change a parameter: a.data, a.detach(), no_grad", "PyTorch leaves/versions",
-          why="all three share a's memory; .data has its own version counter (autograd never sees the "
-              "write), detach() shares a's counter, and no_grad writes a itself: the version bumps and "
-              "a stays a leaf")
+@scenario(
+    "3.4",
+    "the three ways to change a parameter: a.data, a.detach(), no_grad",
+    "PyTorch leaves/versions",
+    why="all three share a's memory; .data has its own version counter (autograd never sees the "
+    "write), detach() shares a's counter, and no_grad writes a itself: the version bumps and "
+    "a stays a leaf",
+)
 def ways_to_change_a_parameter(lib, note):
     a = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
     a.data.fill_(10.0)
@@ -257,11 +298,14 @@ def ways_to_change_a_parameter(lib, note):
     note("a.is_leaf, a.requires_grad", (a.is_leaf, a.requires_grad))
 
 
-@scenario("3.5", "what sharing the version counter buys: detach() is checked, .data is not",
-          "PyTorch leaves/versions",
-          why="y = a.sin() saved a for cos(a); a write through .data is invisible, so backward silently "
-              "uses the new values (cos(0) = 1, a wrong gradient); a write through detach() bumps the "
-              "shared counter and backward refuses")
+@scenario(
+    "3.5",
+    "what sharing the version counter buys: detach() is checked, .data is not",
+    "PyTorch leaves/versions",
+    why="y = a.sin() saved a for cos(a); a write through .data is invisible, so backward silently "
+    "uses the new values (cos(0) = 1, a wrong gradient); a write through detach() bumps the "
+    "shared counter and backward refuses",
+)
 def data_is_unchecked(lib, note):
     a = lib.tensor([0.5, 1.0, 1.5], requires_grad=True)
     y = a.sin()
@@ -277,13 +321,19 @@ def data_is_unchecked(lib, note):
         z.sum().backward()
 
 
-@scenario("3.6", "d[:] = 1 after f = d @ w2 fails at backward; before it, it works", "PyTorch leaves/versions",
-          why="matmul saves its inputs (grad_w2 = d.T @ grad): writing d after f was made changes a "
-              "saved value; written before, d is simply the constant 1 and w1 gets a zero gradient",
-          more="the framework says d is input 'x' of MatmulBackward and names fill_ with its line; "
-               "PyTorch names d by its newest grad_fn",
-          differs={"d.grad_fn": "PyTorch skips the full slice and fills d itself (FillBackward); the "
-                                "framework writes through the view d[:] (CopySlices): the same gradient"})
+@scenario(
+    "3.6",
+    "d[:] = 1 after f = d @ w2 fails at backward; before it, it works",
+    "PyTorch leaves/versions",
+    why="matmul saves its inputs (grad_w2 = d.T @ grad): writing d after f was made changes a "
+    "saved value; written before, d is simply the constant 1 and w1 gets a zero gradient",
+    more="the framework says d is input 'x' of MatmulBackward and names fill_ with its line; "
+    "PyTorch names d by its newest grad_fn",
+    differs={
+        "d.grad_fn": "PyTorch skips the full slice and fills d itself (FillBackward); the "
+        "framework writes through the view d[:] (CopySlices): the same gradient"
+    },
+)
 def write_before_or_after_use(lib, note):
     x = lib.tensor([[1.0, 1.0]])
     w1 = lib.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
@@ -305,10 +355,15 @@ def write_before_or_after_use(lib, note):
 
 # --- 4. Where the articles are wrong ----------------------------------------------------------
 
-@scenario("4.1", "inplace does not lower computational complexity", "correction",
-          why="x.add_(y) and x + y do the same n additions and give the same values; only where the "
-              "result is written differs (chapter 5 measures what that saves: allocation and memory "
-              "traffic, not arithmetic)")
+
+@scenario(
+    "4.1",
+    "inplace does not lower computational complexity",
+    "correction",
+    why="x.add_(y) and x + y do the same n additions and give the same values; only where the "
+    "result is written differs (chapter 5 measures what that saves: allocation and memory "
+    "traffic, not arithmetic)",
+)
 def same_arithmetic(lib, note):
     x = lib.tensor([1.0, 2.0, 3.0])
     y = lib.tensor([0.5, 0.5, 0.5])
@@ -319,10 +374,14 @@ def same_arithmetic(lib, note):
     note("x == z after add_", x.tolist() == z.tolist())
 
 
-@scenario("4.2", "why a leaf cannot be changed in place (not 'the graph cannot be rebuilt')", "correction",
-          why="w is the value the gradient belongs to and the optimizer updates; changed in place it would "
-              "be v, an op's output: its .grad is None (or, retained, d loss/d v = [4, 5, 6]), not "
-              "d loss/d w = [8, 10, 12], the gradient of the parameter you hold")
+@scenario(
+    "4.2",
+    "why a leaf cannot be changed in place (not 'the graph cannot be rebuilt')",
+    "correction",
+    why="w is the value the gradient belongs to and the optimizer updates; changed in place it would "
+    "be v, an op's output: its .grad is None (or, retained, d loss/d v = [4, 5, 6]), not "
+    "d loss/d w = [8, 10, 12], the gradient of the parameter you hold",
+)
 def why_leaves_are_protected(lib, note):
     w = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
     c = lib.tensor([4.0, 5.0, 6.0])
@@ -336,9 +395,13 @@ def why_leaves_are_protected(lib, note):
     note("v.grad (d loss / d v)", v.grad)
 
 
-@scenario("4.3", "a saved tensor's change is an error only when backward reads it", "correction",
-          why="y = h + 1 keeps nothing of h (the gradient of a sum passes through), so h may change "
-              "afterwards; y = h * h keeps h for 2 * h * grad, so changing h breaks it")
+@scenario(
+    "4.3",
+    "a saved tensor's change is an error only when backward reads it",
+    "correction",
+    why="y = h + 1 keeps nothing of h (the gradient of a sum passes through), so h may change "
+    "afterwards; y = h * h keeps h for 2 * h * grad, so changing h breaks it",
+)
 def error_only_when_read(lib, note):
     x = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
     h = x * 1

@@ -5,10 +5,7 @@ memory accounting and the inplace policy. ``fw.nn`` and ``fw.optim`` hold module
 optimizers.
 """
 
-from . import backend, memory
-from . import inplace
-from .tensor import Tensor
-from . import autograd
+from . import autograd, backend, inplace, memory
 from .autograd import (
     detect_anomaly,
     enable_grad,
@@ -18,6 +15,7 @@ from .autograd import (
     no_grad,
     set_grad_enabled,
 )
+from .backend import device, is_cuda_available
 from .creation import (
     DEFAULT_DTYPE,
     arange,
@@ -42,7 +40,6 @@ from .creation import (
     zeros,
     zeros_like,
 )
-from .backend import device, is_cuda_available
 from .ops import (
     abs,
     add,
@@ -92,6 +89,7 @@ from .ops import (
     var,
     where,
 )
+from .tensor import Tensor
 
 bool = bool_  # noqa: A001  (fw.bool, as torch.bool)
 
@@ -101,8 +99,11 @@ def is_inference(t: Tensor):
     return t.is_inference()
 
 
-from . import nn, optim  # noqa: E402  (they build on everything above)
-from . import random  # noqa: E402,F401
+from . import (  # noqa: E402  (they build on everything above)
+    nn,
+    optim,
+    random,  # noqa: E402,F401
+)
 from .compile import compile  # noqa: E402,A004  (fw.compile, like torch.compile; above nn and optim)
 from .nn import functional as _F  # noqa: E402
 from .nn.module import Module as _Module  # noqa: E402
@@ -115,17 +116,25 @@ def _calibrate_auto() -> None:
     class _SiteProbe(_Module):  # a site, as nn.ReLU is one
         @inplace.passes_ownership
         def forward(self, input, residual=None):
-            where = inplace.site_target(input, "calibration")
-            return input if where is None else inplace.consume(input, "calibration", where)
+            at = inplace.site_target(input, "calibration")
+            return input if at is None else inplace.consume(input, "calibration", at)
 
     class _OpProbe(_Module):  # a module whose forward calls an op
         @inplace.passes_ownership
         def forward(self, input, residual=None):
             return neg(input)
 
-    inplace.calibrate(Tensor=Tensor, make=lambda: zeros(2), neg=neg, add=add, relu=_F.relu,
-                      residual_add=_F.residual_add, site=_SiteProbe(), op_module=_OpProbe(),
-                      module_call=_Module.__call__)
+    inplace.calibrate(
+        Tensor=Tensor,
+        make=lambda: zeros(2),
+        neg=neg,
+        add=add,
+        relu=_F.relu,
+        residual_add=_F.residual_add,
+        site=_SiteProbe(),
+        op_module=_OpProbe(),
+        module_call=_Module.__call__,
+    )
 
 
 _calibrate_auto()

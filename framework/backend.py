@@ -143,8 +143,7 @@ def cuda_unavailable_reason() -> str | None:
         return f"CuPy is switched off ({CUPY_ENV}=none)"
     if choice == "cupy" and importlib.util.find_spec("cupy") is None:
         return "CuPy is not installed: pip install -e '.[gpu]' on a machine with CUDA"
-    return ("CuPy sees no usable GPU (no CUDA driver or device here: check nvidia-smi and "
-            "CUDA_VISIBLE_DEVICES)")
+    return "CuPy sees no usable GPU (no CUDA driver or device here: check nvidia-smi and CUDA_VISIBLE_DEVICES)"
 
 
 def xp_for(dev: Device):
@@ -223,6 +222,7 @@ def to_numpy(array) -> np.ndarray:
 
 
 # --- calls that differ between NumPy and CuPy ------------------------------------------
+
 
 def reshape_view(array, shape):
     """``array`` reshaped WITHOUT copying, or None when its strides do not allow it.
@@ -308,6 +308,7 @@ def rng_key(xp):
 #
 # Streams and events are CuPy's objects, passed around opaquely; a stream's ``ptr`` is the
 # handle NCCL calls take.
+
 
 def _cupy_or_raise():
     cp = cupy_module()

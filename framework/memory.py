@@ -63,14 +63,14 @@ _peak_by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
 # The same per category for CuPy arrays (nbytes; the pool hook has the rounded total).
 _gpu_by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
 _gpu_peak_by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
-_live: dict[int, "_BufferRef"] = {}  # id(root buffer) -> its weak reference (host and GPU)
+_live: dict[int, _BufferRef] = {}  # id(root buffer) -> its weak reference (host and GPU)
 _saved_refcount: dict[int, int] = {}  # id(root buffer) -> saved tensors holding it
 _saved_size: dict[int, int] = {}  # id(root buffer) -> its bytes, while saved
 _saved_bytes = 0
 _default_category: list = [None]
-_timelines: list["Timeline"] = []
+_timelines: list[Timeline] = []
 _stats: Counter = Counter()
-_gpu_counter: "PoolCounter | None" = None  # set while a GPU pool hook is registered
+_gpu_counter: PoolCounter | None = None  # set while a GPU pool hook is registered
 _hook_local = threading.local()  # .hook: the hook this thread registered with CuPy
 _hook_threads = 0  # threads with a registered hook
 
@@ -221,6 +221,7 @@ def is_tracked(array) -> bool:
 
 # --- allocation helpers: ops allocate through these so workspaces are counted -------
 
+
 def empty(shape, dtype, xp=np, category: str | None = None):
     """``xp.empty`` whose buffer is counted (category defaults to the current one)."""
     return track(xp.empty(shape, dtype=dtype), category)
@@ -257,6 +258,7 @@ def category(name: str):
 
 
 # --- saved-for-backward accounting ----------------------------------------------------
+
 
 def _root_or_none(array):
     """The buffer that owns ``array``'s memory, or None for a Python scalar."""
@@ -322,6 +324,7 @@ def saved_bytes(parameters: bool = True) -> int:
 
 # --- queries ------------------------------------------------------------------------
 
+
 def _kind(device) -> str:
     """``"cpu"`` or ``"cuda"`` for a device (``Device``, ``"cuda:1"``, ...); None: the GPU
     while a pool hook is registered, else the host."""
@@ -330,7 +333,7 @@ def _kind(device) -> str:
     return backend.parse_device(device).type
 
 
-def _counter_for(device) -> "PoolCounter | None":
+def _counter_for(device) -> PoolCounter | None:
     """The GPU pool counter when ``device`` means the GPU (error if no hook counts it)."""
     if _kind(device) == "cpu":
         return None
@@ -406,6 +409,7 @@ def reset_stats() -> None:
 
 # --- timeline -----------------------------------------------------------------------
 
+
 class Timeline:
     """Allocation events recorded inside :func:`record_timeline`.
 
@@ -464,6 +468,7 @@ def record_timeline(device=None):
 
 
 # --- GPU ------------------------------------------------------------------------------
+
 
 class PoolCounter:
     """Exact bytes in use in a GPU memory pool, fed by the pool's ``malloc``/``free`` callbacks.
@@ -541,7 +546,7 @@ def _hook_event(delta: int) -> None:
         _record_event("cuda", _gpu_counter.allocated, delta, _default_category[-1] or "other")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pool_hook_class(base):
     """The pool hook as a subclass of ``base`` (``cupy.cuda.MemoryHook``).
 
@@ -574,7 +579,8 @@ def _pool_in_use(cp) -> int:
             "CuPy's allocator is not a cupy.cuda.MemoryPool (set_allocator was changed, or "
             "MemoryAsyncPool is in use): memory hooks see no allocations, so GPU memory reads "
             "as 0. Use the default pool to measure GPU memory.",
-            RuntimeWarning, stacklevel=3,
+            RuntimeWarning,
+            stacklevel=3,
         )
         return 0
     return int(pool.used_bytes())
@@ -633,7 +639,7 @@ def disable_gpu_hook() -> None:
         _gpu_counter = None
 
 
-def gpu_counter() -> "PoolCounter | None":
+def gpu_counter() -> PoolCounter | None:
     """The GPU pool counter while a hook is registered (in any thread), else None."""
     return _gpu_counter
 

@@ -14,7 +14,8 @@ import weakref
 import numpy as np
 
 from . import backend, memory
-from .autograd import engine, node as _node
+from .autograd import engine
+from .autograd import node as _node
 from .autograd.grad_mode import InferenceVersionCounter, no_grad, state
 from .autograd.node import VersionCounter as _VersionCounter
 from .autograd.node import _HookHandle
@@ -145,7 +146,7 @@ class Tensor:
     def __array__(self, dtype=None, copy=None):
         return _numpy_array(self, dtype, copy)
 
-    def to(self, device=None, dtype=None) -> "Tensor":
+    def to(self, device=None, dtype=None) -> Tensor:
         """A copy on another device and/or dtype (``self`` when nothing changes).
 
         The copy is recorded by autograd, so gradients flow back to the original.
@@ -159,25 +160,25 @@ class Tensor:
             out = _ops.to_device(out, backend.device(device))
         return out
 
-    def cpu(self) -> "Tensor":
+    def cpu(self) -> Tensor:
         return self.to("cpu")
 
-    def cuda(self, index: int = 0) -> "Tensor":
+    def cuda(self, index: int = 0) -> Tensor:
         return self.to(f"cuda:{index}")
 
-    def float(self) -> "Tensor":
+    def float(self) -> Tensor:
         return self.to(dtype=np.float32)
 
-    def double(self) -> "Tensor":
+    def double(self) -> Tensor:
         return self.to(dtype=np.float64)
 
-    def long(self) -> "Tensor":
+    def long(self) -> Tensor:
         return self.to(dtype=np.int64)
 
-    def bool(self) -> "Tensor":
+    def bool(self) -> Tensor:
         return self.to(dtype=np.bool_)
 
-    def type_as(self, other: "Tensor") -> "Tensor":
+    def type_as(self, other: Tensor) -> Tensor:
         return self.to(dtype=other.dtype)
 
     # --- autograd attributes ----------------------------------------------------------
@@ -219,7 +220,7 @@ class Tensor:
             raise RuntimeError(f"only Tensors of floating point dtype can require gradients (got {self.dtype})")
         self._requires_grad = bool(value)
 
-    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         if requires_grad and self.grad_fn is not None:
             return self  # a no-op on a non-leaf, as in PyTorch (only the setter raises)
         self.requires_grad = requires_grad
@@ -325,13 +326,13 @@ class Tensor:
         self._live()
         engine.backward([self], [gradient], retain_graph=retain_graph, inputs=inputs)
 
-    def detach(self) -> "Tensor":
+    def detach(self) -> Tensor:
         """Same values and version counter, no history (inplace on it is seen by autograd)."""
         t = _wrap(self._live())
         t._vc = self._vc
         return t
 
-    def detach_(self) -> "Tensor":
+    def detach_(self) -> Tensor:
         """Removes this tensor's history in place.
 
         A node that saved this tensor as an INPUT can no longer tell where its gradient
@@ -349,7 +350,7 @@ class Tensor:
         return self
 
     @property
-    def data(self) -> "Tensor":
+    def data(self) -> Tensor:
         """The escape hatch: same memory, a NEW version counter, no history.
 
         Changes made through ``.data`` are invisible to autograd, as in PyTorch.
@@ -357,7 +358,7 @@ class Tensor:
         return _wrap(self._live())
 
     @data.setter
-    def data(self, value: "Tensor") -> None:
+    def data(self, value: Tensor) -> None:
         # As in PyTorch: the tensor keeps its version counter, and one that requires grad
         # only takes data it could compute a gradient for.
         if not isinstance(value, Tensor):
@@ -377,90 +378,199 @@ class Tensor:
 
     # pointwise math: a new tensor (policy auto may reuse self's buffer when self is dead)
     @_hands_over
-    def add(self, other, alpha=1): return _ops.add(self, other, alpha=alpha)
+    def add(self, other, alpha=1):
+        return _ops.add(self, other, alpha=alpha)
+
     @_hands_over
-    def sub(self, other, alpha=1): return _ops.sub(self, other, alpha=alpha)
+    def sub(self, other, alpha=1):
+        return _ops.sub(self, other, alpha=alpha)
+
     @_hands_over
-    def mul(self, other): return _ops.mul(self, other)
+    def mul(self, other):
+        return _ops.mul(self, other)
+
     @_hands_over
-    def div(self, other): return _ops.div(self, other)
+    def div(self, other):
+        return _ops.div(self, other)
+
     @_hands_over
-    def pow(self, exponent): return _ops.pow(self, exponent)
+    def pow(self, exponent):
+        return _ops.pow(self, exponent)
+
     @_hands_over
-    def neg(self): return _ops.neg(self)
+    def neg(self):
+        return _ops.neg(self)
+
     @_hands_over
-    def abs(self): return _ops.abs(self)
+    def abs(self):
+        return _ops.abs(self)
+
     @_hands_over
-    def exp(self): return _ops.exp(self)
+    def exp(self):
+        return _ops.exp(self)
+
     @_hands_over
-    def log(self): return _ops.log(self)
+    def log(self):
+        return _ops.log(self)
+
     @_hands_over
-    def sqrt(self): return _ops.sqrt(self)
+    def sqrt(self):
+        return _ops.sqrt(self)
+
     @_hands_over
-    def sin(self): return _ops.sin(self)
+    def sin(self):
+        return _ops.sin(self)
+
     @_hands_over
-    def cos(self): return _ops.cos(self)
+    def cos(self):
+        return _ops.cos(self)
+
     @_hands_over
-    def tanh(self): return _ops.tanh(self)
+    def tanh(self):
+        return _ops.tanh(self)
+
     @_hands_over
-    def sigmoid(self): return _ops.sigmoid(self)
+    def sigmoid(self):
+        return _ops.sigmoid(self)
+
     @_hands_over
-    def relu(self): return _ops.relu(self)
+    def relu(self):
+        return _ops.relu(self)
+
     @_hands_over
-    def leaky_relu(self, negative_slope=0.01): return _ops.leaky_relu(self, negative_slope)
+    def leaky_relu(self, negative_slope=0.01):
+        return _ops.leaky_relu(self, negative_slope)
+
     @_hands_over
-    def clamp(self, min=None, max=None): return _ops.clamp(self, min, max)  # noqa: A002
-    def maximum(self, other): return _ops.maximum(self, other)
-    def where(self, condition, other): return _ops.where(condition, self, other)
+    def clamp(self, min=None, max=None):
+        return _ops.clamp(self, min, max)  # noqa: A002
+
+    def maximum(self, other):
+        return _ops.maximum(self, other)
+
+    def where(self, condition, other):
+        return _ops.where(condition, self, other)
 
     # inplace pointwise math: self's storage gets the result and its version bumps; the
     # op refuses (before writing) a leaf that requires grad, or a view of one, with grad on.
     # Free when backward reads the result or nothing (relu_, exp_, add_); a copy of self
     # when backward needs the old value (sin_, log_): docs/INPLACE.md, section 4.
-    def add_(self, other, alpha=1): return _ops.add_(self, other, alpha=alpha)
-    def sub_(self, other, alpha=1): return _ops.sub_(self, other, alpha=alpha)
-    def mul_(self, other): return _ops.mul_(self, other)
-    def div_(self, other): return _ops.div_(self, other)
-    def pow_(self, exponent): return _ops.pow_(self, exponent)
-    def neg_(self): return _ops.neg_(self)
-    def abs_(self): return _ops.abs_(self)
-    def exp_(self): return _ops.exp_(self)
-    def log_(self): return _ops.log_(self)
-    def sqrt_(self): return _ops.sqrt_(self)
-    def sin_(self): return _ops.sin_(self)
-    def cos_(self): return _ops.cos_(self)
-    def tanh_(self): return _ops.tanh_(self)
-    def sigmoid_(self): return _ops.sigmoid_(self)
-    def relu_(self): return _ops.relu_(self)
-    def leaky_relu_(self, negative_slope=0.01): return _ops.leaky_relu_(self, negative_slope)
-    def clamp_(self, min=None, max=None): return _ops.clamp_(self, min, max)  # noqa: A002
-    def zero_(self): return _ops.zero_(self)
-    def fill_(self, value): return _ops.fill_(self, value)
-    def copy_(self, src): return _ops.copy_(self, src)
-    def normal_(self, mean=0.0, std=1.0): return _ops.normal_(self, mean, std)
-    def uniform_(self, a=0.0, b=1.0): return _ops.uniform_(self, a, b)
+    def add_(self, other, alpha=1):
+        return _ops.add_(self, other, alpha=alpha)
+
+    def sub_(self, other, alpha=1):
+        return _ops.sub_(self, other, alpha=alpha)
+
+    def mul_(self, other):
+        return _ops.mul_(self, other)
+
+    def div_(self, other):
+        return _ops.div_(self, other)
+
+    def pow_(self, exponent):
+        return _ops.pow_(self, exponent)
+
+    def neg_(self):
+        return _ops.neg_(self)
+
+    def abs_(self):
+        return _ops.abs_(self)
+
+    def exp_(self):
+        return _ops.exp_(self)
+
+    def log_(self):
+        return _ops.log_(self)
+
+    def sqrt_(self):
+        return _ops.sqrt_(self)
+
+    def sin_(self):
+        return _ops.sin_(self)
+
+    def cos_(self):
+        return _ops.cos_(self)
+
+    def tanh_(self):
+        return _ops.tanh_(self)
+
+    def sigmoid_(self):
+        return _ops.sigmoid_(self)
+
+    def relu_(self):
+        return _ops.relu_(self)
+
+    def leaky_relu_(self, negative_slope=0.01):
+        return _ops.leaky_relu_(self, negative_slope)
+
+    def clamp_(self, min=None, max=None):
+        return _ops.clamp_(self, min, max)  # noqa: A002
+
+    def zero_(self):
+        return _ops.zero_(self)
+
+    def fill_(self, value):
+        return _ops.fill_(self, value)
+
+    def copy_(self, src):
+        return _ops.copy_(self, src)
+
+    def normal_(self, mean=0.0, std=1.0):
+        return _ops.normal_(self, mean, std)
+
+    def uniform_(self, a=0.0, b=1.0):
+        return _ops.uniform_(self, a, b)
 
     # reductions
-    def sum(self, dim=None, keepdim=False): return _ops.sum(self, dim, keepdim)
-    def mean(self, dim=None, keepdim=False): return _ops.mean(self, dim, keepdim)
-    def var(self, dim=None, unbiased=True, keepdim=False, correction=None): return _ops.var(self, dim, unbiased, keepdim, correction)
-    def amax(self, dim=None, keepdim=False): return _ops.amax(self, dim, keepdim)
-    def max(self, dim=None, keepdim=False): return _ops.max(self, dim, keepdim)
-    def argmax(self, dim=None, keepdim=False): return _ops.argmax(self, dim, keepdim)
-    def softmax(self, dim=-1): return _ops.softmax(self, dim)
-    def log_softmax(self, dim=-1): return _ops.log_softmax(self, dim)
+    def sum(self, dim=None, keepdim=False):
+        return _ops.sum(self, dim, keepdim)
+
+    def mean(self, dim=None, keepdim=False):
+        return _ops.mean(self, dim, keepdim)
+
+    def var(self, dim=None, unbiased=True, keepdim=False, correction=None):
+        return _ops.var(self, dim, unbiased, keepdim, correction)
+
+    def amax(self, dim=None, keepdim=False):
+        return _ops.amax(self, dim, keepdim)
+
+    def max(self, dim=None, keepdim=False):
+        return _ops.max(self, dim, keepdim)
+
+    def argmax(self, dim=None, keepdim=False):
+        return _ops.argmax(self, dim, keepdim)
+
+    def softmax(self, dim=-1):
+        return _ops.softmax(self, dim)
+
+    def log_softmax(self, dim=-1):
+        return _ops.log_softmax(self, dim)
 
     # comparisons (no gradient)
-    def eq(self, other): return _ops.eq(self, other)
-    def ne(self, other): return _ops.ne(self, other)
-    def lt(self, other): return _ops.lt(self, other)
-    def le(self, other): return _ops.le(self, other)
-    def gt(self, other): return _ops.gt(self, other)
-    def ge(self, other): return _ops.ge(self, other)
-    def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False): return _ops.allclose(self, other, rtol, atol, equal_nan)
+    def eq(self, other):
+        return _ops.eq(self, other)
+
+    def ne(self, other):
+        return _ops.ne(self, other)
+
+    def lt(self, other):
+        return _ops.lt(self, other)
+
+    def le(self, other):
+        return _ops.le(self, other)
+
+    def gt(self, other):
+        return _ops.gt(self, other)
+
+    def ge(self, other):
+        return _ops.ge(self, other)
+
+    def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+        return _ops.allclose(self, other, rtol, atol, equal_nan)
 
     # linear algebra
-    def matmul(self, other): return _ops.matmul(self, other)
+    def matmul(self, other):
+        return _ops.matmul(self, other)
 
     # Views share self's storage and version counter: an inplace op through a view changes
     # self (and bumps its version), and an inplace op on a view of a non-leaf rewrites the
@@ -470,28 +580,52 @@ class Tensor:
         """A view with another shape (no copy; raises when the strides do not allow one)."""
         return _ops.view(self, *shape)
 
-    def view_as(self, other): return _ops.view_as(self, other)
+    def view_as(self, other):
+        return _ops.view_as(self, other)
 
     def reshape(self, *shape):
         """A view when the strides allow one, otherwise a copy (as in PyTorch)."""
         return _ops.reshape(self, *shape)
 
-    def reshape_as(self, other): return _ops.reshape_as(self, other)
-    def permute(self, *dims): return _ops.permute(self, *dims)
-    def transpose(self, dim0, dim1): return _ops.transpose(self, dim0, dim1)
-    def swapdims(self, dim0, dim1): return _ops.swapdims(self, dim0, dim1)
-    def swapaxes(self, dim0, dim1): return _ops.swapdims(self, dim0, dim1)
-    def t(self): return _ops.t(self)
+    def reshape_as(self, other):
+        return _ops.reshape_as(self, other)
+
+    def permute(self, *dims):
+        return _ops.permute(self, *dims)
+
+    def transpose(self, dim0, dim1):
+        return _ops.transpose(self, dim0, dim1)
+
+    def swapdims(self, dim0, dim1):
+        return _ops.swapdims(self, dim0, dim1)
+
+    def swapaxes(self, dim0, dim1):
+        return _ops.swapdims(self, dim0, dim1)
+
+    def t(self):
+        return _ops.t(self)
+
     @property
-    def T(self): return _ops.permute(self, tuple(reversed(range(self.ndim))))
+    def T(self):
+        return _ops.permute(self, tuple(reversed(range(self.ndim))))
+
     @property
-    def mT(self): return _ops._matrix_transpose(self, "mT")
+    def mT(self):
+        return _ops._matrix_transpose(self, "mT")
+
     @property
-    def mH(self): return _ops._matrix_transpose(self, "mH")  # real dtypes: no conjugate
+    def mH(self):
+        return _ops._matrix_transpose(self, "mH")  # real dtypes: no conjugate
+
     @property
-    def H(self): return _ops._hermitian(self)
-    def unsqueeze(self, dim): return _ops.unsqueeze(self, dim)
-    def squeeze(self, dim=None): return _ops.squeeze(self, dim)
+    def H(self):
+        return _ops._hermitian(self)
+
+    def unsqueeze(self, dim):
+        return _ops.unsqueeze(self, dim)
+
+    def squeeze(self, dim=None):
+        return _ops.squeeze(self, dim)
 
     def flatten(self, start_dim=0, end_dim=-1):
         """A view when the strides allow one, otherwise a copy; ``self`` itself when there
@@ -503,20 +637,34 @@ class Tensor:
         elements would share one location, raises."""
         return _ops.expand(self, *sizes)
 
-    def expand_as(self, other): return _ops.expand_as(self, other)
-    def narrow(self, dim, start, length): return _ops.narrow(self, dim, start, length)
-    def select(self, dim, index): return _ops.select(self, dim, index)
-    def unbind(self, dim=0): return _ops.unbind(self, dim)
-    def split(self, split_size_or_sections, dim=0): return _ops.split(self, split_size_or_sections, dim)
-    def split_with_sizes(self, split_sizes, dim=0): return _ops.split_with_sizes(self, split_sizes, dim)
-    def chunk(self, chunks, dim=0): return _ops.chunk(self, chunks, dim)
+    def expand_as(self, other):
+        return _ops.expand_as(self, other)
+
+    def narrow(self, dim, start, length):
+        return _ops.narrow(self, dim, start, length)
+
+    def select(self, dim, index):
+        return _ops.select(self, dim, index)
+
+    def unbind(self, dim=0):
+        return _ops.unbind(self, dim)
+
+    def split(self, split_size_or_sections, dim=0):
+        return _ops.split(self, split_size_or_sections, dim)
+
+    def split_with_sizes(self, split_sizes, dim=0):
+        return _ops.split_with_sizes(self, split_sizes, dim)
+
+    def chunk(self, chunks, dim=0):
+        return _ops.chunk(self, chunks, dim)
 
     def as_strided(self, size, stride, storage_offset=None):
         """A view with any size and strides over self's storage (offsets count from the
         base's start, as in PyTorch)."""
         return _ops.as_strided(self, size, stride, storage_offset)
 
-    def clone(self): return _ops.clone(self)
+    def clone(self):
+        return _ops.clone(self)
 
     def contiguous(self):
         """``self`` when it is contiguous, else a contiguous copy."""
@@ -524,8 +672,11 @@ class Tensor:
 
     # indexing: a basic index (ints, slices, None, ...) gives a view, an advanced one (lists,
     # integer or bool tensors) a copy; ``x[i] = v`` writes in place (a version bump).
-    def __getitem__(self, index): return _ops.getitem(self, index)
-    def __setitem__(self, index, value): _ops.setitem(self, index, value)
+    def __getitem__(self, index):
+        return _ops.getitem(self, index)
+
+    def __setitem__(self, index, value):
+        _ops.setitem(self, index, value)
 
     # operators
     __add__ = __radd__ = add
@@ -536,15 +687,34 @@ class Tensor:
     __neg__ = neg
     __abs__ = abs
     __matmul__ = matmul
-    def __rsub__(self, other): return _ops.rsub(self, other)
-    def __rtruediv__(self, other): return _ops.rdiv(self, other)
-    def __rpow__(self, other): return _ops.rpow(self, other)
-    def __rmatmul__(self, other): return _ops.matmul(other, self)
-    def __iadd__(self, other): return _ops.add_(self, other)
-    def __isub__(self, other): return _ops.sub_(self, other)
-    def __imul__(self, other): return _ops.mul_(self, other)
-    def __itruediv__(self, other): return _ops.div_(self, other)
-    def __ipow__(self, exponent): return _ops.pow_(self, exponent)
+
+    def __rsub__(self, other):
+        return _ops.rsub(self, other)
+
+    def __rtruediv__(self, other):
+        return _ops.rdiv(self, other)
+
+    def __rpow__(self, other):
+        return _ops.rpow(self, other)
+
+    def __rmatmul__(self, other):
+        return _ops.matmul(other, self)
+
+    def __iadd__(self, other):
+        return _ops.add_(self, other)
+
+    def __isub__(self, other):
+        return _ops.sub_(self, other)
+
+    def __imul__(self, other):
+        return _ops.mul_(self, other)
+
+    def __itruediv__(self, other):
+        return _ops.div_(self, other)
+
+    def __ipow__(self, exponent):
+        return _ops.pow_(self, exponent)
+
     __eq__ = eq
     __ne__ = ne
     __lt__ = lt
@@ -582,13 +752,13 @@ class Tensor:
         return (_from_numpy_copy, (backend.to_numpy(self._live()), self._requires_grad))
 
     @staticmethod
-    def _from_array(array) -> "Tensor":
+    def _from_array(array) -> Tensor:
         """A new tensor around ``array`` (how the engine, which works on arrays and sits
         below this class, hands out gradients)."""
         return _wrap(array)
 
     # --- inplace sites ---------------------------------------------------------------
-    def _consume(self, site: str, where, policy: str) -> "Tensor":
+    def _consume(self, site: str, where, policy: str) -> Tensor:
         """Hands this tensor's storage and history to a new tensor object, which an inplace
         SITE returns as its result, and leaves this object consumed (any use raises).
 
@@ -680,7 +850,7 @@ def _numpy_array(t: Tensor, dtype, copy):
 # Tensors that retain their gradient, with [hook, weak reference to the node the hook
 # sits on]. Weak both ways: a tensor that is gone retains nothing, and an old node is not
 # kept alive for its hook.
-_retained: "weakref.WeakKeyDictionary[Tensor, list]" = weakref.WeakKeyDictionary()
+_retained: weakref.WeakKeyDictionary[Tensor, list] = weakref.WeakKeyDictionary()
 
 
 def _retain_hook_last(node) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from framework import nn
 
-from .registry import register_model
 from .layers import ABN, LEAKY_SLOPE, check_choice, positive_int, positive_ints
+from .registry import register_model
 
 NORMS = (None, "bn", "inplace_abn")
 

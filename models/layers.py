@@ -64,6 +64,7 @@ def positive_ints(what: str, value) -> tuple[int, ...]:
     if isinstance(value, int) and not isinstance(value, bool):
         value = (value,)
     if not isinstance(value, (list, tuple)) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
+    ):
         raise ValueError(f"{what} must be a positive integer or a list of them (e.g. [64, 64]), got {value!r}")
     return tuple(value)

@@ -6,8 +6,8 @@ import math
 
 from framework import nn
 
-from .registry import register_model
 from .layers import ABN, LEAKY_SLOPE, check_choice, make_activation, positive_int, positive_ints
+from .registry import register_model
 
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "leaky_relu")
 NORMS = (None, "bn", "inplace_abn")
@@ -30,8 +30,7 @@ class MLP(nn.Module):
             with slope 0.01 and ``"tanh"``/``"sigmoid"`` are refused.
     """
 
-    def __init__(self, in_features=64, num_classes=10, hidden=(128, 128), activation="relu",
-                 dropout=0.0, norm=None):
+    def __init__(self, in_features=64, num_classes=10, hidden=(128, 128), activation="relu", dropout=0.0, norm=None):
         super().__init__()
         positive_int("in_features", in_features)
         positive_int("num_classes", num_classes)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
-from typing import Callable
+from collections.abc import Callable
 
 _REGISTRY: dict[str, Callable] = {}
 

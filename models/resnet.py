@@ -60,8 +60,8 @@ import framework as fw
 from framework import nn
 from framework.nn import functional as F
 
-from .registry import register_model
 from .layers import ABN, LEAKY_SLOPE, check_choice, positive_int
+from .registry import register_model
 
 NORMS = ("bn", "inplace_abn")
 DEPTHS = (8, 14, 20, 32)  # the registered aliases; any 6n + 2 is accepted
@@ -151,8 +151,7 @@ class ResNet(nn.Module):
         super().__init__()
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8 or (depth - 2) % 6:
             raise ValueError(
-                f"CIFAR ResNet depth must be 6n + 2 with n >= 1 (e.g. {', '.join(map(str, DEPTHS))}); "
-                f"got {depth!r}"
+                f"CIFAR ResNet depth must be 6n + 2 with n >= 1 (e.g. {', '.join(map(str, DEPTHS))}); got {depth!r}"
             )
         positive_int("num_classes", num_classes)
         positive_int("width", width)

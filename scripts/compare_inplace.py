@@ -37,19 +37,33 @@ from trainers.config import ConfigError, load_config  # noqa: E402
 from trainers.logging import format_summary, plot_comparison  # noqa: E402
 from trainers.trainer import Trainer  # noqa: E402
 
-VARIANTS = {"off": ("off", None), "on": ("on", None), "auto": ("auto", None), "on+abn": ("on", "inplace_abn"),
-            "off+abn": ("off", "inplace_abn"), "auto+abn": ("auto", "inplace_abn"),
-            # the step compiled (fw.compile) and captured under off: every inplace decision is
-            # the compiler's (docs/COMPILE.md)
-            "compiled": ("off", None)}
+VARIANTS = {
+    "off": ("off", None),
+    "on": ("on", None),
+    "auto": ("auto", None),
+    "on+abn": ("on", "inplace_abn"),
+    "off+abn": ("off", "inplace_abn"),
+    "auto+abn": ("auto", "inplace_abn"),
+    # the step compiled (fw.compile) and captured under off: every inplace decision is
+    # the compiler's (docs/COMPILE.md)
+    "compiled": ("off", None),
+}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="YAML config file")
-    p.add_argument("--policies", default="off,on", help=f"comma-separated, from: {', '.join(VARIANTS)} (default off,on)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key for every run (repeatable)")
+    p.add_argument(
+        "--policies", default="off,on", help=f"comma-separated, from: {', '.join(VARIANTS)} (default off,on)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key for every run (repeatable)",
+    )
     p.add_argument("--rounds", type=int, default=5, help="throughput rounds per policy (default 5)")
     p.add_argument("--round-steps", type=int, default=5, help="training steps per throughput round (default 5)")
     return p.parse_args(argv)
@@ -65,7 +79,10 @@ def parse_policies(text: str):
     names = [p.strip() for p in text.split(",") if p.strip()]
     bad = [n for n in names if n not in VARIANTS]
     if bad or not names:
-        raise ConfigError(f"unknown policy {', '.join(bad) or '(none)'} in --policies; use a comma-separated list of: {', '.join(VARIANTS)}")
+        raise ConfigError(
+            f"unknown policy {', '.join(bad) or '(none)'} in --policies; "
+            f"use a comma-separated list of: {', '.join(VARIANTS)}"
+        )
     if len(set(names)) != len(names):
         raise ConfigError(f"--policies names a policy twice ({text}); name each once")
     return names
@@ -75,8 +92,11 @@ def policy_config(args, name: str):
 
     policy, norm = VARIANTS[name]
     # Each policy gets its own run folder, named after it (logging.run_name would put them in one).
-    overrides = list(args.overrides) + [f"inplace={policy}", "logging.run_name=null",
-                                        f"compile={str(name == 'compiled').lower()}"]
+    overrides = list(args.overrides) + [
+        f"inplace={policy}",
+        "logging.run_name=null",
+        f"compile={str(name == 'compiled').lower()}",
+    ]
     return load_config(args.config, overrides + ([f"model.args.norm={norm}"] if norm else []))
 
 
@@ -98,13 +118,23 @@ def compare(args) -> int:
 
     rates = measure_throughput(Trainer, configs, args.rounds, args.round_steps)
     print(format_summary(*table(names, results, rates)))
-    print(f"samples/s: median of {args.rounds} rounds of {args.round_steps} steps per policy, the policies "
-          f"taking turns; spread: (max - min) / median. 'vs {names[0]}': median of the per-round ratios, "
-          "(noise) when the rounds disagree on its sign.")
+    print(
+        f"samples/s: median of {args.rounds} rounds of {args.round_steps} steps per policy, the policies "
+        f"taking turns; spread: (max - min) / median. 'vs {names[0]}': median of the per-round ratios, "
+        "(noise) when the rounds disagree on its sign."
+    )
     experiment = os.path.dirname(results[names[0]].run_dir)
     out = os.path.join(experiment, "compare.png")
-    runs = [{"name": n, "peak_mb": results[n].peak_mb, "floor_mb": results[n].floor_mb,
-             "samples_per_sec": rates[n], "timeline": results[n].timeline} for n in names]
+    runs = [
+        {
+            "name": n,
+            "peak_mb": results[n].peak_mb,
+            "floor_mb": results[n].floor_mb,
+            "samples_per_sec": rates[n],
+            "timeline": results[n].timeline,
+        }
+        for n in names
+    ]
     plot_comparison(runs, title=f"{configs[names[0]].experiment}: inplace policies").savefig(out)
     print(f"figure: {out}\nTensorBoard: tensorboard --logdir {experiment}")
     return 0
@@ -142,13 +172,20 @@ def table(names, results, rates):
         saved = base.peak_mb - r.peak_mb
         median = statistics.median(rate)
         row = {
-            "policy": name, "peak MB": r.peak_mb, "floor MB": r.floor_mb, "saved MB": saved,
+            "policy": name,
+            "peak MB": r.peak_mb,
+            "floor MB": r.floor_mb,
+            "saved MB": saved,
             "saved %": 100.0 * saved / base.peak_mb if base.peak_mb else 0.0,
-            "samples/s": median, "spread %": 100.0 * (max(rate) - min(rate)) / median,
+            "samples/s": median,
+            "spread %": 100.0 * (max(rate) - min(rate)) / median,
             f"vs {names[0]}": "-" if name == names[0] else speed_vs(rate, base_rates),
-            "auto ops/step": r.auto_ops_per_step, "auto MB/step": r.auto_saved_mb_per_step,
-            "planned MB": r.planned_peak_mb, "inplace chains": r.inplace_chains,
-            "final loss": r.final_loss, f"eval {r.eval_name}": r.eval_metric,
+            "auto ops/step": r.auto_ops_per_step,
+            "auto MB/step": r.auto_saved_mb_per_step,
+            "planned MB": r.planned_peak_mb,
+            "inplace chains": r.inplace_chains,
+            "final loss": r.final_loss,
+            f"eval {r.eval_name}": r.eval_metric,
         }
         rows.append(row)
     keys = list(rows[0])

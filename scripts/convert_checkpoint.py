@@ -25,10 +25,15 @@ EXIT_BAD_INPUT = 2
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="the old pickle checkpoint (step_<N>.ckpt)")
-    p.add_argument("--trust-pickle", action="store_true",
-                   help="I wrote this file or trust who did: unpickling it may run code")
-    p.add_argument("--out", default=None, metavar="PATH",
-                   help="where to write the .npz (default: step_<N>.npz next to the old file)")
+    p.add_argument(
+        "--trust-pickle", action="store_true", help="I wrote this file or trust who did: unpickling it may run code"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="PATH",
+        help="where to write the .npz (default: step_<N>.npz next to the old file)",
+    )
     return p.parse_args(argv)
 
 
@@ -54,8 +59,10 @@ def convert(path: str, out: str | None = None, *, trust_pickle: bool = False) ->
     """
 
     if not trust_pickle:
-        raise ValueError(f"converting {path} unpickles it, and unpickling can run any code the file "
-                         "names; pass --trust-pickle if you wrote it or trust who did")
+        raise ValueError(
+            f"converting {path} unpickles it, and unpickling can run any code the file "
+            "names; pass --trust-pickle if you wrote it or trust who did"
+        )
     if not os.path.isfile(path):
         raise ValueError(f"checkpoint {path!r} does not exist")
     import pickle  # noqa: PLC0415  (only here, and only for a file the user vouched for)

@@ -28,7 +28,10 @@ def main(argv=None) -> int:
     new = render(text)
     if "--check" in argv:
         if new != text:
-            print("README.md's config reference is out of date: run python scripts/gen_config_reference.py", file=sys.stderr)
+            print(
+                "README.md's config reference is out of date: run python scripts/gen_config_reference.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     with open(path, "w", encoding="utf-8") as f:

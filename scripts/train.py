@@ -22,12 +22,26 @@ from trainers.trainer import Trainer, summary_table  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", required=True, help="YAML config file (see configs/ and the README's config reference)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set optim.lr=0.05 --set inplace=off (repeatable)")
-    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="PATH",
-                   help="resume from a checkpoint: a path, or no value for the run's latest checkpoint")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set optim.lr=0.05 --set inplace=off (repeatable)",
+    )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="PATH",
+        help="resume from a checkpoint: a path, or no value for the run's latest checkpoint",
+    )
     return p.parse_args(argv)
 
 
@@ -44,9 +58,11 @@ def _train(args):
     if not trainer.comm.is_main:
         return 0
     if result is None:
-        print(f"{trainer.run_name} has already finished: checkpoint {trainer.last_checkpoint} is at step "
-              f"{trainer.step} of {trainer.total_steps}; nothing was trained, logged or saved. To train "
-              "longer, raise train.max_steps or train.epochs.")
+        print(
+            f"{trainer.run_name} has already finished: checkpoint {trainer.last_checkpoint} is at step "
+            f"{trainer.step} of {trainer.total_steps}; nothing was trained, logged or saved. To train "
+            "longer, raise train.max_steps or train.epochs."
+        )
         return 0
     print(summary_table([result]))
     experiment = os.path.dirname(result.run_dir)

@@ -38,8 +38,9 @@ def _choose_cupy() -> str:
 
 CUPY_CHOICE = _choose_cupy()
 CUDA_AVAILABLE = fw_backend.is_cuda_available()
-NO_GPU_REASON = (f"needs CuPy and a CUDA device ({fw_backend.CUPY_ENV}={CUPY_CHOICE}: "
-                 f"{fw_backend.cuda_unavailable_reason()})")
+NO_GPU_REASON = (
+    f"needs CuPy and a CUDA device ({fw_backend.CUPY_ENV}={CUPY_CHOICE}: {fw_backend.cuda_unavailable_reason()})"
+)
 
 #: Skip marker for tests that need a GPU; use together with ``@pytest.mark.gpu``.
 requires_gpu = pytest.mark.skipif(not CUDA_AVAILABLE, reason=NO_GPU_REASON)
@@ -49,8 +50,11 @@ def pytest_report_header(config):
     if not CUDA_AVAILABLE:
         return f"gpu leg: skipped ({NO_GPU_REASON})"
     cp = fw_backend.cupy_module()
-    what = ("the CuPy stand-in (framework.testing.cupy_standin, NumPy on the CPU)"
-            if CUPY_CHOICE == "standin" else f"CuPy {cp.__version__}")
+    what = (
+        "the CuPy stand-in (framework.testing.cupy_standin, NumPy on the CPU)"
+        if CUPY_CHOICE == "standin"
+        else f"CuPy {cp.__version__}"
+    )
     return f"gpu leg: {what}, {fw_backend.device_count()} GPU(s)"
 
 

@@ -39,8 +39,13 @@ def run_command(cmd, timeout: float, cwd=REPO, env=None):
     """Runs ``cmd``; returns ``(returncode, stdout, stderr, seconds)``."""
     start = time.monotonic()
     proc = subprocess.Popen(
-        [str(c) for c in cmd], cwd=cwd, env=worker_env() if env is None else env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [str(c) for c in cmd],
+        cwd=cwd,
+        env=worker_env() if env is None else env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -11,9 +11,23 @@ from framework.ops import elementwise as E
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CLASSES = {
-    "relu_": E.Relu, "leaky_relu_": E.LeakyRelu, "exp_": E.Exp, "sqrt_": E.Sqrt, "tanh_": E.Tanh,
-    "sigmoid_": E.Sigmoid, "neg_": E.Neg, "add_": E.Add, "sub_": E.Sub, "div_": E.Div, "mul_": E.Mul,
-    "sin_": E.Sin, "cos_": E.Cos, "log_": E.Log, "abs_": E.Abs, "pow_": E.Pow, "clamp_": E.Clamp,
+    "relu_": E.Relu,
+    "leaky_relu_": E.LeakyRelu,
+    "exp_": E.Exp,
+    "sqrt_": E.Sqrt,
+    "tanh_": E.Tanh,
+    "sigmoid_": E.Sigmoid,
+    "neg_": E.Neg,
+    "add_": E.Add,
+    "sub_": E.Sub,
+    "div_": E.Div,
+    "mul_": E.Mul,
+    "sin_": E.Sin,
+    "cos_": E.Cos,
+    "log_": E.Log,
+    "abs_": E.Abs,
+    "pow_": E.Pow,
+    "clamp_": E.Clamp,
 }
 
 
@@ -50,8 +64,14 @@ def test_cost_column_matches_what_the_op_does(name):
     cost = table_rows()[name][2]
     x = fw.randn(64, requires_grad=True) * 1  # a non-leaf autograd lets us overwrite
     before = fw.memory.stats().get("inplace_copy_bytes", 0)
-    args = {"mul_": (fw.randn(64, requires_grad=True),), "add_": (1.0,), "sub_": (1.0,), "div_": (2.0,),
-            "pow_": (2.0,), "clamp_": (-0.5, 0.5)}.get(name, ())
+    args = {
+        "mul_": (fw.randn(64, requires_grad=True),),
+        "add_": (1.0,),
+        "sub_": (1.0,),
+        "div_": (2.0,),
+        "pow_": (2.0,),
+        "clamp_": (-0.5, 0.5),
+    }.get(name, ())
     if name in ("sqrt_", "log_", "pow_"):
         x = x.abs() + 1
     getattr(x, name)(*args)

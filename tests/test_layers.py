@@ -96,7 +96,7 @@ def _imports():
                     top.add(id(node))
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                text = "\n".join(lines[max(0, node.lineno - 3): node.end_lineno])
+                text = "\n".join(lines[max(0, node.lineno - 3) : node.end_lineno])
                 for target in _resolve(module, path.name == "__init__.py", node):
                     if target != module:
                         out.append((module, target, node.lineno, id(node) in top, text))
@@ -122,8 +122,11 @@ def test_every_module_has_a_layer():
 
 
 def test_imports_go_down_the_layers():
-    upward = [f"{m} (layer {layer_of(m)}) imports {t} (layer {layer_of(t)}) at line {line}"
-              for m, t, line, _, _ in IMPORTS if layer_of(t) > layer_of(m)]
+    upward = [
+        f"{m} (layer {layer_of(m)}) imports {t} (layer {layer_of(t)}) at line {line}"
+        for m, t, line, _, _ in IMPORTS
+        if layer_of(t) > layer_of(m)
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -148,7 +151,7 @@ def test_the_only_import_cycle_is_tensor_and_ops_in_one_documented_place():
         path.append(m)
         for t in sorted(edges.get(m, ())):
             if state.get(t) == 1:
-                cycle = path[path.index(t):] + [t]
+                cycle = path[path.index(t) :] + [t]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if t not in state:
                 visit(t)
@@ -161,8 +164,11 @@ def test_the_only_import_cycle_is_tensor_and_ops_in_one_documented_place():
 
 
 def test_function_level_imports_say_what_import_time_they_save():
-    unexplained = [f"{m}:{line} imports {t} inside a function" for m, t, line, top, text in IMPORTS
-                   if not top and "import time" not in text.lower()]
+    unexplained = [
+        f"{m}:{line} imports {t} inside a function"
+        for m, t, line, top, text in IMPORTS
+        if not top and "import time" not in text.lower()
+    ]
     assert not unexplained, "\n".join(unexplained)
 
 

@@ -114,8 +114,9 @@ def _encode(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     if isinstance(obj, (np.ndarray, np.generic)):  # first: np.float64 is also a float
         array = np.asarray(obj)
         if array.dtype.hasobject:
-            raise TypeError(f"checkpoint value at {where} is an object array; only plain "
-                            "numeric or string arrays can be saved")
+            raise TypeError(
+                f"checkpoint value at {where} is an object array; only plain numeric or string arrays can be saved"
+            )
         name = f"a{len(arrays)}"
         arrays[name] = np.asarray(array, order="C")  # (ascontiguousarray would make 0-d 1-d)
         return {"$scalar" if isinstance(obj, np.generic) else "$array": name}
@@ -133,8 +134,10 @@ def _encode(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     if isinstance(obj, (list, tuple)):
         encoded = [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(obj)]
         return {"$tuple": encoded} if isinstance(obj, tuple) else encoded
-    raise TypeError(f"checkpoint value at {where} has type {type(obj).__name__}; only dicts, "
-                    "lists, tuples, numbers, strings, None and NumPy arrays can be saved")
+    raise TypeError(
+        f"checkpoint value at {where} has type {type(obj).__name__}; only dicts, "
+        "lists, tuples, numbers, strings, None and NumPy arrays can be saved"
+    )
 
 
 def _decode(node: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
@@ -143,10 +146,12 @@ def _decode(node: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
     if isinstance(node, list):
         return [_decode(v, arrays, path) for v in node]
     if isinstance(node, dict) and len(node) == 1:
-        (tag, value), = node.items()
-        if tag == "$dict" and isinstance(value, list) and all(
-                isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], (str, int))
-                for kv in value):
+        ((tag, value),) = node.items()
+        if (
+            tag == "$dict"
+            and isinstance(value, list)
+            and all(isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], (str, int)) for kv in value)
+        ):
             return {k: _decode(v, arrays, path) for k, v in value}
         if tag == "$tuple" and isinstance(value, list):
             return tuple(_decode(v, arrays, path) for v in value)
@@ -154,11 +159,15 @@ def _decode(node: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
             return float(value)
         if tag in ("$array", "$scalar") and isinstance(value, str):
             if value not in arrays:
-                raise CheckpointError(f"checkpoint {path!r} names an array {value!r} it does not hold; "
-                                      "the file is damaged: use an earlier checkpoint")
+                raise CheckpointError(
+                    f"checkpoint {path!r} names an array {value!r} it does not hold; "
+                    "the file is damaged: use an earlier checkpoint"
+                )
             return arrays[value][()] if tag == "$scalar" else arrays[value]
-    raise CheckpointError(f"checkpoint {path!r} holds an entry this version cannot read; "
-                          "the file is damaged or not a checkpoint of this project")
+    raise CheckpointError(
+        f"checkpoint {path!r} holds an entry this version cannot read; "
+        "the file is damaged or not a checkpoint of this project"
+    )
 
 
 def _arrays_digest(arrays: dict[str, np.ndarray]) -> str:
@@ -209,8 +218,13 @@ def write_checkpoint(state: dict, path: str) -> str:
     """
     arrays: dict[str, np.ndarray] = {}
     tree = _encode(state, arrays, "state")
-    meta = {"format": FORMAT, "version": VERSION, "step": state.get("step"),
-            "arrays_sha256": _arrays_digest(arrays), "state": tree}
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": state.get("step"),
+        "arrays_sha256": _arrays_digest(arrays),
+        "state": tree,
+    }
     if isinstance(state.get("config"), dict):
         meta["config_sha256"] = config_hash(state["config"])
     meta_bytes = np.frombuffer(json.dumps(meta, allow_nan=False).encode(), dtype=np.uint8)
@@ -246,9 +260,11 @@ def _fsync_directory(directory: str) -> None:
 
 
 def _pickle_message(path: str) -> str:
-    return (f"checkpoint {path!r} is a pickle from an earlier version of this project; pickles "
-            "can run code when loaded, so it is not read. If you trust the file, convert it with: "
-            + CONVERT_HINT.format(path=path))
+    return (
+        f"checkpoint {path!r} is a pickle from an earlier version of this project; pickles "
+        "can run code when loaded, so it is not read. If you trust the file, convert it with: "
+        + CONVERT_HINT.format(path=path)
+    )
 
 
 def load_checkpoint(path: str) -> dict:
@@ -265,8 +281,9 @@ def load_checkpoint(path: str) -> dict:
         head = f.read(4)
         size = f.seek(0, io.SEEK_END)
     if size == 0:
-        raise CheckpointError(f"checkpoint {path!r} is empty (0 bytes): the write was cut short; "
-                              "use an earlier checkpoint")
+        raise CheckpointError(
+            f"checkpoint {path!r} is empty (0 bytes): the write was cut short; use an earlier checkpoint"
+        )
     if head[:1] == b"\x80" or (path.endswith(".ckpt") and not head.startswith(b"PK")):
         raise CheckpointError(_pickle_message(path))
     if not head.startswith(b"PK"):
@@ -279,19 +296,23 @@ def load_checkpoint(path: str) -> dict:
         meta = json.loads(arrays.pop(META).tobytes())
     except ValueError as e:  # json.JSONDecodeError is a ValueError too
         if "allow_pickle" in str(e):  # an object array: a pickle inside the archive
-            raise CheckpointError(f"checkpoint {path!r} holds a pickled object array, which could "
-                                  "run code when loaded; it is not read") from None
+            raise CheckpointError(
+                f"checkpoint {path!r} holds a pickled object array, which could run code when loaded; it is not read"
+            ) from None
         raise CheckpointError(_damaged(path, size, e)) from None
     except (zipfile.BadZipFile, EOFError, OSError) as e:
         raise CheckpointError(_damaged(path, size, e)) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{path!r} is not a checkpoint of this project")
     if meta.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint {path!r} has format version {meta.get('version')!r}; "
-                              f"this version reads {VERSION}")
+        raise CheckpointError(
+            f"checkpoint {path!r} has format version {meta.get('version')!r}; this version reads {VERSION}"
+        )
     if meta.get("arrays_sha256") != _arrays_digest(arrays):
-        raise CheckpointError(f"checkpoint {path!r} is corrupted: its arrays do not match the "
-                              "checksum in its metadata; use an earlier checkpoint")
+        raise CheckpointError(
+            f"checkpoint {path!r} is corrupted: its arrays do not match the "
+            "checksum in its metadata; use an earlier checkpoint"
+        )
     state = _decode(meta.get("state"), arrays, path)
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError(f"{path!r} is not a checkpoint of this project")
@@ -300,5 +321,4 @@ def load_checkpoint(path: str) -> dict:
 
 def _damaged(path: str, size: int, error: Exception) -> str:
     reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return (f"checkpoint {path!r} is truncated or corrupted ({size} bytes; {reason}); "
-            "use an earlier checkpoint")
+    return f"checkpoint {path!r} is truncated or corrupted ({size} bytes; {reason}); use an earlier checkpoint"

@@ -22,7 +22,8 @@ import difflib
 import os
 import re
 import sys
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -82,91 +83,133 @@ def _parse_device(spec: str):
     return parse_device(spec)
 
 
-# fmt: off
+# fmt: off  (a table: one key per row, aligned)
 SCHEMA: dict[str, Any] = {
-    "experiment": Field("str", "default", "TensorBoard experiment folder: runs are written to `<logdir>/<experiment>/<run>`"),
-    "seed":       Field("int", 0, "Random seed for parameter init, data order and synthetic data"),
-    "device":     Field("str", "cpu", "Where to compute: the CPU (NumPy) or a GPU (CuPy; `cuda` gives each MPI rank GPU local_rank % GPUs, `cuda:N` is GPU N)",
-                        parse=_parse_device, parse_doc="cpu, cuda or cuda:N (e.g. cuda:0)"),
-    "inplace":    Field("str", "auto", "Inplace policy of every inplace site of the run: `off` (the "
-                        "reference), `auto` (in place only where the input is provably dead: the "
-                        "numbers of `off`, bit for bit) or `on` (every site in place; reading an "
-                        "overwritten input stops the run with an error naming the site)",
-                        choices=("off", "auto", "on"), from_bool={True: "on", False: "off"}),
-    "compile":    Field("bool", False, "Run the training step compiled (`fw.compile`, docs/COMPILE.md): captured "
-                        "while the first steps run, then replayed with inplace decisions and a memory plan made on "
-                        "the whole step; the run name gets `_compiled`. CPU only; not with train.grad_clip"),
-    "threads":    Field("int", 0, "Threads per process for NumPy's BLAS (0: the library's default, "
-                        "or cores / processes under MPI); small models run fastest on 1", min=0),
+    "experiment": Field(
+        "str", "default", "TensorBoard experiment folder: runs are written to `<logdir>/<experiment>/<run>`"
+    ),
+    "seed": Field("int", 0, "Random seed for parameter init, data order and synthetic data"),
+    "device": Field(
+        "str",
+        "cpu",
+        "Where to compute: the CPU (NumPy) or a GPU (CuPy; `cuda` gives each MPI "
+        "rank GPU local_rank % GPUs, `cuda:N` is GPU N)",
+        parse=_parse_device,
+        parse_doc="cpu, cuda or cuda:N (e.g. cuda:0)",
+    ),
+    "inplace": Field(
+        "str",
+        "auto",
+        "Inplace policy of every inplace site of the run: `off` (the "
+        "reference), `auto` (in place only where the input is provably dead: the "
+        "numbers of `off`, bit for bit) or `on` (every site in place; reading an "
+        "overwritten input stops the run with an error naming the site)",
+        choices=("off", "auto", "on"),
+        from_bool={True: "on", False: "off"},
+    ),
+    "compile": Field(
+        "bool",
+        False,
+        "Run the training step compiled (`fw.compile`, docs/COMPILE.md): captured "
+        "while the first steps run, then replayed with inplace decisions and a memory plan made on "
+        "the whole step; the run name gets `_compiled`. CPU only; not with train.grad_clip",
+    ),
+    "threads": Field(
+        "int",
+        0,
+        "Threads per process for NumPy's BLAS (0: the library's default, "
+        "or cores / processes under MPI); small models run fastest on 1",
+        min=0,
+    ),
     "data": {
-        "name":            Field("str", "digits", "Dataset",
-                                 choices=("digits", "synthetic_images", "synthetic_regression")),
-        "batch_size":      Field("int", 64, "Training batch size per process", min=1),
+        "name": Field("str", "digits", "Dataset", choices=("digits", "synthetic_images", "synthetic_regression")),
+        "batch_size": Field("int", 64, "Training batch size per process", min=1),
         "eval_batch_size": Field("int", 512, "Evaluation batch size per process", min=1),
-        "drop_last":       Field("bool", True, "Drop the last incomplete training batch of an epoch"),
-        "num_train":       Field("int", 2048, "Training samples (synthetic sets only)", min=1),
-        "num_test":        Field("int", 512, "Test samples (synthetic sets only)", min=1),
-        "image_size":      Field("int", 32, "Image height and width (synthetic_images)", min=1),
-        "channels":        Field("int", 3, "Image channels (synthetic_images)", min=1),
-        "num_classes":     Field("int", 10, "Number of classes (synthetic_images)", min=2),
-        "noise":           Field("float", 1.0, "Noise standard deviation of synthetic data", min=0),
-        "in_features":     Field("int", 32, "Input features (synthetic_regression)", min=1),
-        "out_features":    Field("int", 1, "Output features (synthetic_regression)", min=1),
-        "test_fraction":   Field("float", 0.2, "Fraction of digits held out for evaluation", gt=0, lt=1),
+        "drop_last": Field("bool", True, "Drop the last incomplete training batch of an epoch"),
+        "num_train": Field("int", 2048, "Training samples (synthetic sets only)", min=1),
+        "num_test": Field("int", 512, "Test samples (synthetic sets only)", min=1),
+        "image_size": Field("int", 32, "Image height and width (synthetic_images)", min=1),
+        "channels": Field("int", 3, "Image channels (synthetic_images)", min=1),
+        "num_classes": Field("int", 10, "Number of classes (synthetic_images)", min=2),
+        "noise": Field("float", 1.0, "Noise standard deviation of synthetic data", min=0),
+        "in_features": Field("int", 32, "Input features (synthetic_regression)", min=1),
+        "out_features": Field("int", 1, "Output features (synthetic_regression)", min=1),
+        "test_fraction": Field("float", 0.2, "Fraction of digits held out for evaluation", gt=0, lt=1),
     },
     "model": {
         "name": Field("str", "mlp", "Model name in the model registry (`models.build_model` checks it)"),
-        "args": Field("dict", {}, "Keyword arguments of the model constructor (free-form; checked by the model). "
-                      "Merged key by key over a base file's while the model stays the same; replaced (by this "
-                      "file's or override's own `model.args`, or none) where a file or `--set` names another "
-                      "`model.name`"),
+        "args": Field(
+            "dict",
+            {},
+            "Keyword arguments of the model constructor (free-form; checked by the model). "
+            "Merged key by key over a base file's while the model stays the same; replaced (by this "
+            "file's or override's own `model.args`, or none) where a file or `--set` names another "
+            "`model.name`",
+        ),
     },
     "optim": {
-        "name":         Field("str", "sgd", "Optimizer", choices=("sgd", "adam", "adamw")),
-        "lr":           Field("float", 0.1, "Learning rate (peak learning rate with a schedule)", gt=0),
-        "momentum":     Field("float", 0.9, "SGD momentum", min=0),
-        "dampening":    Field("float", 0.0, "SGD dampening", min=0),
-        "nesterov":     Field("bool", False, "SGD Nesterov momentum"),
+        "name": Field("str", "sgd", "Optimizer", choices=("sgd", "adam", "adamw")),
+        "lr": Field("float", 0.1, "Learning rate (peak learning rate with a schedule)", gt=0),
+        "momentum": Field("float", 0.9, "SGD momentum", min=0),
+        "dampening": Field("float", 0.0, "SGD dampening", min=0),
+        "nesterov": Field("bool", False, "SGD Nesterov momentum"),
         "weight_decay": Field("float", 0.0, "Weight decay (decoupled for adamw)", min=0),
-        "betas":        Field("floats2", [0.9, 0.999], "Adam coefficients of the running averages", min=0, lt=1),
-        "eps":          Field("float", 1e-8, "Adam denominator epsilon", min=0),
+        "betas": Field("floats2", [0.9, 0.999], "Adam coefficients of the running averages", min=0, lt=1),
+        "eps": Field("float", 1e-8, "Adam denominator epsilon", min=0),
     },
     "schedule": {
-        "name":         Field("str", "none", "Learning-rate schedule", choices=("none", "step", "cosine")),
+        "name": Field("str", "none", "Learning-rate schedule", choices=("none", "step", "cosine")),
         "warmup_steps": Field("int", 0, "Linear warmup steps before the schedule starts", min=0),
-        "step_size":    Field("int", 1000, "Steps between learning-rate decays (step)", min=1),
-        "gamma":        Field("float", 0.1, "Decay factor per step_size steps (step)", min=0),
-        "min_lr":       Field("float", 0.0, "Final learning rate (cosine)", min=0),
+        "step_size": Field("int", 1000, "Steps between learning-rate decays (step)", min=1),
+        "gamma": Field("float", 0.1, "Decay factor per step_size steps (step)", min=0),
+        "min_lr": Field("float", 0.0, "Final learning rate (cosine)", min=0),
     },
     "train": {
-        "epochs":     Field("int", 1, "Training epochs", min=1),
-        "max_steps":  Field("int?", None, "Stop after this many steps if set (overrides epochs)", min=1),
+        "epochs": Field("int", 1, "Training epochs", min=1),
+        "max_steps": Field("int?", None, "Stop after this many steps if set (overrides epochs)", min=1),
         "eval_every": Field("int", 100, "Steps between evaluations", min=1),
-        "log_every":  Field("int", 10, "Steps between logged training metrics", min=1),
-        "grad_clip":  Field("float", 0.0, "Maximum global gradient norm; 0 = no clipping", min=0),
+        "log_every": Field("int", 10, "Steps between logged training metrics", min=1),
+        "grad_clip": Field("float", 0.0, "Maximum global gradient norm; 0 = no clipping", min=0),
     },
     "logging": {
-        "logdir":   Field("str", "runs", "Root folder of TensorBoard logs"),
-        "run_name": Field("str?", None, "Run folder name; null = derived from the inplace policy, the number of "
-                          "processes and whether the model uses InPlace-ABN (`inplace-on_np1_inplace_abn`)"),
-        "progress": Field("bool", True, "Show progress on rank 0: a tqdm bar on a terminal, else a line every "
-                          "few seconds"),
+        "logdir": Field("str", "runs", "Root folder of TensorBoard logs"),
+        "run_name": Field(
+            "str?",
+            None,
+            "Run folder name; null = derived from the inplace policy, the number of "
+            "processes and whether the model uses InPlace-ABN (`inplace-on_np1_inplace_abn`)",
+        ),
+        "progress": Field(
+            "bool", True, "Show progress on rank 0: a tqdm bar on a terminal, else a line every few seconds"
+        ),
         "timeline": Field("bool", True, "Log a memory-timeline figure of one training step"),
     },
     "checkpoint": {
-        "dir":    Field("str", "checkpoints", "Folder of checkpoints"),
-        "every":  Field("int", 0, "Steps between checkpoints; 0 = only at the end", min=0),
-        "keep":   Field("int", 2, "Number of most recent checkpoints kept", min=1),
-        "resume": Field("str|bool", False, "`false`, `auto` (latest in checkpoint.dir; `true` means the same) or a checkpoint path",
-                        from_bool={True: "auto"}),
+        "dir": Field("str", "checkpoints", "Folder of checkpoints"),
+        "every": Field("int", 0, "Steps between checkpoints; 0 = only at the end", min=0),
+        "keep": Field("int", 2, "Number of most recent checkpoints kept", min=1),
+        "resume": Field(
+            "str|bool",
+            False,
+            "`false`, `auto` (latest in checkpoint.dir; `true` means the same) or a checkpoint path",
+            from_bool={True: "auto"},
+        ),
     },
     "distributed": {
         "bucket_mb": Field("float", 25.0, "Gradient allreduce bucket size in MiB", gt=0),
-        "backend":   Field("str", "auto", "How gradients travel between processes: `nccl` (GPU buffers over NCCL, "
-                           "one GPU per process), `mpi` (MPI; GPU buffers staged through host memory) or `auto` "
-                           "(NCCL for a GPU run when CuPy can load it, else MPI)", choices=("auto", "mpi", "nccl")),
-        "sync_bn":   Field("bool", False, "With several processes, replace BatchNorm layers by SyncBatchNorm "
-                           "(statistics over all ranks' samples)"),
+        "backend": Field(
+            "str",
+            "auto",
+            "How gradients travel between processes: `nccl` (GPU buffers over NCCL, "
+            "one GPU per process), `mpi` (MPI; GPU buffers staged through host memory) or `auto` "
+            "(NCCL for a GPU run when CuPy can load it, else MPI)",
+            choices=("auto", "mpi", "nccl"),
+        ),
+        "sync_bn": Field(
+            "bool",
+            False,
+            "With several processes, replace BatchNorm layers by SyncBatchNorm (statistics over all ranks' samples)",
+        ),
     },
 }
 # fmt: on
@@ -387,9 +430,7 @@ def _check_tree(raw: Any, node: Mapping[str, Any], source: str | None, prefix: s
     for key, value in raw.items():
         key_s = str(key)
         if key_s not in node:
-            raise ConfigError(
-                f"unknown key '{prefix}{key_s}'{_where(source)}{_suggest(key_s, list(node), prefix)}"
-            )
+            raise ConfigError(f"unknown key '{prefix}{key_s}'{_where(source)}{_suggest(key_s, list(node), prefix)}")
         sub = node[key_s]
         if isinstance(sub, Field):
             out[key_s] = _coerce(sub, value, prefix + key_s, source)
@@ -584,8 +625,7 @@ def _load_file(path: str, chain: tuple[tuple[str, str], ...], named_by: str | No
         raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigError(
-            f"the top level of {path} must be a mapping of keys (e.g. 'optim: {{lr: 0.1}}'), "
-            f"got {type(raw).__name__}"
+            f"the top level of {path} must be a mapping of keys (e.g. 'optim: {{lr: 0.1}}'), got {type(raw).__name__}"
         )
     raw = dict(raw)
     base = raw.pop("base", None)

@@ -65,8 +65,7 @@ class ArrayDataset:
     def __post_init__(self) -> None:
         if not isinstance(self.x, np.ndarray) or not isinstance(self.y, np.ndarray):
             raise TypeError(
-                f"ArrayDataset needs NumPy arrays, got x: {type(self.x).__name__}, "
-                f"y: {type(self.y).__name__}"
+                f"ArrayDataset needs NumPy arrays, got x: {type(self.x).__name__}, y: {type(self.y).__name__}"
             )
         if self.x.ndim < 1 or self.y.ndim < 1 or len(self.x) != len(self.y):
             raise ValueError(
@@ -95,8 +94,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-def _check_float(name: str, value: Any, low: float, high: float | None = None,
-                 open_interval: bool = False) -> float:
+def _check_float(name: str, value: Any, low: float, high: float | None = None, open_interval: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number, got {value!r}")
     value = float(value)
@@ -224,7 +222,7 @@ def _load_synthetic_regression(
 
     wrng = _rng(seed, _STREAM_WEIGHTS)
     # Scaled so y has roughly unit variance before the noise, whatever in_features is.
-    w = (wrng.standard_normal((in_features, out_features)) / math.sqrt(in_features))
+    w = wrng.standard_normal((in_features, out_features)) / math.sqrt(in_features)
     b = wrng.standard_normal(out_features)
     w, b = w.astype(np.float32), b.astype(np.float32)
 
@@ -268,16 +266,13 @@ def load_dataset(name: str, *, seed: int = 0, **options: Any) -> tuple[ArrayData
         ValueError: Unknown name, unknown option, or an invalid option value.
     """
     if name not in DATASETS:
-        raise ValueError(
-            f"unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}"
-        )
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}")
     seed = _check_int("seed", seed, 0)
     fn, allowed = DATASETS[name]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(
-            f"unknown option(s) {', '.join(unknown)} for dataset {name!r}; "
-            f"valid options: {', '.join(allowed)}"
+            f"unknown option(s) {', '.join(unknown)} for dataset {name!r}; valid options: {', '.join(allowed)}"
         )
     return fn(seed, **options)
 
@@ -365,9 +360,7 @@ class DataLoader:
         if sampler is None:
             sampler = RandomSampler(len(dataset), shuffle=shuffle, seed=seed)
         elif not callable(getattr(sampler, "indices", None)):
-            raise TypeError(
-                f"sampler must have an indices(epoch) method, got {type(sampler).__name__}"
-            )
+            raise TypeError(f"sampler must have an indices(epoch) method, got {type(sampler).__name__}")
         self.sampler = sampler
         self._epoch = 0
         self._batch = 0
@@ -410,9 +403,7 @@ class DataLoader:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Restores a position saved by :meth:`state_dict`."""
         if not isinstance(state, dict) or set(state) != {"epoch", "batch"}:
-            raise ValueError(
-                f"DataLoader state must be a dict with keys 'epoch' and 'batch', got {state!r}"
-            )
+            raise ValueError(f"DataLoader state must be a dict with keys 'epoch' and 'batch', got {state!r}")
         epoch = _check_int("state['epoch']", state["epoch"], 0)
         batch = _check_int("state['batch']", state["batch"], 0)
         n = self._num_batches(epoch)
@@ -433,8 +424,7 @@ class DataLoader:
         idx = np.asarray(self.sampler.indices(epoch))
         if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
             raise ValueError(
-                f"sampler.indices({epoch}) must be a 1-D integer array, got "
-                f"shape {idx.shape} dtype {idx.dtype}"
+                f"sampler.indices({epoch}) must be a 1-D integer array, got shape {idx.shape} dtype {idx.dtype}"
             )
         n = len(self.dataset)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
@@ -463,7 +453,7 @@ class DataLoader:
             self._epoch, self._batch = epoch + 1, 0
             return
         for b in range(start, n):
-            batch = self.dataset[idx[b * bs:(b + 1) * bs]]
+            batch = self.dataset[idx[b * bs : (b + 1) * bs]]
             position = (epoch + 1, 0) if b + 1 == n else (epoch, b + 1)
             self._epoch, self._batch = position
             yield batch

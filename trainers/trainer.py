@@ -122,8 +122,14 @@ def compiled(cfg: Config) -> bool | None:
 def build_optimizer(cfg: Config, params):
     o = cfg.optim
     if o.name == "sgd":
-        return fw.optim.SGD(params, lr=o.lr, momentum=o.momentum, dampening=o.dampening,
-                            weight_decay=o.weight_decay, nesterov=o.nesterov)
+        return fw.optim.SGD(
+            params,
+            lr=o.lr,
+            momentum=o.momentum,
+            dampening=o.dampening,
+            weight_decay=o.weight_decay,
+            nesterov=o.nesterov,
+        )
     if o.name == "adam":
         return fw.optim.Adam(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
     return fw.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
@@ -282,6 +288,7 @@ def _add_auto_stats(window: dict, before: dict, after: dict) -> None:
             if delta:
                 window[key] = window.get(key, 0) + delta
 
+
 def _new_window() -> dict:
     """The sums of one logging window (``correct``: a device scalar, or None before the first)."""
     return {"loss": 0.0, "correct": None, "seen": 0, "time": 0.0, "steps": 0, "peak": 0}
@@ -302,8 +309,14 @@ class Trainer:
         label: What the progress display calls the run (default ``train``).
     """
 
-    def __init__(self, cfg: Config, resume: str | bool | None = None, comm=None, run_name: str | None = None,
-                 label: str | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        resume: str | bool | None = None,
+        comm=None,
+        run_name: str | None = None,
+        label: str | None = None,
+    ):
         self.cfg = cfg
         self.label = label or "train"
         self.comm = comm or get_world()
@@ -327,7 +340,6 @@ class Trainer:
         # (framework/distributed/data_parallel.py); parameters start from rank 0's.
         self.dp = None
         if self.comm.size > 1:
-
             try:  # NCCL for GPU buffers, or MPI (host staging on a GPU)
                 self.comm = for_device(self.comm, self.device, cfg.distributed.backend)
             except (RuntimeError, ValueError) as e:  # a backend this device cannot use: bad input
@@ -339,7 +351,6 @@ class Trainer:
             _broadcast(list(self.model.parameters()) + list(self.model.buffers()), self.comm)
         elif self.comm.size > 1:
             if cfg.distributed.sync_bn:
-
                 self.model = SyncBatchNorm.convert_sync_batchnorm(self.model, self.comm)
             self.dp = DataParallel(self.model, self.comm, bucket_mb=cfg.distributed.bucket_mb)
         self.net = self.dp if self.dp is not None else self.model
@@ -352,22 +363,40 @@ class Trainer:
 
         sampler = None
         if self.comm.size > 1:
-
             # Every rank draws the epoch's permutation and takes every size-th index, so
             # N ranks x batch B see exactly the samples of one process x batch N*B.
-            sampler = DistributedSampler(len(self.train_set), self.comm.size, self.comm.rank, shuffle=True,
-                                         seed=cfg.seed, drop_last=cfg.data.drop_last)
-        self.loader = DataLoader(self.train_set, cfg.data.batch_size, shuffle=True, seed=cfg.seed,
-                                 drop_last=cfg.data.drop_last, sampler=sampler)
+            sampler = DistributedSampler(
+                len(self.train_set),
+                self.comm.size,
+                self.comm.rank,
+                shuffle=True,
+                seed=cfg.seed,
+                drop_last=cfg.data.drop_last,
+            )
+        self.loader = DataLoader(
+            self.train_set,
+            cfg.data.batch_size,
+            shuffle=True,
+            seed=cfg.seed,
+            drop_last=cfg.data.drop_last,
+            sampler=sampler,
+        )
         self._seed_rank_streams(0)
         steps_per_epoch = len(self.loader)
         self.total_steps = cfg.train.epochs * steps_per_epoch
         if cfg.train.max_steps is not None:
             self.total_steps = min(self.total_steps, cfg.train.max_steps)
 
-        self.run_name = run_name or cfg.logging.run_name or default_run_name(
-            cfg.inplace, self.comm.size, "inplace_abn" if self.inplace_abn else None,
-            "compiled" if compiled(cfg) else None)
+        self.run_name = (
+            run_name
+            or cfg.logging.run_name
+            or default_run_name(
+                cfg.inplace,
+                self.comm.size,
+                "inplace_abn" if self.inplace_abn else None,
+                "compiled" if compiled(cfg) else None,
+            )
+        )
         self.run_dir = run_dir(cfg.logging.logdir, cfg.experiment, self.run_name)
         self.ckpt_dir = os.path.join(cfg.checkpoint.dir, cfg.experiment, self.run_name)
         self.step = 0
@@ -398,8 +427,9 @@ class Trainer:
             with fw.no_grad():
                 out = self.model(x)
         except (TypeError, ValueError) as e:
-            raise ConfigError(f"model {self.cfg.model.name!r} does not fit data {self.cfg.data.name!r}: {e}; "
-                              "check model.args") from None
+            raise ConfigError(
+                f"model {self.cfg.model.name!r} does not fit data {self.cfg.data.name!r}: {e}; check model.args"
+            ) from None
         finally:
             self.model.train()
         if self.classification:
@@ -478,7 +508,6 @@ class Trainer:
         loss = self.criterion(out, y)
         loss.backward()
         if self.comm.size > 1:
-
             allreduce_mean_([p.grad for p in self.params if p.grad is not None], self.comm)
         self.optimizer.step()
         return loss, out.detach()
@@ -500,7 +529,8 @@ class Trainer:
         if not finite:
             raise TrainingError(
                 f"loss is not finite at step {self.step} (lr {lr:g}); a compiled step has already applied "
-                "its update. Lower optim.lr")
+                "its update. Lower optim.lr"
+            )
         correct = (fw.argmax(out, dim=1) == y).sum()._data if self.classification else None
         return loss_value, correct, None
 
@@ -593,9 +623,13 @@ class Trainer:
         logger = RunLogger(self.run_dir, enabled=self.comm.is_main, purge_step=first_step)
         if not self.resumed or _read_text(os.path.join(self.run_dir, "config.yaml")) != cfg.to_yaml():
             logger.config_text(cfg.to_yaml(), step=first_step)  # again only if it changed
-        progress = Progress(total=self.total_steps, initial=self.step,
-                            disable=not (cfg.logging.progress and self.comm.is_main),
-                            log_every=cfg.train.log_every, desc=self.label)
+        progress = Progress(
+            total=self.total_steps,
+            initial=self.step,
+            disable=not (cfg.logging.progress and self.comm.is_main),
+            log_every=cfg.train.log_every,
+            desc=self.label,
+        )
         eval_name = "accuracy" if self.classification else "mse"
         losses: list[float] = []
         window = _new_window()
@@ -619,8 +653,11 @@ class Trainer:
                     # A checkpoint step is a log point too: a run resumed there logs the
                     # same windows, and so the same points, as one that was not stopped.
                     done = self.step + 1
-                    log_now = done % cfg.train.log_every == 0 or done == self.total_steps or (
-                        cfg.checkpoint.every and done % cfg.checkpoint.every == 0)
+                    log_now = (
+                        done % cfg.train.log_every == 0
+                        or done == self.total_steps
+                        or (cfg.checkpoint.every and done % cfg.checkpoint.every == 0)
+                    )
                     # The step's time includes copying its batch to the device (a host-to-GPU
                     # copy also waits for the previous step's queued kernels).
                     t0 = time.perf_counter()
@@ -667,9 +704,12 @@ class Trainer:
                         peak_run = max(peak_run, peak)
                         metrics = self._window_metrics(window, peak, floor)
                         logger.scalars(self.step, metrics)
-                        progress.update(self.step, loss=metrics["train/loss"],
-                                        samples_per_sec=metrics["perf/samples_per_sec"],
-                                        peak_mb=metrics["memory/peak_mb"])
+                        progress.update(
+                            self.step,
+                            loss=metrics["train/loss"],
+                            samples_per_sec=metrics["perf/samples_per_sec"],
+                            peak_mb=metrics["memory/peak_mb"],
+                        )
                         window = _new_window()
                     if self.step % cfg.train.eval_every == 0 or self.step == self.total_steps:
                         eval_metric = self.evaluate()
@@ -686,9 +726,13 @@ class Trainer:
         result = self._result(losses, eval_metric, eval_name, peak_run, floor, timeline, timed)
         logger.hparams(
             self.hparams(),
-            {"hparams/peak_mb": result.peak_mb, "hparams/floor_mb": result.floor_mb,
-             "hparams/samples_per_sec": result.samples_per_sec, "hparams/final_loss": result.final_loss,
-             f"hparams/eval_{eval_name}": eval_metric if eval_metric is not None else float("nan")},
+            {
+                "hparams/peak_mb": result.peak_mb,
+                "hparams/floor_mb": result.floor_mb,
+                "hparams/samples_per_sec": result.samples_per_sec,
+                "hparams/final_loss": result.final_loss,
+                f"hparams/eval_{eval_name}": eval_metric if eval_metric is not None else float("nan"),
+            },
         )
         logger.close()
         return result
@@ -704,8 +748,15 @@ class Trainer:
         hp = {"run": self.run_name, "inplace": cfg.inplace, "inplace_abn": self.inplace_abn}
         if compiled(cfg) is not None:
             hp["compiled"] = compiled(cfg)
-        hp.update({"processes": self.comm.size, "model": cfg.model.name, "batch_size": cfg.data.batch_size,
-                   "optimizer": cfg.optim.name, "lr": cfg.optim.lr})
+        hp.update(
+            {
+                "processes": self.comm.size,
+                "model": cfg.model.name,
+                "batch_size": cfg.data.batch_size,
+                "optimizer": cfg.optim.name,
+                "lr": cfg.optim.lr,
+            }
+        )
         return hp
 
     def time_steps(self, steps: int) -> float:
@@ -752,7 +803,7 @@ class Trainer:
         metrics["inplace/auto_saved_mb_per_step"] = window.get("auto_inplace_bytes", 0) / n / MB
         for key, count in window.items():
             if key.startswith("auto_inplace_ops."):
-                metrics["inplace/auto_ops_per_step/" + key[len("auto_inplace_ops."):]] = count / n
+                metrics["inplace/auto_ops_per_step/" + key[len("auto_inplace_ops.") :]] = count / n
         if self.compiled is not None:  # what the compiled step's plan expects, beside the measured tags
             plan = self.compiled.plan
             metrics["memory/planned_peak_mb"] = plan.planned_peak_bytes / MB
@@ -773,17 +824,26 @@ class Trainer:
 
     def _result(self, losses, eval_metric, eval_name, peak, floor, timeline, timed) -> RunResult:
         return RunResult(
-            run_dir=self.run_dir, steps=self.step,
+            run_dir=self.run_dir,
+            steps=self.step,
             final_loss=losses[-1] if losses else float("nan"),
-            eval_metric=eval_metric, eval_name=eval_name,
-            peak_mb=peak / MB, floor_mb=floor / MB,
+            eval_metric=eval_metric,
+            eval_name=eval_name,
+            peak_mb=peak / MB,
+            floor_mb=floor / MB,
             samples_per_sec=timed["samples"] / timed["time"] if timed["time"] else float("nan"),
             step_ms=1000 * timed["time"] / timed["steps"] if timed["steps"] else float("nan"),
-            policy=self.cfg.inplace, losses=losses, timeline=timeline,
+            policy=self.cfg.inplace,
+            losses=losses,
+            timeline=timeline,
             auto_ops_per_step=self._auto_run.get("auto_inplace_ops", 0) / max(self.step, 1),
             auto_saved_mb_per_step=self._auto_run.get("auto_inplace_bytes", 0) / max(self.step, 1) / MB,
-            planned_peak_mb=self.compiled.plan.planned_peak_bytes / MB if self.compiled and self.compiled.last else None,
-            inplace_chains=len(self.compiled.report()["inplace_chains"]) if self.compiled and self.compiled.last else None,
+            planned_peak_mb=self.compiled.plan.planned_peak_bytes / MB
+            if self.compiled and self.compiled.last
+            else None,
+            inplace_chains=len(self.compiled.report()["inplace_chains"])
+            if self.compiled and self.compiled.last
+            else None,
         )
 
 
@@ -796,7 +856,8 @@ def _check_compile(cfg: Config, device) -> None:
     if cfg.train.grad_clip > 0:
         raise ConfigError(
             "compile: true cannot clip gradients: train.grad_clip reads the gradient norm into Python, "
-            "which a replayed step does not run; set train.grad_clip: 0 or compile: false")
+            "which a replayed step does not run; set train.grad_clip: 0 or compile: false"
+        )
 
 
 def _broadcast(tensors, comm) -> None:
@@ -813,9 +874,15 @@ def _broadcast(tensors, comm) -> None:
 
 def summary_table(results: list[RunResult]) -> str:
     rows = [
-        {"run": os.path.basename(r.run_dir), "steps": r.steps, "final loss": r.final_loss,
-         f"eval {r.eval_name}": r.eval_metric, "peak MB": r.peak_mb, "floor MB": r.floor_mb,
-         "samples/s": r.samples_per_sec}
+        {
+            "run": os.path.basename(r.run_dir),
+            "steps": r.steps,
+            "final loss": r.final_loss,
+            f"eval {r.eval_name}": r.eval_metric,
+            "peak MB": r.peak_mb,
+            "floor MB": r.floor_mb,
+            "samples/s": r.samples_per_sec,
+        }
         for r in results
     ]
     columns = [(k, k) for k in rows[0]] if rows else []

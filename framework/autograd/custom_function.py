@@ -63,7 +63,9 @@ class FunctionCtx(OpFunction):
         """Keeps tensors (or None) for backward; read them back with ``saved_tensors``."""
         for i, t in enumerate(tensors):
             if t is not None and not isinstance(t, Tensor):
-                raise TypeError(f"save_for_backward can only save variables, but argument {i} is of type {type(t).__name__}")
+                raise TypeError(
+                    f"save_for_backward can only save variables, but argument {i} is of type {type(t).__name__}"
+                )
         self._to_save = tensors
 
     def mark_dirty(self, *tensors) -> None:
@@ -121,7 +123,7 @@ class FunctionCtx(OpFunction):
         if not isinstance(result, tuple):
             result = (result,)
         inputs = self._inputs_meta
-        if len(result) < len(inputs) or any(g is not None for g in result[len(inputs):]):
+        if len(result) < len(inputs) or any(g is not None for g in result[len(inputs) :]):
             raise RuntimeError(
                 f"function {self.name()} returned an incorrect number of gradients (expected {len(inputs)}, "
                 f"got {len(result)})"
@@ -137,7 +139,9 @@ class FunctionCtx(OpFunction):
                     "the corresponding forward input was not a Variable"
                 )
             if not isinstance(g, Tensor):
-                raise TypeError(f"function {self.name()} returned a {type(g).__name__} as gradient {i}, expected a Tensor or None")
+                raise TypeError(
+                    f"function {self.name()} returned a {type(g).__name__} as gradient {i}, expected a Tensor or None"
+                )
             if edge is None:
                 arrays.append(None)
                 continue
@@ -212,7 +216,9 @@ class Function:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         # The class of this Function's nodes: y.grad_fn is "<Name>Backward", as in PyTorch.
-        cls._backward_cls = type(f"{cls.__name__}Backward", (FunctionCtx,), {"_forward_cls": cls, "__module__": cls.__module__})
+        cls._backward_cls = type(
+            f"{cls.__name__}Backward", (FunctionCtx,), {"_forward_cls": cls, "__module__": cls.__module__}
+        )
 
     @staticmethod
     def forward(ctx, *args, **kwargs):
@@ -443,5 +449,3 @@ def _fit_gradient(ctx, i, g, meta):
             f"{device_of(g)}"
         )
     return g
-
-

@@ -22,8 +22,8 @@ import sys
 from .. import inplace, memory
 from ..backend import get_array_module
 from . import node as _node  # _node.capture: the recorder of framework.compile, or None
-from .node import Node, _as_array
 from .grad_mode import no_grad, state
+from .node import Node, _as_array
 
 
 def _count(array) -> int:  # the twin of _is_exclusive, measured at import
@@ -266,8 +266,7 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                 reused += reuse
                 node.reuse_grad = reuse
                 try:
-                    outs = list(node.run_backward(g) if _node.capture is None
-                                else _node.capture.run_backward(node, g))
+                    outs = list(node.run_backward(g) if _node.capture is None else _node.capture.run_backward(node, g))
                     # Count the new gradients now, while the incoming one is still alive:
                     # that overlap is part of backward's real peak.
                     for out in outs:

@@ -30,10 +30,11 @@ import numpy as np
 
 from .. import inplace as _inplace
 from .. import memory
+from ..backend import get_array_module
 from ..callsite import call_site
 from ..inplace.consumed import ConsumedData as _Consumed
+from ..tensor import Tensor, _wrap  # this module is the ops layer: above the Tensor class
 from . import node as _node
-from ..backend import get_array_module
 from .grad_mode import InferenceVersionCounter, no_grad, state
 from .node import (  # noqa: F401  (SavedTensor, VersionCounter, _FREED: the op contract's names)
     _FREED,
@@ -45,7 +46,7 @@ from .node import (  # noqa: F401  (SavedTensor, VersionCounter, _FREED: the op 
     _HookHandle,
 )
 from .view_meta import rebase_message
-from ..tensor import Tensor, _wrap  # this module is the ops layer: above the Tensor class
+
 
 class Function(Node):
     """Base of every op; an instance is the autograd node (and the ``ctx``) of one call.
@@ -124,7 +125,9 @@ class Function(Node):
         for name, array in arrays.items():
             saved[name] = SavedTensor(array, None, name)  # private: nobody else writes it
 
+
 # --- the generic apply path -------------------------------------------------------
+
 
 def edge_of(t):
     """What a gradient for tensor ``t`` flows into: its grad_fn, or the leaf itself."""
@@ -265,8 +268,9 @@ def _apply(cls, inputs, params, inplace):
         if where is not None:
             # Consumed before the kernel runs: if it raised half way, the old object could
             # still be read with half-written values.
-            inputs = (inputs[0]._consume(cls.inplace_name[:-1] + " (run in place by policy auto)", where, "auto"),
-                      ) + inputs[1:]
+            inputs = (
+                inputs[0]._consume(cls.inplace_name[:-1] + " (run in place by policy auto)", where, "auto"),
+            ) + inputs[1:]
             inplace = True
     grad_on = state.enabled
     arrays, needs, any_needs = _read_inputs(cls, inputs, grad_on)
@@ -474,7 +478,6 @@ class CopySlices(Function):
 
     def release(self):
         self.fn.release()
-
 
 
 _inplace.passes_ownership(Function.apply)

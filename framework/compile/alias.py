@@ -80,7 +80,7 @@ def alias_classes(program) -> AliasClasses:
         members.setdefault(uf.find(v.id), []).append(v.id)
     # Name each class by its owner: the member without an edge (the buffer's first value).
     of, named = {}, {}
-    for root, vids in members.items():
+    for vids in members.values():
         owner = next((i for i in vids if values[i].edge is None), vids[0])
         named[owner] = vids
         for i in vids:

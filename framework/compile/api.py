@@ -22,7 +22,7 @@ from ..autograd.grad_mode import state as _grad_state
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
-from . import alias, kernels, replay
+from . import alias, replay
 from .capture import CaptureError, Recorder, _RefuseValueReads
 from .dce import eliminate_dead_code
 from .plan import plan_memory, verify
@@ -36,6 +36,7 @@ CACHE_SIZE = 8
 
 
 # --- finding what the step uses ------------------------------------------------------------
+
 
 def discover(fn, depth: int = 3):
     """The modules and optimizers a step can reach: through its closure, defaults, bound
@@ -71,8 +72,11 @@ def discover(fn, depth: int = 3):
         elif isinstance(obj, dict):
             for v in obj.values():
                 visit(v, d - 1)
-        elif (obj is not None and not isinstance(obj, (type, types.ModuleType, str, bytes, int, float, bool,
-                                                      Tensor, np.ndarray)) and hasattr(obj, "__dict__")):
+        elif (
+            obj is not None
+            and not isinstance(obj, (type, types.ModuleType, str, bytes, int, float, bool, Tensor, np.ndarray))
+            and hasattr(obj, "__dict__")
+        ):
             for v in vars(obj).values():
                 visit(v, d - 1)
 
@@ -93,6 +97,7 @@ def _names(code) -> set:
 
 
 # --- the compiled callable ------------------------------------------------------------------
+
 
 class _Entry:
     """One captured program with its guard key, executor and report."""
@@ -176,13 +181,22 @@ class CompiledStep:
         params = tuple((p._data.shape, p._data.dtype, p._requires_grad, p._grad is None) for p in self.params)
         opts = []
         for opt in self.optimizers:
-            groups = tuple(tuple((k, v) for k, v in g.items() if k != "params" and not _traced_kind(v))
-                           for g in opt.param_groups)
-            state = tuple(tuple(opt.state[p]) if p in opt.state else () for g in opt.param_groups
-                          for p in g["params"])
+            groups = tuple(
+                tuple((k, v) for k, v in g.items() if k != "params" and not _traced_kind(v)) for g in opt.param_groups
+            )
+            state = tuple(tuple(opt.state[p]) if p in opt.state else () for g in opt.param_groups for p in g["params"])
             opts.append((groups, state))
-        return (_inplace.get_policy(), _grad_state.enabled, bool(_grad_state.anomaly), tuple(sig), kw_names,
-                tuple(m.training for m in self.all_modules), params, tuple(opts), len(self.params))
+        return (
+            _inplace.get_policy(),
+            _grad_state.enabled,
+            bool(_grad_state.anomaly),
+            tuple(sig),
+            kw_names,
+            tuple(m.training for m in self.all_modules),
+            params,
+            tuple(opts),
+            len(self.params),
+        )
 
     # --- calling ----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -209,8 +223,9 @@ class CompiledStep:
                     with memory.record_timeline("cpu") as tl:
                         result = entry.executor.run(flat, entry.scalar_inputs(flat))
                     # the arena was allocated before this call: count it with the step's inputs
-                    entry.replay_peak_bytes = (tl.peak - tl.events[0][1] + entry.plan.persistent_bytes
-                                               + entry.plan.arena_bytes)
+                    entry.replay_peak_bytes = (
+                        tl.peak - tl.events[0][1] + entry.plan.persistent_bytes + entry.plan.arena_bytes
+                    )
                 else:
                     result = entry.executor.run(flat, entry.scalar_inputs(flat))
             except replay.GuardFailed as e:
@@ -224,9 +239,17 @@ class CompiledStep:
         return self._capture(flat, kw_names, key, reason)
 
     def _why(self, key) -> str:
-        names = ("inplace policy", "grad mode", "anomaly mode", "argument shapes/dtypes/devices", "keyword names",
-                 "module train/eval modes", "parameters (shape, dtype, requires_grad, .grad set)",
-                 "optimizer hyperparameters or state layout", "parameter set")
+        names = (
+            "inplace policy",
+            "grad mode",
+            "anomaly mode",
+            "argument shapes/dtypes/devices",
+            "keyword names",
+            "module train/eval modes",
+            "parameters (shape, dtype, requires_grad, .grad set)",
+            "optimizer hyperparameters or state layout",
+            "parameter set",
+        )
         last = self.cache[0].key
         diff = [n for n, a, b in zip(names, key, last) if a != b]
         return "changed: " + ", ".join(diff) if diff else "no cached program matched"
@@ -234,18 +257,23 @@ class CompiledStep:
     def _capture(self, flat, kw_names, key, reason):
         # Silent: the first capture, and the one that follows a step which changed its own
         # guarded state (the first optimizer step creates the momentum buffers).
-        silent = not self.cache or (any(e.exit_key == key for e in self.cache)
-                                    and not any(e.key == key for e in self.cache))
+        silent = not self.cache or (
+            any(e.exit_key == key for e in self.cache) and not any(e.key == key for e in self.cache)
+        )
         if not silent and not self._warned:
             self._warned = True
-            warnings.warn(f"fw.compile({self.__name__}): capturing the step again ({reason}); "
-                          f"programs are cached (up to {self.cache_size})", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"fw.compile({self.__name__}): capturing the step again ({reason}); "
+                f"programs are cached (up to {self.cache_size})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         t0 = time.perf_counter()
         entry, result = self._record(flat, kw_names, key)
         entry.capture_seconds = time.perf_counter() - t0
         self.captures += 1
         self.cache.insert(0, entry)
-        del self.cache[self.cache_size:]
+        del self.cache[self.cache_size :]
         if entry.exit_key == entry.key:  # a steady step: plan now (a warm-up step may never replay)
             self._build(entry)
         self.last = entry
@@ -322,8 +350,9 @@ class CompiledStep:
                         readers.append(_group_reader(opt, gi, name, None))
                         swapped.append(("group", opt, gi, name, v))
                     elif isinstance(v, tuple) and v and all(_traced_kind(x) for x in v):
-                        g[name] = tuple(tape.input(f"opt{k}.param_groups[{gi}].{name}[{j}]", x)
-                                        for j, x in enumerate(v))
+                        g[name] = tuple(
+                            tape.input(f"opt{k}.param_groups[{gi}].{name}[{j}]", x) for j, x in enumerate(v)
+                        )
                         for j in range(len(v)):
                             readers.append(_group_reader(opt, gi, name, j))
                         swapped.append(("group", opt, gi, name, v))
@@ -336,7 +365,7 @@ class CompiledStep:
         self._swapped = swapped
 
         def restore():
-            for _, opt, gi, name, v in swapped:
+            for _, opt, gi, name, _v in swapped:
                 g = opt.param_groups[gi]
                 if isinstance(g.get(name), (Sym, tuple)) and _holds_sym(g[name]):
                     g[name] = _concrete(g[name])
@@ -345,20 +374,33 @@ class CompiledStep:
                     for sk, sv in list(st.items()):
                         if isinstance(sv, Sym):
                             st[sk] = sv.value
+
         return restore
 
     def _snapshot(self):
         """What the step may change, held by weak references: capture must not keep alive
         what the step frees (the previous gradients, replaced optimizer state)."""
+
         def ref(x):
             return None if x is None else weakref.ref(x)
 
         return {
-            "params": [(p, ref(p._data), ref(p._grad), ref(p._grad._data) if p._grad is not None else None)
-                       for p in self.params],
+            "params": [
+                (p, ref(p._data), ref(p._grad), ref(p._grad._data) if p._grad is not None else None)
+                for p in self.params
+            ],
             "buffers": [(name, b, ref(b._data)) for name, b in self.buffers],
-            "state": [(k, opt, {p: {sk: ref(v) if isinstance(v, Tensor) else v for sk, v in st.items()}
-                                for p, st in opt.state.items()}) for k, opt in enumerate(self.optimizers)],
+            "state": [
+                (
+                    k,
+                    opt,
+                    {
+                        p: {sk: ref(v) if isinstance(v, Tensor) else v for sk, v in st.items()}
+                        for p, st in opt.state.items()
+                    },
+                )
+                for k, opt in enumerate(self.optimizers)
+            ],
         }
 
     def _writebacks(self, rec, entry_state):
@@ -367,8 +409,12 @@ class CompiledStep:
             name = self.param_names[id(p)]
             rec.writeback(Source("param", name, p), p, dref())
             grad = gref() if gref is not None else None
-            if gref is not None and grad is None or p._grad is not grad or (
-                    grad is not None and p._grad._data is not gdref()):
+            if (
+                gref is not None
+                and grad is None
+                or p._grad is not grad
+                or (grad is not None and p._grad._data is not gdref())
+            ):
                 if p._grad is None:
                     program.writebacks.append(WriteBack(Source("grad", name + ".grad", p), None, "grad"))
                 else:
@@ -395,8 +441,11 @@ class CompiledStep:
         # A gradient the step dropped without reading (zero_grad(set_to_none=True)) is
         # dropped at the start of each replay too, as eager frees it before the forward.
         read = {id(program.values[v].source.obj) for v in program.inputs if program.values[v].source.kind == "grad"}
-        program.cleared_grads = [p for p, _, gref, _ in entry_state["params"]
-                                 if gref is not None and id(p) not in read and p._grad is not gref()]
+        program.cleared_grads = [
+            p
+            for p, _, gref, _ in entry_state["params"]
+            if gref is not None and id(p) not in read and p._grad is not gref()
+        ]
         for name, b, dref in entry_state["buffers"]:
             rec.writeback(Source("buffer", name, b), b, dref())
         for k, opt, before in entry_state["state"]:
@@ -411,15 +460,16 @@ class CompiledStep:
                         if sk not in old:
                             vid = rec.lookup(sv._data)
                             if vid is None:
-                                raise CaptureError(f"fw.compile: optimizer state {src.name} was made outside "
-                                                   "recorded ops")
+                                raise CaptureError(
+                                    f"fw.compile: optimizer state {src.name} was made outside recorded ops"
+                                )
                             program.writebacks.append(WriteBack(src, vid, "rebind"))
                         else:
                             before_t = old[sk]() if isinstance(old[sk], weakref.ref) else None
                             rec.writeback(src, sv, before_t._data if before_t is not None else None)
                     elif sk not in old or (not isinstance(old[sk], (Sym, weakref.ref)) and old[sk] != sv):
                         program.writebacks.append(WriteBack(src, sv, "const"))
-        for _, opt, gi, name, v in self._swapped:
+        for _, opt, gi, name, _v in self._swapped:
             now = opt.param_groups[gi].get(name)
             if not _holds_sym(now) or _sym_inputs_unchanged(now):
                 continue
@@ -484,16 +534,22 @@ class CompiledStep:
         replay.annotate(program)
         alias.bind_writebacks(program)
         before = {id(wb.source): wb.how for wb in program.writebacks}
-        before_bytes = {id(wb.source): program.values[wb.value].nbytes for wb in program.writebacks
-                        if wb.how == "rebind" and wb.value is not None}
+        before_bytes = {
+            id(wb.source): program.values[wb.value].nbytes
+            for wb in program.writebacks
+            if wb.how == "rebind" and wb.value is not None
+        }
         reinplaced = reinplace(program)
         names = [program.nodes[i].name for i in reinplaced if not program.nodes[i].info.get("elided")]
         elided = [program.nodes[i] for i in reinplaced if program.nodes[i].info.get("elided")]
         elided_bytes = sum(program.values[n.outputs[0]].nbytes for n in elided)
         removed = eliminate_dead_code(program)
         classes = alias.bind_writebacks(program)
-        bound_now = sum(before_bytes.get(id(wb.source), 0) for wb in program.writebacks
-                        if wb.how == "bound" and before.get(id(wb.source)) == "rebind")
+        bound_now = sum(
+            before_bytes.get(id(wb.source), 0)
+            for wb in program.writebacks
+            if wb.how == "bound" and before.get(id(wb.source)) == "rebind"
+        )
         transient = _transients(program, entry.timeline)
         entry.plan = plan = plan_memory(program, classes, transient)
         verify(program, plan)
@@ -510,6 +566,7 @@ class CompiledStep:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
 
 def _traced_kind(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)

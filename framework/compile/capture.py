@@ -27,15 +27,16 @@ import weakref
 import numpy as np
 
 from .. import memory
-from ..callsite import call_site
 from ..autograd import engine as _engine
 from ..autograd import function as _function
 from ..autograd import node as _node
 from ..autograd.function import CopySlices
 from ..backend import is_array
+from ..callsite import call_site
 from ..tensor import Tensor
 from .program import Program, Ref, ScalarRef, Source, StatsOut, WriteBack
 from .scalars import Sym, Tape
+
 
 class CaptureError(RuntimeError):
     """A step that cannot be captured faithfully (the message names the line)."""
@@ -76,9 +77,13 @@ _REFUSED = ("item", "numpy", "tolist", "__bool__", "__float__", "__int__", "__in
 
 
 def _refusing(name):
-    what = {"__bool__": "bool(tensor)", "__float__": "float(tensor)", "__int__": "int(tensor)",
-            "__index__": "using a tensor as an index", "__array__": "converting a tensor to a NumPy array"}.get(
-        name, f"tensor.{name}()")
+    what = {
+        "__bool__": "bool(tensor)",
+        "__float__": "float(tensor)",
+        "__int__": "int(tensor)",
+        "__index__": "using a tensor as an index",
+        "__array__": "converting a tensor to a NumPy array",
+    }.get(name, f"tensor.{name}()")
 
     def refuse(self, *args, **kwargs):
         site = call_site()
@@ -108,6 +113,7 @@ class _RefuseValueReads:
 
 
 # --- the recorder ---------------------------------------------------------------------------
+
 
 class Recorder:
     """Records one eager run of a step (see the module docstring).
@@ -186,7 +192,8 @@ class Recorder:
         if not isinstance(arr, np.ndarray):
             raise CaptureError(
                 f"fw.compile: {src.name if src is not None else 'a tensor'} is on {t.device}; compiled steps run "
-                "on the CPU only (the replay code calls NumPy)")
+                "on the CPU only (the replay code calls NumPy)"
+            )
         if src is None:
             rec = self._root(arr)
             if rec is not None and self.program.values[rec.latest].source is None:
@@ -323,8 +330,11 @@ class Recorder:
                 else:
                     kept.append((name, st.array.nbytes if hasattr(st.array, "nbytes") else 0))
             # saved inputs that are not arrays (a Python scalar, None) are plain attributes
-            consts = {name: i for name, i, _ in cls._save_plan
-                      if i >= 0 and name in ctx.__dict__ and not hasattr(concrete[i], "shape")}
+            consts = {
+                name: i
+                for name, i, _ in cls._save_plan
+                if i >= 0 and name in ctx.__dict__ and not hasattr(concrete[i], "shape")
+            }
             info["saved"], info["saved_copies"], info["kept"] = saved, copies, kept
             info["saved_consts"] = consts
         else:
@@ -377,8 +387,9 @@ class Recorder:
             out_vids.append(vid)
         bnode.outputs = out_vids
         saved_values = list(fnode.info.get("saved", {}).values())
-        bnode.info.update(fwd=fwd, grad=gvid, reuse_grad=reuse, saved_values=saved_values, events=(e0, e1),
-                          label=node.name())
+        bnode.info.update(
+            fwd=fwd, grad=gvid, reuse_grad=reuse, saved_values=saved_values, events=(e0, e1), label=node.name()
+        )
         if is_cs:
             bnode.info["copyslices"] = node.view_fn
         return outs
@@ -427,8 +438,9 @@ class Recorder:
                 node.info["events"] = (e0, e1)
                 node.outputs = [final := self._new_value(arr, producer=node.index)]
         else:
-            node = program.add_node("grad_sum", inputs=[Ref(bvid), Ref(gvid)], inplace=arr is barr,
-                                    site=("<autograd engine>", 0))
+            node = program.add_node(
+                "grad_sum", inputs=[Ref(bvid), Ref(gvid)], inplace=arr is barr, site=("<autograd engine>", 0)
+            )
             node.info["events"] = (e0, e1)
             final = self._write(arr, node.index, bvid) if arr is barr else self._out_value(arr, node.index, [])
             node.outputs = [final]

@@ -61,8 +61,7 @@ def eliminate_dead_code(program) -> list[str]:
     live = [False] * len(nodes)
     forced = set()
     for n in reversed(nodes):
-        if (n.index in forced or _has_effect(n, program, classes)
-                or any(v in used for v in made_by.get(n.index, ()))):
+        if n.index in forced or _has_effect(n, program, classes) or any(v in used for v in made_by.get(n.index, ())):
             live[n.index] = True
             for vid in n.value_refs():
                 need(vid)

@@ -33,11 +33,34 @@ from ..ops import reduce as R
 from ..ops.view import Permute, View, reshape_view
 from .program import Ref, ScalarRef
 
-OUT_CAPABLE = frozenset({
-    E.Add, E.Sub, E.Mul, E.Div, E.Pow, E.Maximum, E.Neg, E.Abs, E.Exp, E.Log, E.Sqrt, E.Sin, E.Cos,
-    E.Tanh, E.Sigmoid, E.Relu, E.LeakyRelu, E.Clamp, R.Softmax, R.LogSoftmax, N.BatchNorm,
-    N.BatchNormEval, N.InPlaceABN, D.Dropout,
-})
+OUT_CAPABLE = frozenset(
+    {
+        E.Add,
+        E.Sub,
+        E.Mul,
+        E.Div,
+        E.Pow,
+        E.Maximum,
+        E.Neg,
+        E.Abs,
+        E.Exp,
+        E.Log,
+        E.Sqrt,
+        E.Sin,
+        E.Cos,
+        E.Tanh,
+        E.Sigmoid,
+        E.Relu,
+        E.LeakyRelu,
+        E.Clamp,
+        R.Softmax,
+        R.LogSoftmax,
+        N.BatchNorm,
+        N.BatchNormEval,
+        N.InPlaceABN,
+        D.Dropout,
+    }
+)
 INPLACE_FORM = OUT_CAPABLE
 
 
@@ -140,10 +163,17 @@ def _emit_sum(node, g):
 # again) the pair runs through the op's own code.
 FORWARD_ONLY = frozenset({E.Div})
 FORWARD = {
-    E.Add: _emit_binary("np.add"), E.Sub: _emit_binary("np.subtract"), E.Mul: _emit_unary("np.multiply"),
-    E.Div: _emit_unary("np.true_divide"), E.Neg: _emit_unary("np.negative"), E.Exp: _emit_unary("np.exp"),
-    E.Tanh: _emit_unary("np.tanh"), E.Relu: _emit_unary("np.maximum", "0"), E.Sigmoid: _emit_sigmoid,
-    L.Matmul: _emit_unary("np.matmul"), R.Sum: _emit_sum,
+    E.Add: _emit_binary("np.add"),
+    E.Sub: _emit_binary("np.subtract"),
+    E.Mul: _emit_unary("np.multiply"),
+    E.Div: _emit_unary("np.true_divide"),
+    E.Neg: _emit_unary("np.negative"),
+    E.Exp: _emit_unary("np.exp"),
+    E.Tanh: _emit_unary("np.tanh"),
+    E.Relu: _emit_unary("np.maximum", "0"),
+    E.Sigmoid: _emit_sigmoid,
+    L.Matmul: _emit_unary("np.matmul"),
+    R.Sum: _emit_sum,
 }
 # Mul, Div and Matmul are binary, but their operands need no alpha: _emit_unary passes both.
 FORWARD[E.Mul] = lambda node, g: g.call(node, node.outputs[0], "np.multiply", [g.s(t) for t in node.inputs[:2]])
@@ -154,12 +184,15 @@ FORWARD[L.Matmul] = lambda node, g: g.call(node, node.outputs[0], "np.matmul", [
 def _emit_view(node, g):
     x, o = node.inputs[0].id, node.outputs[0]
     if node.op is View:
-        return g.view(o, x, lambda a: reshape_view(a, node.params["shape"]), f"reshape_view({{}}, {node.params['shape']!r})")
+        return g.view(
+            o, x, lambda a: reshape_view(a, node.params["shape"]), f"reshape_view({{}}, {node.params['shape']!r})"
+        )
     dims = node.params["dims"]
     return g.view(o, x, lambda a: a.transpose(dims), f"{{}}.transpose({dims!r})")
 
 
 # --- backward ---------------------------------------------------------------------------------
+
 
 def _meta_of(template, program):
     if isinstance(template, Ref):
@@ -194,8 +227,9 @@ def _emit_add_like(negate_second):
             if shape == gv.shape:
                 if not neg:
                     ov = program.values[o]
-                    if o != gv.id and not (ov.edge is not None and ov.edge[1] == gv.id and
-                                           (ov.shape, ov.strides) == (gv.shape, gv.strides)):
+                    if o != gv.id and not (
+                        ov.edge is not None and ov.edge[1] == gv.id and (ov.shape, ov.strides) == (gv.shape, gv.strides)
+                    ):
                         return False  # captured as something else than the gradient itself
                     if o != gv.id:
                         g.done(o, gname)  # the gradient passes on (the capture saw it as a write)
@@ -282,8 +316,12 @@ def _emit_sum_backward(node, g):
     shape = fnode.info["in_shapes"][0]
     axes = R._axes(fnode.params.get("dim"), len(shape)) if len(shape) else ()
     keep = R._keep_shape(shape, axes)
-    return g.view(o, node.info["grad"], lambda a: np.broadcast_to(a.reshape(keep), shape),
-                  f"np.broadcast_to({{}}.reshape({keep!r}), {shape!r})")
+    return g.view(
+        o,
+        node.info["grad"],
+        lambda a: np.broadcast_to(a.reshape(keep), shape),
+        f"np.broadcast_to({{}}.reshape({keep!r}), {shape!r})",
+    )
 
 
 def _emit_matmul_backward(node, g):
@@ -311,15 +349,23 @@ def _emit_neg_backward(node, g):
 
 
 BACKWARD = {
-    E.Add: _emit_add_like(False), E.Sub: _emit_add_like(True), E.Mul: _emit_mul_backward,
-    E.Neg: _emit_neg_backward, E.Sigmoid: _emit_result_backward("sigmoid"),
-    E.Relu: _emit_result_backward("relu"), E.Exp: _emit_result_backward("exp"),
-    E.Tanh: _emit_result_backward("tanh"), View: _emit_view_backward, Permute: _emit_view_backward,
-    R.Sum: _emit_sum_backward, L.Matmul: _emit_matmul_backward,
+    E.Add: _emit_add_like(False),
+    E.Sub: _emit_add_like(True),
+    E.Mul: _emit_mul_backward,
+    E.Neg: _emit_neg_backward,
+    E.Sigmoid: _emit_result_backward("sigmoid"),
+    E.Relu: _emit_result_backward("relu"),
+    E.Exp: _emit_result_backward("exp"),
+    E.Tanh: _emit_result_backward("tanh"),
+    View: _emit_view_backward,
+    Permute: _emit_view_backward,
+    R.Sum: _emit_sum_backward,
+    L.Matmul: _emit_matmul_backward,
 }
 
 
 # --- which nodes run on direct kernels ---------------------------------------------------------
+
 
 def _c_contig(v) -> bool:
     expect = v.dtype.itemsize
@@ -361,7 +407,10 @@ def emit(node, g) -> bool:
         o = g.buffer(node, node.outputs[0], None)
         if o is None:
             src = g.a(node.inputs[0].id)
-            g.line(f"env[{node.outputs[0]}] = track({src}.astype({np.dtype(g.program.values[node.outputs[0]].dtype).name!r}, order='C'), 'gradients')")
+            g.line(
+                f"env[{node.outputs[0]}] = track({src}.astype("
+                f"{np.dtype(g.program.values[node.outputs[0]].dtype).name!r}, order='C'), 'gradients')"
+            )
             return True
         g.line(f"np.copyto({o}, {g.a(node.inputs[0].id)}, casting='unsafe')")
         g.done(node.outputs[0], o)
@@ -370,8 +419,10 @@ def emit(node, g) -> bool:
         o = g.buffer(node, node.outputs[0], None)
         v = g.program.values[node.outputs[0]]
         if o is None:
-            g.line(f"env[{v.id}] = track(np.full({v.shape!r}, {node.info['fill_value']!r}, "
-                   f"dtype={np.dtype(v.dtype).name!r}), 'gradients')")
+            g.line(
+                f"env[{v.id}] = track(np.full({v.shape!r}, {node.info['fill_value']!r}, "
+                f"dtype={np.dtype(v.dtype).name!r}), 'gradients')"
+            )
             return True
         g.line(f"{o}.fill({node.info['fill_value']!r})")
         g.done(v.id, o)
@@ -387,5 +438,15 @@ def emit(node, g) -> bool:
     return False
 
 
-__all__ = ["OUT_CAPABLE", "INPLACE_FORM", "FORWARD", "FORWARD_ONLY", "BACKWARD", "REUSES_GRAD", "emit",
-           "writes_out", "can_write_into", "has_inplace_form"]
+__all__ = [
+    "OUT_CAPABLE",
+    "INPLACE_FORM",
+    "FORWARD",
+    "FORWARD_ONLY",
+    "BACKWARD",
+    "REUSES_GRAD",
+    "emit",
+    "writes_out",
+    "can_write_into",
+    "has_inplace_form",
+]

@@ -109,7 +109,7 @@ def place(program, classes: AliasClasses) -> tuple[dict, dict]:
     returned = _returned_classes(program, classes)
     handed = _handed_over(program, classes)
     values, nodes = program.values, program.nodes
-    for c, vids in classes.members.items():
+    for c in classes.members:
         owner = values[c]
         if owner.dead:
             placement[c] = "dead"
@@ -169,7 +169,7 @@ def overlapping(items, offsets) -> list:
     """Pairs of items whose intervals and byte ranges both overlap (must be empty)."""
     bad = []
     for i, (k1, s1, a1, b1) in enumerate(items):
-        for k2, s2, a2, b2 in items[i + 1:]:
+        for k2, s2, a2, b2 in items[i + 1 :]:
             if a1 <= b2 and a2 <= b1:
                 o1, o2 = offsets[k1], offsets[k2]
                 if o1 < o2 + s2 and o2 < o1 + s1:
@@ -254,8 +254,11 @@ def choose_arena(program, placement, iv, nb, kernel_curve, persistent: int = 0):
         placed[c] = (off, -(-max(nb[c], 1) // ALIGN) * ALIGN, iv[c][0], iv[c][1])
     hybrid_peak = top + int(curve.max())
     # Everything allocated when made: the lower bound itself (no arena at all).
-    plans = [(full_peak, full_top, full, []), (hybrid_peak, top, offsets, sorted(out)),
-             (int(live.max()), 0, {}, sorted(cands))]
+    plans = [
+        (full_peak, full_top, full, []),
+        (hybrid_peak, top, offsets, sorted(out)),
+        (int(live.max()), 0, {}, sorted(cands)),
+    ]
     best = min(p[0] for p in plans)
     # The lowest peak; among equals, the largest arena (fewer allocations at replay).
     peak, top, offsets, out = max((p for p in plans if p[0] == best), key=lambda p: p[1])
@@ -351,7 +354,8 @@ def verify(program, plan: Plan) -> None:
                 if born < w < n.index:
                     raise AssertionError(
                         f"fw.compile plan: node {n.index} ({n.name}) reads %{vid}, overwritten by node {w} "
-                        f"({program.nodes[w].name}) since it was made at node {born}")
+                        f"({program.nodes[w].name}) since it was made at node {born}"
+                    )
 
 
 def _frees(program, plan: Plan) -> None:
@@ -442,9 +446,15 @@ def floor_bytes(program, plan: Plan) -> int:
         elif src.kind == "state":
             state += plan.nbytes[c]
     grads = sum(values[wb.value].nbytes for wb in program.writebacks if wb.how == "grad" and wb.value is not None)
-    state += sum(values[wb.value].nbytes for wb in program.writebacks
-                 if wb.source.kind == "state" and wb.how == "rebind" and wb.value is not None
-                 and values[wb.value].source is None and classes.of[wb.value] not in seen)
+    state += sum(
+        values[wb.value].nbytes
+        for wb in program.writebacks
+        if wb.source.kind == "state"
+        and wb.how == "rebind"
+        and wb.value is not None
+        and values[wb.value].source is None
+        and classes.of[wb.value] not in seen
+    )
     boundary = next((n.index for n in program.nodes if n.kind == "backward"), None)
     saved = 0
     if boundary is not None:

@@ -77,7 +77,7 @@ class Source:
             return opt.state[p][self.key]
         return self.obj
 
-    def same(self, other: "Source") -> bool:
+    def same(self, other: Source) -> bool:
         """Whether two sources read the same place (identity of the objects behind them)."""
         if self is other:
             return True
@@ -125,7 +125,9 @@ class Value:
 
 def _dtype_name(dtype) -> str:
     d = np.dtype(dtype)
-    return {"f": "f", "i": "i", "u": "u", "b": "b"}.get(d.kind, d.kind) + str(d.itemsize * 8) if d.kind != "b" else "bool"
+    return (
+        {"f": "f", "i": "i", "u": "u", "b": "b"}.get(d.kind, d.kind) + str(d.itemsize * 8) if d.kind != "b" else "bool"
+    )
 
 
 @dataclass(eq=False)

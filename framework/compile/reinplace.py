@@ -28,8 +28,7 @@ from .alias import UnionFind, alias_classes, input_index, source_key
 from .kernels import REUSES_GRAD, has_inplace_form
 from .program import Ref
 
-_REINPLACE_BACKWARD = ("ReluBackward", "ExpBackward", "TanhBackward", "SigmoidBackward", "NegBackward",
-                       "MulBackward")
+_REINPLACE_BACKWARD = ("ReluBackward", "ExpBackward", "TanhBackward", "SigmoidBackward", "NegBackward", "MulBackward")
 
 
 def _layout(v):
@@ -86,8 +85,12 @@ def reinplace(program) -> list[int]:
         if n.kind == "copy":
             src, out = n.inputs[0].id, n.outputs[0]
             s = cls(src)
-            if (not pinned[s] and last_use[s] <= n.index and _layout(values[src]) == _layout(values[out])
-                    and values[out].edge is None):
+            if (
+                not pinned[s]
+                and last_use[s] <= n.index
+                and _layout(values[src]) == _layout(values[out])
+                and values[out].edge is None
+            ):
                 redirect[out] = src
                 merge(s, cls(out))
                 n.info["elided"] = True
@@ -209,5 +212,6 @@ def replace_uses(program, redirect: dict) -> None:
         if "saved_values" in info:
             info["saved_values"] = [redirect.get(v, v) for v in info["saved_values"]]
     fix(program.outputs)
-    program.writebacks = [replace(wb, value=redirect.get(wb.value, wb.value)) if wb.how != "scalar" else wb
-                          for wb in program.writebacks]
+    program.writebacks = [
+        replace(wb, value=redirect.get(wb.value, wb.value)) if wb.how != "scalar" else wb for wb in program.writebacks
+    ]

@@ -118,8 +118,7 @@ class Executor:
         self.input_names = [(vid, f"a{vid}") for vid in program.inputs]
         self.globals = gen.globals
         sinks = set(program.sink_refs())
-        self.leftovers = [v for v in range(len(program.values)) if v not in gen.static and
-                          (v in sinks or v in inputs)]
+        self.leftovers = [v for v in range(len(program.values)) if v not in gen.static and (v in sinks or v in inputs)]
 
     def _generic(self, node):
         kind = node.kind
@@ -159,8 +158,11 @@ class Executor:
         env, scal, ctxs = self.env, self.scal, self.ctxs
         args = [_resolver(t, env, scal) for t in node.inputs]
         static_params = {k: t for k, t in node.params.items() if _is_static(t)}
-        dyn_params = {k: _resolver(t, env, scal) for k, t in node.params.items()
-                      if not _is_static(t) and not isinstance(t, StatsOut)}
+        dyn_params = {
+            k: _resolver(t, env, scal)
+            for k, t in node.params.items()
+            if not _is_static(t) and not isinstance(t, StatsOut)
+        }
         stats = [(k, t.values) for k, t in node.params.items() if isinstance(t, StatsOut)]
         needs = node.info.get("needs", (False,) * len(node.inputs))
         out_buf = self._out_for(node)
@@ -225,8 +227,10 @@ class Executor:
         n_in = len(fnode.inputs)
         backward = cls.backward
         track = memory.track
-        fresh = [vid is not None and vid not in self.plan.offsets and self.program.values[vid].edge is None
-                 for vid in outputs]
+        fresh = [
+            vid is not None and vid not in self.plan.offsets and self.program.values[vid].edge is None
+            for vid in outputs
+        ]
 
         category = memory.category
 
@@ -254,7 +258,8 @@ class Executor:
                 raise RuntimeError(
                     f"fw.compile: {node.name} was planned to write its gradient over the incoming one "
                     "(kernels.REUSES_GRAD) but returned another array: the op's backward changed; "
-                    "update its entry in framework/compile/kernels.py")
+                    "update its entry in framework/compile/kernels.py"
+                )
             for vid, o, f in zip(outputs, outs, fresh):
                 if vid is not None:
                     if isinstance(o, np.generic):
@@ -362,6 +367,7 @@ def build(program, plan) -> Executor:
 
 # --- code generation ------------------------------------------------------------------------
 
+
 class Gen:
     """Writes the generated replay function (see the module docstring and kernels.emit).
 
@@ -381,8 +387,14 @@ class Gen:
         self.env = env
         self.inputs = set(program.inputs)
         self.lines: list[str] = []
-        self.globals = {"np": np, "np_add_reduce": np.add.reduce, "reshape_view": reshape_view,
-                        "track": memory.track, "as_array": _as_array, "mark": memory.mark}
+        self.globals = {
+            "np": np,
+            "np_add_reduce": np.add.reduce,
+            "reshape_view": reshape_view,
+            "track": memory.track,
+            "as_array": _as_array,
+            "mark": memory.mark,
+        }
         self.ntemp = 0
         self.node = None
         self.names: dict = {}  # value id -> the one name of its array (versions share it)

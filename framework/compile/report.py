@@ -22,8 +22,9 @@ def make_report(compiled, entry) -> dict:
     kernel_owned = []
     for c, p in plan.placement.items():
         if p == "kernel":
-            kernel_owned.append({"value": f"%{c}", "bytes": plan.nbytes[c], "interval": plan.intervals[c],
-                                 "why": plan.why.get(c, "")})
+            kernel_owned.append(
+                {"value": f"%{c}", "bytes": plan.nbytes[c], "interval": plan.intervals[c], "why": plan.why.get(c, "")}
+            )
     return {
         "eager_peak_bytes": entry.eager_peak_bytes,
         "planned_peak_bytes": plan.planned_peak_bytes,
@@ -42,7 +43,9 @@ def make_report(compiled, entry) -> dict:
         # an inplace op whose own kernel returned another array is copied back (as eager does)
         "replay_copy_bytes": entry.executor.replay_copy_bytes if entry.executor is not None else 0,
         "nodes": len(program.nodes),
-        "direct_kernels": sum(1 for n in program.nodes if n.info.get("lowered") or n.kind in ("grad_sum", "copy", "fill")),
+        "direct_kernels": sum(
+            1 for n in program.nodes if n.info.get("lowered") or n.kind in ("grad_sum", "copy", "fill")
+        ),
         "captures": compiled.captures,
         "replays": entry.replays,
         "capture_seconds": getattr(entry, "capture_seconds", None),
@@ -58,13 +61,19 @@ def explain(compiled, entry, draw=None, file=None) -> str:
     r = make_report(compiled, entry)
     program, plan = entry.program, entry.plan
     lines = [f"fw.compile({compiled.__name__}): {r['nodes']} nodes, {r['direct_kernels']} on direct kernels"]
-    lines.append(f"  eager peak (capture) {_mb(r['eager_peak_bytes'])}, planned peak {_mb(r['planned_peak_bytes'])}, "
-                 f"lower bound {_mb(r['lower_bound_bytes'])}, floor {_mb(r['floor_bytes'])}")
-    lines.append(f"  arena {_mb(r['arena_bytes'])} ({sum(1 for p in plan.placement.values() if p == 'arena')} "
-                 f"buffers), persistent {_mb(r['persistent_bytes'])}, replay peak {_mb(r['replay_peak_bytes'])}")
+    lines.append(
+        f"  eager peak (capture) {_mb(r['eager_peak_bytes'])}, planned peak {_mb(r['planned_peak_bytes'])}, "
+        f"lower bound {_mb(r['lower_bound_bytes'])}, floor {_mb(r['floor_bytes'])}"
+    )
+    lines.append(
+        f"  arena {_mb(r['arena_bytes'])} ({sum(1 for p in plan.placement.values() if p == 'arena')} "
+        f"buffers), persistent {_mb(r['persistent_bytes'])}, replay peak {_mb(r['replay_peak_bytes'])}"
+    )
     lines.append(f"  re-inplaced: {', '.join(r['reinplaced_ops']) or 'none'}")
-    lines.append(f"  copies avoided: {r['copies_avoided_bytes']} bytes ({r['copies_elided']} copies elided); "
-                 f"removed by DCE: {', '.join(r['removed_ops']) or 'none'}")
+    lines.append(
+        f"  copies avoided: {r['copies_avoided_bytes']} bytes ({r['copies_elided']} copies elided); "
+        f"removed by DCE: {', '.join(r['removed_ops']) or 'none'}"
+    )
     if r["unbound_writebacks"]:
         lines.append(f"  NOT bound to their own buffer (rebound): {', '.join(r['unbound_writebacks'])}")
     lines.append("  inplace chains (input first):")
@@ -100,17 +109,37 @@ def draw_plan(program, plan, path: str, title: str = "memory plan") -> str:
     cmap = plt.get_cmap("tab20")
     for k, (c, off) in enumerate(sorted(plan.offsets.items(), key=lambda kv: kv[1])):
         s, e = plan.intervals[c]
-        ax.add_patch(Rectangle((max(s, 0), off / MB), max(e - max(s, 0), 0.6), plan.nbytes[c] / MB,
-                               facecolor=cmap(k % 20), edgecolor="black", linewidth=0.4))
+        ax.add_patch(
+            Rectangle(
+                (max(s, 0), off / MB),
+                max(e - max(s, 0), 0.6),
+                plan.nbytes[c] / MB,
+                facecolor=cmap(k % 20),
+                edgecolor="black",
+                linewidth=0.4,
+            )
+        )
     # Buffers the kernels allocate, drawn above the arena where they would sit if freed
     # memory were reused perfectly (packed the same greedy way): their height over time.
 
-    kernel = [(c, plan.nbytes[c], max(plan.intervals[c][0], 0), min(plan.intervals[c][1], n))
-              for c, p in plan.placement.items() if p == "kernel"]
+    kernel = [
+        (c, plan.nbytes[c], max(plan.intervals[c][0], 0), min(plan.intervals[c][1], n))
+        for c, p in plan.placement.items()
+        if p == "kernel"
+    ]
     koff, ktop = greedy_by_size(kernel)
     for c, nb, s, e in kernel:
-        ax.add_patch(Rectangle((s, top + koff[c] / MB), max(e - s, 0.6), nb / MB, facecolor="none",
-                               edgecolor="grey", hatch="///", linewidth=0.4))
+        ax.add_patch(
+            Rectangle(
+                (s, top + koff[c] / MB),
+                max(e - s, 0.6),
+                nb / MB,
+                facecolor="none",
+                edgecolor="grey",
+                hatch="///",
+                linewidth=0.4,
+            )
+        )
     y = top + ktop / MB
     ax.axhline(top, color="black", linewidth=1)
     ax.text(0, top, " arena top; above: buffers the kernels allocate (hatched)", va="bottom", fontsize=8)

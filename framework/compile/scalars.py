@@ -24,14 +24,38 @@ import math
 import operator
 
 _BINARY = {
-    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
-    "floordiv": operator.floordiv, "mod": operator.mod, "pow": operator.pow,
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "truediv": operator.truediv,
+    "floordiv": operator.floordiv,
+    "mod": operator.mod,
+    "pow": operator.pow,
 }
 _UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": abs, "sqrt": math.sqrt}
-_COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
-            "ge": operator.ge}
-_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**",
-           "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_COMPARE = {
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+}
+_SYMBOL = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "truediv": "/",
+    "floordiv": "//",
+    "mod": "%",
+    "pow": "**",
+    "eq": "==",
+    "ne": "!=",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+}
 
 
 class Tape:
@@ -48,7 +72,7 @@ class Tape:
         self.guards: list[tuple] = []
         self.values: list = []  # concrete value of each slot during capture
 
-    def add(self, op: str, operands: tuple, value) -> "Sym":
+    def add(self, op: str, operands: tuple, value) -> Sym:
         slot = len(self.entries)
         self.entries.append((op, operands))
         self.values.append(value)
@@ -56,7 +80,7 @@ class Tape:
             self.inputs.append(slot)
         return Sym(self, slot, value)
 
-    def input(self, name: str, value) -> "Sym":
+    def input(self, name: str, value) -> Sym:
         return self.add("input", (name,), value)
 
 
@@ -100,29 +124,61 @@ class Sym:
             a, av, b, bv = b, bv, a, av
         return tape.add(name, (a, b), _BINARY[name](av, bv))
 
-    def __add__(self, o): return self._binary("add", o)
-    def __radd__(self, o): return self._binary("add", o, True)
-    def __sub__(self, o): return self._binary("sub", o)
-    def __rsub__(self, o): return self._binary("sub", o, True)
-    def __mul__(self, o): return self._binary("mul", o)
-    def __rmul__(self, o): return self._binary("mul", o, True)
-    def __truediv__(self, o): return self._binary("truediv", o)
-    def __rtruediv__(self, o): return self._binary("truediv", o, True)
-    def __floordiv__(self, o): return self._binary("floordiv", o)
-    def __rfloordiv__(self, o): return self._binary("floordiv", o, True)
-    def __mod__(self, o): return self._binary("mod", o)
-    def __rmod__(self, o): return self._binary("mod", o, True)
-    def __pow__(self, o): return self._binary("pow", o)
-    def __rpow__(self, o): return self._binary("pow", o, True)
+    def __add__(self, o):
+        return self._binary("add", o)
+
+    def __radd__(self, o):
+        return self._binary("add", o, True)
+
+    def __sub__(self, o):
+        return self._binary("sub", o)
+
+    def __rsub__(self, o):
+        return self._binary("sub", o, True)
+
+    def __mul__(self, o):
+        return self._binary("mul", o)
+
+    def __rmul__(self, o):
+        return self._binary("mul", o, True)
+
+    def __truediv__(self, o):
+        return self._binary("truediv", o)
+
+    def __rtruediv__(self, o):
+        return self._binary("truediv", o, True)
+
+    def __floordiv__(self, o):
+        return self._binary("floordiv", o)
+
+    def __rfloordiv__(self, o):
+        return self._binary("floordiv", o, True)
+
+    def __mod__(self, o):
+        return self._binary("mod", o)
+
+    def __rmod__(self, o):
+        return self._binary("mod", o, True)
+
+    def __pow__(self, o):
+        return self._binary("pow", o)
+
+    def __rpow__(self, o):
+        return self._binary("pow", o, True)
 
     def _unary(self, name):
         return self._tape.add(name, (_Slot(self._slot),), _UNARY[name](self._value))
 
-    def __neg__(self): return self._unary("neg")
-    def __pos__(self): return self._unary("pos")
-    def __abs__(self): return self._unary("abs")
+    def __neg__(self):
+        return self._unary("neg")
 
-    def sqrt(self) -> "Sym":
+    def __pos__(self):
+        return self._unary("pos")
+
+    def __abs__(self):
+        return self._unary("abs")
+
+    def sqrt(self) -> Sym:
         """``math.sqrt`` of the number, kept symbolic."""
         return self._unary("sqrt")
 
@@ -136,12 +192,23 @@ class Sym:
         tape.guards.append((self._slot, name, b, result))
         return result
 
-    def __eq__(self, o): return self._compare("eq", o)
-    def __ne__(self, o): return self._compare("ne", o)
-    def __lt__(self, o): return self._compare("lt", o)
-    def __le__(self, o): return self._compare("le", o)
-    def __gt__(self, o): return self._compare("gt", o)
-    def __ge__(self, o): return self._compare("ge", o)
+    def __eq__(self, o):
+        return self._compare("eq", o)
+
+    def __ne__(self, o):
+        return self._compare("ne", o)
+
+    def __lt__(self, o):
+        return self._compare("lt", o)
+
+    def __le__(self, o):
+        return self._compare("le", o)
+
+    def __gt__(self, o):
+        return self._compare("gt", o)
+
+    def __ge__(self, o):
+        return self._compare("ge", o)
 
     __hash__ = None  # a Sym used as a dict key would be a silent specialization
 

@@ -45,6 +45,7 @@ def install(comm) -> None:
         return
 
     if not getattr(sys.excepthook, "_inplace_lab_abort", False):
+
         def excepthook(exc_type, exc_value, exc_tb):
             _report(comm.rank, exc_type, exc_value, exc_tb)
             comm.abort(1)
@@ -53,6 +54,7 @@ def install(comm) -> None:
         sys.excepthook = excepthook
 
     if not getattr(threading.excepthook, "_inplace_lab_abort", False):
+
         def thread_excepthook(args):
             if args.exc_type is SystemExit:  # like the default hook: a thread may exit
                 return

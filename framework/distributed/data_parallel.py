@@ -69,8 +69,8 @@ import weakref
 import numpy as np
 
 from .. import backend, inplace, memory
-from ..callsite import call_site
 from ..autograd.grad_mode import state as _grad_state
+from ..callsite import call_site
 from ..nn.module import Module
 from ..tensor import Tensor, _wrap
 from .comm import Communicator, get_world
@@ -83,8 +83,19 @@ _MIB = 1024 * 1024
 class _Bucket:
     """Parameters whose gradients are reduced by one collective."""
 
-    __slots__ = ("index", "dtype", "params", "offsets", "numel", "buffer", "views",
-                 "ready", "launched", "handle", "recv")
+    __slots__ = (
+        "index",
+        "dtype",
+        "params",
+        "offsets",
+        "numel",
+        "buffer",
+        "views",
+        "ready",
+        "launched",
+        "handle",
+        "recv",
+    )
 
     def __init__(self, index: int, dtype) -> None:
         self.index = index
@@ -92,12 +103,12 @@ class _Bucket:
         self.params: list[Tensor] = []
         self.offsets: list[int] = []
         self.numel = 0
-        self.buffer = None                     # policy on: the flat gradient buffer (xp array)
-        self.views: list[Tensor] = []          # policy on: p.grad of each parameter
-        self.ready: set[int] = set()           # ids of the parameters ready this step
+        self.buffer = None  # policy on: the flat gradient buffer (xp array)
+        self.views: list[Tensor] = []  # policy on: p.grad of each parameter
+        self.ready: set[int] = set()  # ids of the parameters ready this step
         self.launched = False
         self.handle = None
-        self.recv = None                       # policy off: the receive buffer in flight
+        self.recv = None  # policy off: the receive buffer in flight
 
     @property
     def nbytes(self) -> int:
@@ -111,7 +122,7 @@ class _Bucket:
     def slice(self, i: int, flat):
         p = self.params[i]
         off = self.offsets[i]
-        return flat[off:off + p.numel()].reshape(p.shape)
+        return flat[off : off + p.numel()].reshape(p.shape)
 
 
 def _grad_enabled() -> bool:
@@ -135,8 +146,9 @@ class DataParallel(Module):
         buckets: the gradient buckets, in launch order (empty with one process).
     """
 
-    def __init__(self, module: Module, comm: Communicator | None = None, bucket_mb: float = 25.0,
-                 broadcast_buffers: bool = True) -> None:
+    def __init__(
+        self, module: Module, comm: Communicator | None = None, bucket_mb: float = 25.0, broadcast_buffers: bool = True
+    ) -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"DataParallel wraps an nn.Module, got {type(module).__name__}")
@@ -148,15 +160,15 @@ class DataParallel(Module):
         object.__setattr__(self, "bucket_mb", float(bucket_mb))
         object.__setattr__(self, "broadcast_buffers", bool(broadcast_buffers))
         object.__setattr__(self, "buckets", [])
-        object.__setattr__(self, "_require_sync", True)   # False inside no_sync()
+        object.__setattr__(self, "_require_sync", True)  # False inside no_sync()
         object.__setattr__(self, "_sync_backward", True)  # captured at each forward
-        object.__setattr__(self, "_expect_sync", False)   # a synced forward ran since finish()
-        object.__setattr__(self, "_hooks_fired", False)   # a synced backward ran since finish()
-        object.__setattr__(self, "poll_in_hooks", True)   # progress launched buckets from hooks
+        object.__setattr__(self, "_expect_sync", False)  # a synced forward ran since finish()
+        object.__setattr__(self, "_hooks_fired", False)  # a synced backward ran since finish()
+        object.__setattr__(self, "poll_in_hooks", True)  # progress launched buckets from hooks
         object.__setattr__(self, "_next_launch", 0)
-        object.__setattr__(self, "_where", {})            # id(param) -> (bucket, index)
+        object.__setattr__(self, "_where", {})  # id(param) -> (bucket, index)
         object.__setattr__(self, "_hook_handles", [])
-        object.__setattr__(self, "xp", np)                # the array module of the gradients
+        object.__setattr__(self, "xp", np)  # the array module of the gradients
         if self.comm.size == 1:
             return
         for p in module.parameters():
@@ -264,7 +276,7 @@ class DataParallel(Module):
             )
         object.__setattr__(self, "_hooks_fired", True)
         if self.poll_in_hooks and self._next_launch:
-            for launched in self.buckets[:self._next_launch]:
+            for launched in self.buckets[: self._next_launch]:
                 launched.handle.test()  # progress only: completion is taken in finish()
         if self.inplace:
             self._adopt(b, i, p)
@@ -310,7 +322,7 @@ class DataParallel(Module):
         """
         if self.comm.size == 1 or not (self._expect_sync or self._hooks_fired):
             return
-        for b in self.buckets[self._next_launch:]:
+        for b in self.buckets[self._next_launch :]:
             self._launch(b)
         n = self.comm.size
         site = call_site()
@@ -357,8 +369,10 @@ class DataParallel(Module):
         return None if where is None else where[0]
 
     def extra_repr(self) -> str:
-        return (f"size={self.comm.size}, buckets={len(self.buckets)}, bucket_mb={self.bucket_mb}, "
-                f"grads_as_bucket_views={self.inplace and bool(self.buckets)}")
+        return (
+            f"size={self.comm.size}, buckets={len(self.buckets)}, bucket_mb={self.bucket_mb}, "
+            f"grads_as_bucket_views={self.inplace and bool(self.buckets)}"
+        )
 
 
 def _make_hook(ref):

@@ -226,7 +226,7 @@ class SingleProcessCommunicator(Communicator):
         os._exit(code)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_world() -> Communicator:
     """The communicator of all ranks (cached; ``get_world.cache_clear()`` resets it).
 

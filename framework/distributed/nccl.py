@@ -88,10 +88,14 @@ class NcclCommunicator(Communicator):
         self._nccl_ops = {"sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
         # Reductions are limited to REDUCE_DTYPES (checked first); broadcasts take these all.
         self._nccl_dtypes = {
-            np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
-            np.dtype(np.int32): nccl.NCCL_INT32, np.dtype(np.int64): nccl.NCCL_INT64,
-            np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.int8): nccl.NCCL_INT8,
-            np.dtype(np.uint8): nccl.NCCL_UINT8, np.dtype(np.bool_): nccl.NCCL_UINT8,
+            np.dtype(np.float32): nccl.NCCL_FLOAT32,
+            np.dtype(np.float64): nccl.NCCL_FLOAT64,
+            np.dtype(np.int32): nccl.NCCL_INT32,
+            np.dtype(np.int64): nccl.NCCL_INT64,
+            np.dtype(np.float16): nccl.NCCL_FLOAT16,
+            np.dtype(np.int8): nccl.NCCL_INT8,
+            np.dtype(np.uint8): nccl.NCCL_UINT8,
+            np.dtype(np.bool_): nccl.NCCL_UINT8,
         }
         with _backend.device_context(_backend.Device("cuda", self.device)):
             self._nccl = nccl_bootstrap(self, nccl)
@@ -106,8 +110,9 @@ class NcclCommunicator(Communicator):
             raise ValueError(f"buffer is on {on}, this rank's NCCL device is cuda:{self.device}")
         dtype = self._nccl_dtypes.get(np.dtype(buf.dtype))
         if dtype is None:
-            raise TypeError(f"NCCL cannot carry dtype {buf.dtype}; supported: "
-                            + ", ".join(str(d) for d in self._nccl_dtypes))
+            raise TypeError(
+                f"NCCL cannot carry dtype {buf.dtype}; supported: " + ", ".join(str(d) for d in self._nccl_dtypes)
+            )
         return buf.size, dtype
 
     def _side_stream_after_current(self) -> Any:

@@ -38,8 +38,13 @@ def sync_batch_norm(input, running_mean, running_var, weight=None, bias=None, mo
     Updates ``running_mean``/``running_var`` (if given) in place with ``momentum`` and the
     unbiased global variance. Returns a new tensor of the input's shape.
     """
-    _check_args("sync_batch_norm", input, {"running_mean": running_mean, "running_var": running_var,
-                                           "weight": weight, "bias": bias}, momentum, eps)
+    _check_args(
+        "sync_batch_norm",
+        input,
+        {"running_mean": running_mean, "running_var": running_var, "weight": weight, "bias": bias},
+        momentum,
+        eps,
+    )
     comm = get_world() if comm is None else comm
     stats = {}
     out = BatchNorm.apply(input, weight, bias, eps=eps, stats=stats, comm=comm)
@@ -56,8 +61,17 @@ class SyncBatchNorm(_BatchNorm):
     local BatchNorm.
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, comm=None, device=None, dtype=None):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        comm=None,
+        device=None,
+        dtype=None,
+    ):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         self.comm = comm
 
@@ -71,8 +85,9 @@ class SyncBatchNorm(_BatchNorm):
             return super()._batch_norm(input, running_mean, running_var, training, momentum)
         if self.comm is None:
             self.comm = get_world()
-        return sync_batch_norm(input, running_mean, running_var, self.weight, self.bias,
-                               momentum=momentum, eps=self.eps, comm=self.comm)
+        return sync_batch_norm(
+            input, running_mean, running_var, self.weight, self.bias, momentum=momentum, eps=self.eps, comm=self.comm
+        )
 
     @classmethod
     def convert_sync_batchnorm(cls, module, comm=None):
@@ -84,8 +99,9 @@ class SyncBatchNorm(_BatchNorm):
         """
         out = module
         if isinstance(module, (BatchNorm1d, BatchNorm2d)):
-            out = cls(module.num_features, module.eps, module.momentum, module.affine,
-                      module.track_running_stats, comm=comm)
+            out = cls(
+                module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats, comm=comm
+            )
             if module.affine:
                 out.weight = module.weight
                 out.bias = module.bias

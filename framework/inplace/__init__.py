@@ -39,9 +39,21 @@ from .consumed import ConsumedData, ConsumedTensorError
 from .proof import passes_ownership
 
 __all__ = [
-    "POLICIES", "DEFAULT_POLICY", "get_policy", "set_policy", "policy", "enabled", "site_target",
-    "consume", "auto_target", "auto_status", "auto_min_bytes", "set_auto_min_bytes", "passes_ownership",
-    "ConsumedTensorError", "ConsumedData",
+    "POLICIES",
+    "DEFAULT_POLICY",
+    "get_policy",
+    "set_policy",
+    "policy",
+    "enabled",
+    "site_target",
+    "consume",
+    "auto_target",
+    "auto_status",
+    "auto_min_bytes",
+    "set_auto_min_bytes",
+    "passes_ownership",
+    "ConsumedTensorError",
+    "ConsumedData",
 ]
 
 POLICIES = ("off", "auto", "on")
@@ -256,9 +268,17 @@ def calibrate(*, Tensor, make, neg, add, relu, residual_add, site, op_module, mo
     prev, _policy = _policy, "auto"
     prev_min, _auto_min_bytes = _auto_min_bytes, 0
     try:
-        proof.calibrate(make=make, neg=neg, add=add, relu=relu, residual_add=residual_add, site=site,
-                        op_module=op_module, module_call=module_call,
-                        counter=lambda: memory.stats().get("auto_inplace_ops", 0))
+        proof.calibrate(
+            make=make,
+            neg=neg,
+            add=add,
+            relu=relu,
+            residual_add=residual_add,
+            site=site,
+            op_module=op_module,
+            module_call=module_call,
+            counter=lambda: memory.stats().get("auto_inplace_ops", 0),
+        )
     finally:
         _policy = prev
         _auto_min_bytes = prev_min

@@ -165,7 +165,7 @@ def _path_of(ins, i) -> str:
     if op == "CALL_KW":  # 3.13
         return "call_kw"
     if op == "CALL":
-        before = {x.opname for x in ins[max(0, i - 2):i]}
+        before = {x.opname for x in ins[max(0, i - 2) : i]}
         return "call_kw" if "KW_NAMES" in before else "call"  # 3.11, 3.12
     return ""
 
@@ -227,7 +227,7 @@ def _stack_refs(code, lasti) -> int:
 
 # --- calibration ---------------------------------------------------------------------------------
 
-_PROBES = '''
+_PROBES = """
 def probes(make, neg, add, relu, residual_add, site, op_module):
     def call_temp(): neg(make())
     def call_named():
@@ -291,7 +291,7 @@ def probes(make, neg, add, relu, residual_add, site, op_module):
         t = site(t)
         return t
     return pairs, (rebound, rebound_site), rebound_but_aliased
-'''
+"""
 
 
 def calibrate(*, make, neg, add, relu, residual_add, site, op_module, module_call, counter) -> None:

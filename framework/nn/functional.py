@@ -12,14 +12,14 @@ from __future__ import annotations
 from .. import inplace as _inplace
 from .. import ops as _ops
 from ..ops import conv as _conv
-from ..ops import linalg as _linalg
 from ..ops import dropout as _dropout
+from ..ops import linalg as _linalg
 from ..ops import loss as _loss
 from ..ops import norm as _norm
 from ..tensor import Tensor
 
-
 # --- linear and convolution ---------------------------------------------------------------
+
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias`` for inputs of shape ``(*, in_features)``.
@@ -72,8 +72,8 @@ def _sum_fits(input: Tensor, other) -> bool:
     return other.dtype == input.dtype and _ops.broadcast_shapes(input.shape, other.shape) == input.shape
 
 
-
 # --- activations ------------------------------------------------------------------------------
+
 
 @_inplace.passes_ownership
 def relu(input: Tensor, inplace: bool = False) -> Tensor:
@@ -125,6 +125,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
 
 # --- pooling and shape -------------------------------------------------------------------------
 
+
 def max_pool2d(input, kernel_size, stride=None, padding=0):
     return _conv.max_pool2d(input, kernel_size, stride=stride, padding=padding)
 
@@ -144,6 +145,7 @@ def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 # --- normalisation -----------------------------------------------------------------------------
 
+
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """Batch normalisation over all dims but 1; updates running stats in place when training."""
     return _norm.batch_norm(
@@ -151,8 +153,19 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     )
 
 
-def inplace_abn(input, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5,
-                negative_slope=0.01, residual=None, inplace=True):
+def inplace_abn(
+    input,
+    running_mean,
+    running_var,
+    weight,
+    bias,
+    training=False,
+    momentum=0.1,
+    eps=1e-5,
+    negative_slope=0.01,
+    residual=None,
+    inplace=True,
+):
     """``leaky_relu(BN(input) [+ residual])`` written over ``input`` (returned); backward inverts it.
 
     ``input`` must not be a leaf that requires grad (its values are overwritten);
@@ -160,12 +173,22 @@ def inplace_abn(input, running_mean, running_var, weight, bias, training=False, 
     ``inplace=False`` computes the same function into a new tensor (same numbers).
     """
     return _norm.inplace_abn(
-        input, running_mean, running_var, weight, bias, training=training, momentum=momentum, eps=eps,
-        negative_slope=negative_slope, residual=residual, inplace=inplace,
+        input,
+        running_mean,
+        running_var,
+        weight,
+        bias,
+        training=training,
+        momentum=momentum,
+        eps=eps,
+        negative_slope=negative_slope,
+        residual=residual,
+        inplace=inplace,
     )
 
 
 # --- losses ------------------------------------------------------------------------------------
+
 
 def _no_weight(weight, fn: str) -> None:
     if weight is not None:

@@ -29,6 +29,7 @@ def _pair(v):
 
 # --- linear and convolution ---------------------------------------------------------------
 
+
 class Identity(Module):
     """Returns its input (arguments are accepted and ignored, as in PyTorch)."""
 
@@ -79,8 +80,19 @@ class Conv2d(Module):
     Initialised as PyTorch: ``kaiming_uniform_(a=sqrt(5))``, bias U(-1/sqrt(fan_in), ...).
     """
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True, device=None, dtype=None):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         # PyTorch's argument order; only what framework.ops.conv implements is accepted
         if _pair(dilation) != (1, 1) or groups != 1:
@@ -90,7 +102,9 @@ class Conv2d(Module):
         self.kernel_size = _pair(kernel_size)
         self.stride = _pair(stride)
         self.padding = _pair(padding)
-        self.weight = Parameter(creation.empty(out_channels, in_channels, *self.kernel_size, dtype=dtype, device=device))
+        self.weight = Parameter(
+            creation.empty(out_channels, in_channels, *self.kernel_size, dtype=dtype, device=device)
+        )
         if bias:
             self.bias = Parameter(creation.empty(out_channels, dtype=dtype, device=device))
         else:
@@ -119,9 +133,18 @@ class Conv2d(Module):
 
 # --- normalisation --------------------------------------------------------------------------
 
+
 class _BatchNorm(Module):
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, device=None, dtype=None):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         self.num_features = num_features
         self.eps = eps
@@ -232,8 +255,15 @@ class InPlaceABN(Module):
         negative_slope: the leaky ReLU slope (> 0, so the activation is invertible).
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, negative_slope: float = 0.01,
-                 device=None, dtype=None):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        negative_slope: float = 0.01,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         if not negative_slope > 0:
             raise ValueError(f"InPlaceABN needs negative_slope > 0 to invert the activation, got {negative_slope}")
@@ -268,15 +298,26 @@ class InPlaceABN(Module):
                 f"{type(self).__name__}({self.num_features}) expects an input of shape "
                 f"(N, {self.num_features}, ...), got {tuple(input.shape)}"
             )
-        return F.inplace_abn(input, self.running_mean, self.running_var, self.weight, self.bias,
-                             training=self.training, momentum=self.momentum, eps=self.eps,
-                             negative_slope=self.negative_slope, residual=residual, inplace=inplace)
+        return F.inplace_abn(
+            input,
+            self.running_mean,
+            self.running_var,
+            self.weight,
+            self.bias,
+            training=self.training,
+            momentum=self.momentum,
+            eps=self.eps,
+            negative_slope=self.negative_slope,
+            residual=residual,
+            inplace=inplace,
+        )
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, negative_slope={self.negative_slope}"
 
 
 # --- activations -----------------------------------------------------------------------------
+
 
 class _Activation(Module):
     """An activation with an ``inplace`` setting (``None``: follow the policy)."""
@@ -412,6 +453,7 @@ class Dropout(Module):
 
 # --- pooling and shape -----------------------------------------------------------------------
 
+
 class MaxPool2d(Module):
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()
@@ -460,6 +502,7 @@ class Flatten(Module):
 
 # --- containers -------------------------------------------------------------------------------
 
+
 class Sequential(Module):
     """Runs its modules in order: ``Sequential(m1, m2)`` or ``Sequential(OrderedDict(...))``."""
 
@@ -502,7 +545,7 @@ class Sequential(Module):
     def __iter__(self):
         return iter(self._modules.values())
 
-    def append(self, module: Module) -> "Sequential":
+    def append(self, module: Module) -> Sequential:
         self.add_module(str(len(self)), module)
         return self
 
@@ -554,11 +597,11 @@ class ModuleList(Module):
     def __iadd__(self, modules):
         return self.extend(modules)
 
-    def append(self, module: Module) -> "ModuleList":
+    def append(self, module: Module) -> ModuleList:
         self.add_module(str(len(self)), module)
         return self
 
-    def extend(self, modules) -> "ModuleList":
+    def extend(self, modules) -> ModuleList:
         for m in modules:
             self.append(m)
         return self

@@ -105,8 +105,7 @@ class Module:
             raise KeyError(f"attribute '{name}' already exists")
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(
-                f"cannot assign '{type(param).__name__}' object to parameter '{name}' "
-                "(nn.Parameter or None required)"
+                f"cannot assign '{type(param).__name__}' object to parameter '{name}' (nn.Parameter or None required)"
             )
         if param is not None and param.grad_fn is not None:
             raise ValueError(
@@ -126,7 +125,9 @@ class Module:
         if hasattr(self, name) and name not in self._buffers:
             raise KeyError(f"attribute '{name}' already exists")
         if tensor is not None and not isinstance(tensor, Tensor):
-            raise TypeError(f"cannot assign '{type(tensor).__name__}' object to buffer '{name}' (Tensor or None required)")
+            raise TypeError(
+                f"cannot assign '{type(tensor).__name__}' object to buffer '{name}' (Tensor or None required)"
+            )
         if tensor is not None:
             memory.retag(tensor._data, "parameters")
         self._buffers[name] = tensor
@@ -135,7 +136,7 @@ class Module:
         else:
             self._non_persistent_buffers_set.add(name)
 
-    def add_module(self, name: str, module: "Module | None") -> None:
+    def add_module(self, name: str, module: Module | None) -> None:
         """Adds a child module (``None`` is allowed as a placeholder)."""
         self._check_name(name, "module")
         if hasattr(self, name) and name not in self._modules:
@@ -167,7 +168,9 @@ class Module:
             self._modules[name] = value
         elif "_modules" in d and name in d["_modules"]:
             if value is not None:
-                raise TypeError(f"cannot assign '{type(value).__name__}' as child module '{name}' (nn.Module or None expected)")
+                raise TypeError(
+                    f"cannot assign '{type(value).__name__}' as child module '{name}' (nn.Module or None expected)"
+                )
             self._modules[name] = value
         elif "_buffers" in d and name in d["_buffers"]:
             if value is not None and not isinstance(value, Tensor):
@@ -264,7 +267,7 @@ class Module:
         for _, b in self.named_buffers(recurse=recurse):
             yield b
 
-    def get_submodule(self, target: str) -> "Module":
+    def get_submodule(self, target: str) -> Module:
         """The descendant at dotted path ``target`` (``""`` is this module)."""
         if target == "":
             return self
@@ -275,7 +278,7 @@ class Module:
             mod = mod._modules[item]
         return mod
 
-    def apply(self, fn) -> "Module":
+    def apply(self, fn) -> Module:
         """Calls ``fn(module)`` on every descendant (children first) and on self."""
         for m in self.children():
             m.apply(fn)
@@ -283,7 +286,7 @@ class Module:
         return self
 
     # --- modes and gradients --------------------------------------------------------------
-    def train(self, mode: bool = True) -> "Module":
+    def train(self, mode: bool = True) -> Module:
         """Sets training mode on this module and every descendant; returns self."""
         if not isinstance(mode, bool):
             raise ValueError("training mode is expected to be boolean")
@@ -292,11 +295,11 @@ class Module:
             m.train(mode)
         return self
 
-    def eval(self) -> "Module":
+    def eval(self) -> Module:
         """Evaluation mode: ``train(False)`` (BatchNorm uses running stats, Dropout is off)."""
         return self.train(False)
 
-    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
         for p in self.parameters():
             p.requires_grad_(requires_grad)
         return self
@@ -307,7 +310,7 @@ class Module:
             _zero_grad(p, set_to_none)
 
     # --- devices and dtypes ------------------------------------------------------------------
-    def _apply(self, fn, floating_only: bool = False) -> "Module":
+    def _apply(self, fn, floating_only: bool = False) -> Module:
         """Maps every parameter, gradient and buffer array through ``fn(array) -> array``.
 
         Parameters keep their identity (their storage is rebound, as PyTorch's
@@ -342,7 +345,7 @@ class Module:
                     m._buffers[name] = nb
         return self
 
-    def to(self, device=None, dtype=None) -> "Module":
+    def to(self, device=None, dtype=None) -> Module:
         """Moves (in place) parameters and buffers to ``device`` and/or floating ``dtype``.
 
         ``to("cuda")``, ``to(fw.float64)``, ``to("cpu", fw.float32)``. Integer buffers
@@ -366,16 +369,16 @@ class Module:
 
         return self._apply(fn)
 
-    def cpu(self) -> "Module":
+    def cpu(self) -> Module:
         return self.to("cpu")
 
-    def cuda(self, device: int = 0) -> "Module":
+    def cuda(self, device: int = 0) -> Module:
         return self.to(f"cuda:{device}")
 
-    def float(self) -> "Module":
+    def float(self) -> Module:
         return self.to(dtype=np.float32)
 
-    def double(self) -> "Module":
+    def double(self) -> Module:
         return self.to(dtype=np.float64)
 
     # --- state dict --------------------------------------------------------------------------
@@ -436,9 +439,7 @@ class Module:
                 errors.append("Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ". ")
         errors.extend(mismatched)
         if errors:
-            raise RuntimeError(
-                f"Error(s) in loading state_dict for {type(self).__name__}:\n\t" + "\n\t".join(errors)
-            )
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t" + "\n\t".join(errors))
         with no_grad():
             for k, target in own.items():
                 if k not in state_dict:

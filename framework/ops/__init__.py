@@ -61,6 +61,7 @@ def _reflected(other, x):
 
 # --- elementwise ---------------------------------------------------------------------
 
+
 def add(x, other, alpha=1):
     x, other = _operand(x, other)
     return E.Add.apply(x, other, alpha=alpha)
@@ -162,6 +163,7 @@ def to_device(x, device):
 
 # --- inplace --------------------------------------------------------------------------
 
+
 def add_(x, other, alpha=1):
     return E.Add.apply_(x, other, alpha=alpha)
 
@@ -256,6 +258,7 @@ def uniform_(x, a=0.0, b=1.0):
 
 # --- reductions ------------------------------------------------------------------------
 
+
 def sum(x, dim=None, keepdim=False):  # noqa: A001
     return R.Sum.apply(x, dim=dim, keepdim=keepdim)
 
@@ -317,6 +320,7 @@ def matmul(x, y):
 
 
 # --- views and shape ---------------------------------------------------------------------
+
 
 def _shape_arg(shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -404,7 +408,9 @@ def _matrix_transpose(x, name):
     if x.ndim == 0:
         return x
     if x.ndim < 2:
-        raise RuntimeError(f"tensor.{name} is only supported on matrices or batches of matrices. Got {x.ndim}-D tensor.")
+        raise RuntimeError(
+            f"tensor.{name} is only supported on matrices or batches of matrices. Got {x.ndim}-D tensor."
+        )
     return transpose(x, -2, -1)
 
 
@@ -427,7 +433,9 @@ def t(x):
 def unsqueeze(x, dim):
     d = dim + x.ndim + 1 if dim < 0 else dim
     if not 0 <= d <= x.ndim:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-x.ndim - 1}, {x.ndim}], but got {dim})")
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-x.ndim - 1}, {x.ndim}], but got {dim})"
+        )
     return view(x, x.shape[:d] + (1,) + x.shape[d:])
 
 
@@ -547,7 +555,9 @@ def split_with_sizes(x, split_sizes, dim=0):
     d = _dim_of_at_least_1d(x, dim, "split_with_sizes")
     sizes = [int(n) for n in split_sizes]
     if any(n < 0 for n in sizes):
-        raise RuntimeError(f"split_with_sizes expects split_sizes have only non-negative entries, but got split_sizes={sizes}")
+        raise RuntimeError(
+            f"split_with_sizes expects split_sizes have only non-negative entries, but got split_sizes={sizes}"
+        )
     if builtins.sum(sizes) != x.shape[d]:
         raise RuntimeError(
             f"split_with_sizes expects split_sizes to sum exactly to {x.shape[d]} (input tensor's size at "
@@ -665,6 +675,7 @@ def _normalize_index(index, x):
 
 def _index_dims(shape, items):
     """``(item, size of the dim it indexes)`` for each integer index array in ``items``."""
+
     def consumed(it):
         if it is None or it is Ellipsis:
             return 0
@@ -674,7 +685,7 @@ def _index_dims(shape, items):
 
     found = []
     cut = next((k for k, it in enumerate(items) if it is Ellipsis), None)  # not `in`: == on arrays
-    head, tail = (items, []) if cut is None else (items[:cut], items[cut + 1:])
+    head, tail = (items, []) if cut is None else (items[:cut], items[cut + 1 :])
     d = 0
     for it in head:
         if hasattr(it, "dtype") and it.dtype.kind in "iu" and d < len(shape):
@@ -765,6 +776,7 @@ def stack(tensors, dim=0):
 
 # --- comparisons -------------------------------------------------------------------------
 
+
 def eq(x, y):
     return E.Eq.apply(x, y)
 
@@ -791,6 +803,7 @@ def ge(x, y):
 
 # --- reflected operators (Tensor.__rsub__, ...): the scalar comes first -------------------
 
+
 def rsub(x, other):
     """``other - x`` for ``x`` a tensor and ``other`` a tensor or a Python scalar."""
     return sub(*_reflected(other, x))
@@ -809,7 +822,6 @@ def rpow(x, other):
 
 
 # The entries policy auto sees through: each hands its first argument straight to its op.
-for _entry in (add, sub, mul, div, pow, neg, abs, exp, log, sqrt, sin, cos, tanh, sigmoid, relu,
-               leaky_relu, clamp):
+for _entry in (add, sub, mul, div, pow, neg, abs, exp, log, sqrt, sin, cos, tanh, sigmoid, relu, leaky_relu, clamp):
     _inplace.passes_ownership(_entry)
 del _entry

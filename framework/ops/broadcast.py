@@ -16,9 +16,7 @@ def sum_to(grad, shape: tuple, dtype=None):
     """
     if grad.shape != shape:
         lead = grad.ndim - len(shape)
-        axes = tuple(range(lead)) + tuple(
-            lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1
-        )
+        axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1)
         grad = grad.sum(axis=axes, keepdims=True).reshape(shape)
     if dtype is not None and grad.dtype != dtype:
         grad = grad.astype(dtype)

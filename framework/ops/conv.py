@@ -129,6 +129,7 @@ def explain(input_shape, weight_shape, stride=1, padding=0, name=None) -> _choic
 
 # --- argument and geometry helpers ------------------------------------------------------
 
+
 def _pair(value, name: str, fn: str, minimum: int) -> tuple[int, int]:
     if isinstance(value, (tuple, list)):
         if len(value) != 2:
@@ -179,13 +180,10 @@ class Conv2d(Function):
                 f"{tuple(w.shape)} expects {w.shape[1]} input channels; check C_in of the layer"
             )
         if x.dtype != w.dtype or x.dtype.kind != "f":
-            raise TypeError(
-                f"{fn}: input ({x.dtype}) and weight ({w.dtype}) must have the same floating dtype"
-            )
+            raise TypeError(f"{fn}: input ({x.dtype}) and weight ({w.dtype}) must have the same floating dtype")
         if b is not None and (b.shape != (w.shape[0],) or b.dtype != w.dtype):
             raise RuntimeError(
-                f"{fn}: bias must be a {w.dtype} vector of shape ({w.shape[0]},), got "
-                f"{b.dtype} {tuple(b.shape)}"
+                f"{fn}: bias must be a {w.dtype} vector of shape ({w.shape[0]},), got {b.dtype} {tuple(b.shape)}"
             )
         xp = get_array_module(x)
         out_hw = _out_size(fn, x.shape[2:], w.shape[2:], stride, padding)
@@ -237,19 +235,27 @@ def conv2d(input, weight, bias=None, stride=1, padding=0):  # noqa: A002  (PyTor
     stride = _pair(stride, "stride", "conv2d", 1)
     padding = _pair(padding, "padding", "conv2d", 0)
     return Conv2d.apply(
-        input, weight, bias, stride=stride, padding=padding, contraction=get_contraction(),
+        input,
+        weight,
+        bias,
+        stride=stride,
+        padding=padding,
+        contraction=get_contraction(),
         limit=_resolve_limit(get_workspace_limit(), input),
     )
 
 
 # --- pooling ----------------------------------------------------------------------------------
 
+
 def _pool_args(fn, kernel_size, stride, padding):
     kernel = _pair(kernel_size, "kernel_size", fn, 1)
     stride = kernel if stride is None or stride == () or stride == [] else _pair(stride, "stride", fn, 1)
     padding = _pair(padding, "padding", fn, 0)
     if padding[0] > kernel[0] // 2 or padding[1] > kernel[1] // 2:
-        raise ValueError(f"{fn}: pad should be at most half of kernel size, but got pad={padding} and kernel_size={kernel}")
+        raise ValueError(
+            f"{fn}: pad should be at most half of kernel size, but got pad={padding} and kernel_size={kernel}"
+        )
     return kernel, stride, padding
 
 
@@ -269,8 +275,9 @@ class MaxPool2d(Function):
 
     def backward(ctx, g):
         x_shape, kernel, stride, padding, out_hw, limit = ctx.geom
-        return _pooling.max_pool_backward(g, ctx.indices, x_shape, kernel, stride, padding, out_hw, limit,
-                                          get_array_module(g))
+        return _pooling.max_pool_backward(
+            g, ctx.indices, x_shape, kernel, stride, padding, out_hw, limit, get_array_module(g)
+        )
 
 
 class AvgPool2d(Function):
@@ -319,7 +326,9 @@ def max_pool2d(input, kernel_size, stride=None, padding=0):  # noqa: A002
     as the maximum). Saves one small index per output, not the input.
     """
     kernel, stride, padding = _pool_args("max_pool2d", kernel_size, stride, padding)
-    return MaxPool2d.apply(input, kernel=kernel, stride=stride, padding=padding, limit=_resolve_limit(get_workspace_limit(), input))
+    return MaxPool2d.apply(
+        input, kernel=kernel, stride=stride, padding=padding, limit=_resolve_limit(get_workspace_limit(), input)
+    )
 
 
 def avg_pool2d(input, kernel_size, stride=None, padding=0):  # noqa: A002
@@ -333,7 +342,9 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0):  # noqa: A002
             count in each window's mean.
     """
     kernel, stride, padding = _pool_args("avg_pool2d", kernel_size, stride, padding)
-    return AvgPool2d.apply(input, kernel=kernel, stride=stride, padding=padding, limit=_resolve_limit(get_workspace_limit(), input))
+    return AvgPool2d.apply(
+        input, kernel=kernel, stride=stride, padding=padding, limit=_resolve_limit(get_workspace_limit(), input)
+    )
 
 
 def adaptive_avg_pool2d(input, output_size):  # noqa: A002
@@ -357,7 +368,9 @@ def adaptive_avg_pool2d(input, output_size):  # noqa: A002
         raise RuntimeError(f"{fn}: input of shape {tuple(input.shape)} has an empty spatial dimension")
     if h % size[0] == 0 and w % size[1] == 0:
         kernel = (h // size[0], w // size[1])
-        return AvgPool2d.apply(input, kernel=kernel, stride=kernel, padding=(0, 0), limit=_resolve_limit(get_workspace_limit(), input))
+        return AvgPool2d.apply(
+            input, kernel=kernel, stride=kernel, padding=(0, 0), limit=_resolve_limit(get_workspace_limit(), input)
+        )
     if input.dtype.kind != "f":
         raise TypeError(f"{fn}: expected a floating input, got {input.dtype}")
     return AdaptiveAvgPool2dSeparable.apply(input, output_size=size)

@@ -13,11 +13,11 @@ from numbers import Real
 
 import numpy as np
 
+from .. import inplace as _inplace
 from .. import memory
 from .. import random as _random
 from ..autograd.function import Function
 from ..backend import get_array_module
-from .. import inplace as _inplace
 from ..tensor import Tensor
 
 __all__ = ["dropout", "Dropout"]

@@ -50,6 +50,7 @@ def _into(ctx, g, shape=None):
 
 # --- binary arithmetic ----------------------------------------------------------------
 
+
 class Add(Function):
     inplace_name = "add_"
     auto_inplace = True
@@ -180,6 +181,7 @@ class Where(Function):
 
 
 # --- unary ----------------------------------------------------------------------------
+
 
 class Neg(Function):
     inplace_name = "neg_"
@@ -384,6 +386,7 @@ class Cast(Function):
 
 # --- comparisons (no gradient) ----------------------------------------------------------
 
+
 def _comparison(ufunc_name):
     class Compare(Function):
         differentiable = False
@@ -404,6 +407,7 @@ Ge = _comparison("greater_equal")
 
 
 # --- inplace fills -----------------------------------------------------------------------
+
 
 class Fill(Function):
     """``x.fill_(v)``: the old values get no gradient; a tensor ``v`` gets the sum."""

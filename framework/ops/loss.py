@@ -199,12 +199,16 @@ def mse_loss(input, target, reduction="mean"):  # noqa: A002
     """
     _check_reduction(reduction)
     if not isinstance(input, Tensor) or not isinstance(target, Tensor):
-        raise TypeError(f"mse_loss: input and target must be tensors, got {type(input).__name__} and {type(target).__name__}")
+        raise TypeError(
+            f"mse_loss: input and target must be tensors, got {type(input).__name__} and {type(target).__name__}"
+        )
     if input.shape != target.shape:
         raise ValueError(
             f"mse_loss: input shape {tuple(input.shape)} and target shape {tuple(target.shape)} differ; "
             "reshape one so they match (broadcasting is not done, it usually hides a bug)"
         )
     if input.dtype.kind != "f" or input.dtype != target.dtype:
-        raise TypeError(f"mse_loss: input ({input.dtype}) and target ({target.dtype}) must have the same floating dtype")
+        raise TypeError(
+            f"mse_loss: input ({input.dtype}) and target ({target.dtype}) must have the same floating dtype"
+        )
     return MseLoss.apply(input, target, reduction=reduction)

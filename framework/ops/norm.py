@@ -43,12 +43,13 @@ from .. import backend, memory
 from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..backend import get_array_module
-from ..tensor import Tensor, _wrap
+from ..tensor import Tensor
 
 __all__ = ["batch_norm", "inplace_abn", "BatchNorm", "BatchNormEval", "InPlaceABN"]
 
 
 # --- per-channel helpers ------------------------------------------------------------
+
 
 def _cshape(shape) -> tuple:
     """Shape that broadcasts a (C,) array over an (N, C, ...) array."""
@@ -115,8 +116,8 @@ def _global_moments(x, comm, stats, xp):
     r = _rows(x, xp)
     buf = np.empty(2 * c + 1, dtype=np.float64)
     buf[0] = _count(x.shape)
-    buf[1:c + 1] = backend.to_numpy(xp.einsum("ncs->c", r, dtype=np.float64))
-    buf[c + 1:] = backend.to_numpy(xp.einsum("ncs,ncs->c", r, r, dtype=np.float64))
+    buf[1 : c + 1] = backend.to_numpy(xp.einsum("ncs->c", r, dtype=np.float64))
+    buf[c + 1 :] = backend.to_numpy(xp.einsum("ncs,ncs->c", r, r, dtype=np.float64))
     comm.allreduce_(buf, "sum")
     m = int(round(buf[0]))
     if m <= 1:
@@ -124,8 +125,8 @@ def _global_moments(x, comm, stats, xp):
             f"sync_batch_norm: expected more than 1 value per channel over all ranks when training, "
             f"got {m} (local input size {x.shape})"
         )
-    mean = buf[1:c + 1] / m
-    var = np.maximum(buf[c + 1:] / m - mean * mean, 0.0)
+    mean = buf[1 : c + 1] / m
+    var = np.maximum(buf[c + 1 :] / m - mean * mean, 0.0)
     mean, var = xp.asarray(mean), xp.asarray(var)  # back on x's device (NumPy: the same arrays)
     if stats is not None:
         stats["mean"], stats["var"], stats["count"] = mean, var, m
@@ -138,9 +139,9 @@ def _global_sums(comm, *per_channel):
     xp = get_array_module(per_channel[0])
     buf = np.empty(len(per_channel) * c, dtype=np.float64)  # host memory, as _global_moments
     for k, a in enumerate(per_channel):
-        buf[k * c:(k + 1) * c] = backend.to_numpy(a)
+        buf[k * c : (k + 1) * c] = backend.to_numpy(a)
     comm.allreduce_(buf, "sum")
-    return [xp.asarray(buf[k * c:(k + 1) * c]) for k in range(len(per_channel))]
+    return [xp.asarray(buf[k * c : (k + 1) * c]) for k in range(len(per_channel))]
 
 
 def _leaky_relu_inplace(z, slope, xp):
@@ -155,6 +156,7 @@ def _leaky_relu_inplace(z, slope, xp):
 
 
 # --- batch norm -----------------------------------------------------------------------
+
 
 class BatchNorm(Function):
     """Training-mode BN with batch statistics. Backward is the fused BN formula.
@@ -262,6 +264,7 @@ class BatchNormEval(Function):
 
 # --- InPlace-ABN ----------------------------------------------------------------------
 
+
 class InPlaceABN(Function):
     """BatchNorm + leaky ReLU (optionally + a residual) written over the input; backward
     reconstructs x_hat from y.
@@ -279,8 +282,7 @@ class InPlaceABN(Function):
     # The residual only enters the rebuilt x_hat, which only x's and weight's gradients read.
     saved_when = {"residual": (0, 1)}
 
-    def forward(ctx, x, weight, bias, residual=None, mean=None, var=None, eps=1e-5, negative_slope=0.01,
-                stats=None):
+    def forward(ctx, x, weight, bias, residual=None, mean=None, var=None, eps=1e-5, negative_slope=0.01, stats=None):
         xp = get_array_module(x)
         cs = _cshape(x.shape)
         out = ctx.out if ctx.out is not None else memory.empty(x.shape, x.dtype, xp, "activations")
@@ -360,6 +362,7 @@ class InPlaceABN(Function):
 
 # --- public functions -----------------------------------------------------------------
 
+
 def _check_args(name, input, tensors, momentum, eps):
     if not isinstance(input, Tensor):
         raise TypeError(f"{name} expects a Tensor input, got {type(input).__name__}")
@@ -386,9 +389,7 @@ def _check_args(name, input, tensors, momentum, eps):
 
 def _check_batch(name, input):
     if _count(input.shape) <= 1:
-        raise ValueError(
-            f"{name}: expected more than 1 value per channel when training, got input size {input.shape}"
-        )
+        raise ValueError(f"{name}: expected more than 1 value per channel when training, got input size {input.shape}")
 
 
 class RunningStatUpdate(Function):
@@ -442,8 +443,13 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     Returns:
         A new tensor of the input's shape.
     """
-    _check_args("batch_norm", input, {"running_mean": running_mean, "running_var": running_var,
-                                      "weight": weight, "bias": bias}, momentum, eps)
+    _check_args(
+        "batch_norm",
+        input,
+        {"running_mean": running_mean, "running_var": running_var, "weight": weight, "bias": bias},
+        momentum,
+        eps,
+    )
     use_batch = training or running_mean is None or running_var is None
     if not use_batch:
         return BatchNormEval.apply(input, weight, bias, mean=running_mean._data, var=running_var._data, eps=eps)
@@ -477,8 +483,19 @@ def _check_residual(input, residual, inplace=True):
         )
 
 
-def inplace_abn(input, running_mean, running_var, weight, bias, training=False, momentum=0.1, eps=1e-5,
-                negative_slope=0.01, residual=None, inplace=True):
+def inplace_abn(
+    input,
+    running_mean,
+    running_var,
+    weight,
+    bias,
+    training=False,
+    momentum=0.1,
+    eps=1e-5,
+    negative_slope=0.01,
+    residual=None,
+    inplace=True,
+):
     """BatchNorm + leaky ReLU (after an optional residual add) computed over the input's buffer.
 
     ``y = leaky_relu((x - mean) / sqrt(var + eps) * (|weight| + eps) + bias [+ residual],
@@ -515,8 +532,13 @@ def inplace_abn(input, running_mean, running_var, weight, bias, training=False, 
             per channel in training, a residual overlapping the input.
         TypeError: a residual that is not a tensor, or of another dtype.
     """
-    _check_args("inplace_abn", input, {"running_mean": running_mean, "running_var": running_var,
-                                       "weight": weight, "bias": bias}, momentum, eps)
+    _check_args(
+        "inplace_abn",
+        input,
+        {"running_mean": running_mean, "running_var": running_var, "weight": weight, "bias": bias},
+        momentum,
+        eps,
+    )
     if not eps > 0:
         raise ValueError(f"inplace_abn: eps must be > 0 (|weight| + eps must not vanish), got {eps!r}")
     if not (isinstance(negative_slope, Real) and negative_slope > 0):
@@ -528,8 +550,16 @@ def inplace_abn(input, running_mean, running_var, weight, bias, training=False, 
     apply = InPlaceABN.apply_ if inplace else InPlaceABN.apply
     use_batch = training or running_mean is None or running_var is None
     if not use_batch:
-        return apply(input, weight, bias, residual, mean=running_mean._data, var=running_var._data,
-                     eps=eps, negative_slope=negative_slope)
+        return apply(
+            input,
+            weight,
+            bias,
+            residual,
+            mean=running_mean._data,
+            var=running_var._data,
+            eps=eps,
+            negative_slope=negative_slope,
+        )
     _check_batch("inplace_abn", input)
     stats = {}
     out = apply(input, weight, bias, residual, eps=eps, negative_slope=negative_slope, stats=stats)

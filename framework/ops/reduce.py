@@ -14,7 +14,10 @@ def _axes(dim, ndim):
     out = []
     for d in dims:
         if not -max(ndim, 1) <= d < max(ndim, 1):
-            raise IndexError(f"Dimension out of range (expected to be in range of [{-max(ndim, 1)}, {max(ndim, 1) - 1}], but got {d})")
+            raise IndexError(
+                f"Dimension out of range (expected to be in range of [{-max(ndim, 1)}, {max(ndim, 1) - 1}], "
+                f"but got {d})"
+            )
         out.append(d % max(ndim, 1) if ndim else 0)
     return tuple(out)
 

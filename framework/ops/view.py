@@ -271,9 +271,7 @@ class Stack(Function):
 
     def backward(ctx, g):
         xp = get_array_module(g)
-        return tuple(
-            xp.take(g, i, axis=ctx.dim) if need else None for i, need in enumerate(ctx.needs_input_grad)
-        )
+        return tuple(xp.take(g, i, axis=ctx.dim) if need else None for i, need in enumerate(ctx.needs_input_grad))
 
 
 class ToDevice(Function):

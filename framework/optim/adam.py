@@ -74,7 +74,7 @@ def _sqrt(x):
 class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov & Hutter), ``torch.optim.AdamW``::
 
-        p = p * (1 - lr * weight_decay), then the Adam update without the L2 term.
+    p = p * (1 - lr * weight_decay), then the Adam update without the L2 term.
     """
 
     _decoupled = True

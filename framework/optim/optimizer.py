@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import copy
 
-from .. import backend
+from .. import backend, memory
 from .. import inplace as _inplace
-from .. import memory
-from ..callsite import call_site
 from ..autograd.grad_mode import enable_grad, no_grad
+from ..callsite import call_site
 from ..nn.module import _zero_grad
 from ..tensor import Tensor, _wrap
 

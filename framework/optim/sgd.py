@@ -23,8 +23,15 @@ class SGD(Optimizer):
             without momentum or with dampening.
     """
 
-    def __init__(self, params, lr=required, momentum: float = 0, dampening: float = 0, weight_decay: float = 0,
-                 nesterov: bool = False):
+    def __init__(
+        self,
+        params,
+        lr=required,
+        momentum: float = 0,
+        dampening: float = 0,
+        weight_decay: float = 0,
+        nesterov: bool = False,
+    ):
         if lr is not required and lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:

@@ -35,6 +35,7 @@ def assert_close(actual, expected, rtol: float = 1e-5, atol: float = 1e-6, msg: 
 
 def numerical_grads(fn, inputs, weights, eps: float = 1e-6):
     """Central differences of ``sum(fn(*inputs) * weights)`` w.r.t. each float input."""
+
     def loss():
         with no_grad():
             out = fn(*[x.clone() if isinstance(x, Tensor) else x for x in inputs])
@@ -60,8 +61,16 @@ def numerical_grads(fn, inputs, weights, eps: float = 1e-6):
     return grads
 
 
-def gradcheck(fn, inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-4, seed: int = 0,
-              fast_mode: bool = False, directions: int = 4) -> bool:
+def gradcheck(
+    fn,
+    inputs,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    seed: int = 0,
+    fast_mode: bool = False,
+    directions: int = 4,
+) -> bool:
     """Checks autograd's gradients of ``fn`` against central differences.
 
     Args:
@@ -115,6 +124,7 @@ def gradcheck(fn, inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1
 
 def _directional(fn, inputs, weights, x, v, eps) -> float:
     """Central difference of ``sum(fn(*inputs) * weights)`` along ``v`` for input ``x``."""
+
     def loss():
         with no_grad():
             out = fn(*[t.clone() if isinstance(t, Tensor) else t for t in inputs])

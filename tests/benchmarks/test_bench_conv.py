@@ -13,8 +13,11 @@ from benchmarks import bench_conv
 
 
 def _rows(text):
-    return [[c.strip() for c in line.strip("|").split("|")]
-            for line in text.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    return [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("|") and not line.startswith("|---")
+    ]
 
 
 def _tables(text):
@@ -24,8 +27,9 @@ def _tables(text):
 
 def test_bench_conv_quick(capsys, tmp_path):
     path = tmp_path / "conv.json"
-    bench_conv.main(["--quick", "--repeats", "1", "--variants", "gemm,grid,winograd2,winograd4",
-                     "--model", "--json", str(path)])
+    bench_conv.main(
+        ["--quick", "--repeats", "1", "--variants", "gemm,grid,winograd2,winograd4", "--model", "--json", str(path)]
+    )
     out = capsys.readouterr().out
     per_layer, chosen, totals, model = _tables(out)
     per_pass = {(r[0], r[1], r[2]): r for r in per_layer[1:]}
@@ -63,8 +67,11 @@ def test_bench_conv_limits_and_bad_arguments(capsys):
     out = capsys.readouterr().out
     variants = {r[2] for r in _tables(out)[0][1:]}
     assert {"grid ws<=0", "grid ws<=none"} <= variants
-    for bad, msg in ((["--variants", "fft"], "unknown variant 'fft'"), (["--layers", "9"], "--layers: comma"),
-                     (["--limits", "4Q"], "bad workspace limit '4Q'")):
+    for bad, msg in (
+        (["--variants", "fft"], "unknown variant 'fft'"),
+        (["--layers", "9"], "--layers: comma"),
+        (["--limits", "4Q"], "bad workspace limit '4Q'"),
+    ):
         with pytest.raises(SystemExit) as e:
             bench_conv.main(["--quick", *bad])
         assert e.value.code == 2 and msg in capsys.readouterr().err

@@ -34,8 +34,11 @@ pytestmark = pytest.mark.skipif(
 
 
 def _table_rows(text: str) -> list[list[str]]:
-    return [[c.strip() for c in line.strip().strip("|").split("|")]
-            for line in text.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    return [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("|") and not line.startswith("|---")
+    ]
 
 
 def test_bench_distributed_quick(tmp_path):
@@ -43,20 +46,31 @@ def test_bench_distributed_quick(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in _MPI_ENV}  # let the script launch mpiexec
     env["OMP_NUM_THREADS"] = "1"
     try:
-        proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--repeats", "2", "--json", str(path)],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, SCRIPT, "--quick", "--repeats", "2", "--json", str(path)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("bench_distributed --quick did not finish in 300 s")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     out = proc.stdout
     first = [r[0] for r in _table_rows(out)]
-    for row in ("raw MPI Allreduce(IN_PLACE), 1 flat buffer",
-                "iallreduce_ + wait on bucket buffers (25 MiB)",
-                "DataParallel.finish(), on, 25 MiB buckets",
-                "DataParallel.finish(), on, 1 MiB buckets",
-                "allreduce_ per parameter",
-                "off (packed copies)", "on (bucket views)",
-                "1", "2", "efficiency"):
+    for row in (
+        "raw MPI Allreduce(IN_PLACE), 1 flat buffer",
+        "iallreduce_ + wait on bucket buffers (25 MiB)",
+        "DataParallel.finish(), on, 25 MiB buckets",
+        "DataParallel.finish(), on, 1 MiB buckets",
+        "allreduce_ per parameter",
+        "off (packed copies)",
+        "on (bucket views)",
+        "1",
+        "2",
+        "efficiency",
+    ):
         assert row in first, row
     assert out.count("Target:") >= 3
     assert "Load average" in out and "Machine: " in out

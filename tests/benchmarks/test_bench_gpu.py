@@ -23,9 +23,13 @@ LINE = "error: bench_gpu.py needs CuPy and a CUDA GPU, and "
 
 
 def test_without_a_gpu_the_script_fails_with_one_clear_line(without_cupy):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_gpu.py"), "--quick"],
-                       capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_gpu.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 2
     assert r.stdout == ""
     assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith(LINE), r.stderr
@@ -75,11 +79,31 @@ def test_measurement_path_runs_on_the_cpu():
 def _rows(torch_peak=100.0, torch_speed=1000.0, batch=256):
     rows = []
     for variant, peak, speed in (("off", 150.0, 600.0), ("on", 140.0, 620.0), ("on+InPlaceABN", 90.0, 480.0)):
-        rows.append({"model": "resnet20", "batch": batch, "variant": variant, "framework": "ours", "peak_mb": peak,
-                     "samples_per_s": speed, "step_ms": 1e3 * batch / speed, "floor_mb": 50.0, "activation_mb": 80.0})
+        rows.append(
+            {
+                "model": "resnet20",
+                "batch": batch,
+                "variant": variant,
+                "framework": "ours",
+                "peak_mb": peak,
+                "samples_per_s": speed,
+                "step_ms": 1e3 * batch / speed,
+                "floor_mb": 50.0,
+                "activation_mb": 80.0,
+            }
+        )
     if torch_peak is not None:
-        rows.append({"model": "resnet20", "batch": batch, "variant": "PyTorch", "framework": "torch",
-                     "peak_mb": torch_peak, "samples_per_s": torch_speed, "step_ms": 1e3 * batch / torch_speed})
+        rows.append(
+            {
+                "model": "resnet20",
+                "batch": batch,
+                "variant": "PyTorch",
+                "framework": "torch",
+                "peak_mb": torch_peak,
+                "samples_per_s": torch_speed,
+                "step_ms": 1e3 * batch / torch_speed,
+            }
+        )
     return rows
 
 
@@ -147,7 +171,8 @@ def test_quick_run_on_a_gpu(tmp_path, capsys):
     saved = json.loads(path.read_text())
     ours = [r for r in saved["rows"] if r["framework"] == "ours"]
     assert {(r["model"], r["variant"]) for r in ours} == {
-        (m, v) for m in bench_gpu.GPU_MODELS for v in bench_gpu.VARIANT_NAMES}
+        (m, v) for m in bench_gpu.GPU_MODELS for v in bench_gpu.VARIANT_NAMES
+    }
     assert all(r["peak_mb"] > 0 and r["samples_per_s"] > 0 for r in ours)
     assert saved["targets"] and "| target | value | met |" in out
     if saved["torch_missing"] is None:

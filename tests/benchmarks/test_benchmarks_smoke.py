@@ -26,8 +26,13 @@ def test_op_overhead_quick(capsys, tmp_path):
     payload = bench_op_overhead.main(["--quick", "--json", str(path)])
     out = capsys.readouterr().out
     first_cells = [r[0] for r in _table_rows(out)]
-    for mode in ("forward + backward", "forward (grad on)", "forward (no_grad)",
-                 "NumPy forward kernels", "NumPy forward + backward kernels"):
+    for mode in (
+        "forward + backward",
+        "forward (grad on)",
+        "forward (no_grad)",
+        "NumPy forward kernels",
+        "NumPy forward + backward kernels",
+    ):
         assert mode in first_cells
     for kind in bench_op_overhead.MIX:
         assert kind in first_cells
@@ -64,7 +69,7 @@ def test_elementwise_quick(capsys, tmp_path):
     saved = json.loads(path.read_text())
     size = saved["params"]["size"]
     assert size == 1 << 16
-    for op, variants in saved["results"].items():
+    for variants in saved["results"].values():
         # Bytes are exact, not timings: inplace allocates nothing, out of place one tensor.
         assert variants["fw inplace"]["allocated_bytes_counter"] == 0
         assert variants["fw out"]["allocated_bytes_counter"] == 4 * size
@@ -79,8 +84,7 @@ def test_common_helpers():
     s = common.summarize([3.0, 1.0, 2.0])
     assert s == {"min": 1.0, "median": 2.0, "repeats": 3}
     calls = []
-    times = common.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3,
-                               warmup=0)
+    times = common.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=0)
     assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
     assert calls == ["a", "b", "b", "a", "a", "b"]  # the order rotates every round
     assert len(common.time_repeats(lambda: None, 4)) == 4
@@ -104,11 +108,16 @@ def test_logging_quick(capsys, tmp_path):
     assert {r[0] for r in _table_rows(out)} >= {"logging on", "logging off"}
     assert "Overhead of logging every 10 steps + progress bar:" in out
     assert {"RunLogger (RecordWriter)", "FileWriter.add_summary", "SummaryWriter.add_scalar x 14"} <= {
-        r[0] for r in _table_rows(out)}
+        r[0] for r in _table_rows(out)
+    }
     saved = json.loads(path.read_text())
     assert saved["steps"] == 60 and saved["calls"]["scalars_us"] > 0 and saved["calls"]["flush_ms"] > 0
-    assert set(saved["writers"]["variants"]) == {"no logging", "RunLogger (RecordWriter)", "FileWriter.add_summary",
-                                                 "SummaryWriter.add_scalar x 14"}
+    assert set(saved["writers"]["variants"]) == {
+        "no logging",
+        "RunLogger (RecordWriter)",
+        "FileWriter.add_summary",
+        "SummaryWriter.add_scalar x 14",
+    }
 
 
 def test_bench_auto_rewrites_temporaries_and_rebound_names_not_kept_ones(tmp_path):
@@ -116,7 +125,12 @@ def test_bench_auto_rewrites_temporaries_and_rebound_names_not_kept_ones(tmp_pat
 
     payload = bench_auto.main(["--quick", "--repeats", "1", "--json", str(tmp_path / "auto.json")])
     n = bench_auto.N
-    assert payload["rewritten"] == {"temporary_chain/on": 0, "temporary_chain/auto": n,
-                                    "rebound_chain/on": 0, "rebound_chain/auto": n,
-                                    "named_chain/on": 0, "named_chain/auto": 0}
+    assert payload["rewritten"] == {
+        "temporary_chain/on": 0,
+        "temporary_chain/auto": n,
+        "rebound_chain/on": 0,
+        "rebound_chain/auto": n,
+        "named_chain/on": 0,
+        "named_chain/auto": 0,
+    }
     assert (tmp_path / "auto.json").exists()

@@ -28,9 +28,11 @@ SCENARIOS_FILE = os.path.abspath(inspect.getsourcefile(scenarios))
 
 LEAF = "RuntimeError: a leaf Variable that requires grad is being used in an in-place operation ({})."
 VIEW_OF_LEAF = "RuntimeError: a view of a leaf Variable that requires grad is being used in an in-place operation ({})."
-VERSION = ("RuntimeError: one of the variables needed for gradient computation has been modified by an "
-           "inplace operation: [float32 tensor of shape {shape}], which is {what}, is at version 1; "
-           "expected version 0 instead. It was modified by {op} at {where} (version 1).")
+VERSION = (
+    "RuntimeError: one of the variables needed for gradient computation has been modified by an "
+    "inplace operation: [float32 tensor of shape {shape}], which is {what}, is at version 1; "
+    "expected version 0 instead. It was modified by {op} at {where} (version 1)."
+)
 
 
 def line_of(fn, statement: str, nth: int = 0) -> str:
@@ -49,42 +51,105 @@ COS = "[0.8776, 0.5403, 0.0707]"  # cos([0.5, 1.0, 1.5])
 
 EXPECTED = {
     "1.1": {"x._version before": "0", "y is x": "True", "x": "[2.0, 4.0, 6.0]", "x._version after": "1"},
-    "1.2": {"a.mul_(2.0)": StartsWith(LEAF.format("mul_")), "a (unchanged)": "[1.0, 2.0, 3.0]",
-            "a._version": "0", "a.is_leaf": "True"},
+    "1.2": {
+        "a.mul_(2.0)": StartsWith(LEAF.format("mul_")),
+        "a (unchanged)": "[1.0, 2.0, 3.0]",
+        "a._version": "0",
+        "a.is_leaf": "True",
+    },
     "2.1": {"x.sin_()": StartsWith(LEAF.format("sin_")), "x (unchanged)": "[0.5, 1.0, 1.5]", "x._version": "0"},
-    "2.2": {"y": "[1.4794, 1.8415, 1.9975]", "y._version": "1", "y.grad_fn": "AddBackward",
-            "x.grad": COS, "cos(x)": COS},
-    "2.3": {"bytes kept by h.sin_()": "12", "h.grad_fn": "SinBackward", "x.grad": COS, "cos(x)": COS,
-            "bytes kept by e.exp_()": "0", "bytes kept by r.relu_()": "0"},
-    "3.1": {"b._version before": "0", "b._version after": "1", "b.is_leaf": "False",
-            "b.grad_fn": "CopySlices(FillBackward)",
-            "b.sum().backward()": StartsWith(VERSION.format(
-                shape="(3,)", what="the output of ExpBackward", op="fill_",
-                where=line_of(scenarios.version_counter, "b[0] = 1000")))},
-    "3.2": {"a[:] = 0": StartsWith(VIEW_OF_LEAF.format("fill_")), "a (unchanged)": "[1.0, 2.0, 3.0]",
-            "a.is_leaf": "True", "a.grad_fn": "None", "a._version": "0"},
+    "2.2": {
+        "y": "[1.4794, 1.8415, 1.9975]",
+        "y._version": "1",
+        "y.grad_fn": "AddBackward",
+        "x.grad": COS,
+        "cos(x)": COS,
+    },
+    "2.3": {
+        "bytes kept by h.sin_()": "12",
+        "h.grad_fn": "SinBackward",
+        "x.grad": COS,
+        "cos(x)": COS,
+        "bytes kept by e.exp_()": "0",
+        "bytes kept by r.relu_()": "0",
+    },
+    "3.1": {
+        "b._version before": "0",
+        "b._version after": "1",
+        "b.is_leaf": "False",
+        "b.grad_fn": "CopySlices(FillBackward)",
+        "b.sum().backward()": StartsWith(
+            VERSION.format(
+                shape="(3,)",
+                what="the output of ExpBackward",
+                op="fill_",
+                where=line_of(scenarios.version_counter, "b[0] = 1000"),
+            )
+        ),
+    },
+    "3.2": {
+        "a[:] = 0": StartsWith(VIEW_OF_LEAF.format("fill_")),
+        "a (unchanged)": "[1.0, 2.0, 3.0]",
+        "a.is_leaf": "True",
+        "a.grad_fn": "None",
+        "a._version": "0",
+    },
     "3.3": {"a.add_(10.)": StartsWith(LEAF.format("add_")), "a._version": "0"},
-    "3.4": {"a.data.fill_(10.): a": "[10.0, 10.0, 10.0]", "a.data.fill_(10.): a._version": "0",
-            "a.detach().fill_(11.): a": "[11.0, 11.0, 11.0]", "a.detach().fill_(11.): a._version": "1",
-            "no_grad: a[:] = 12.: a": "[12.0, 12.0, 12.0]", "no_grad: a[:] = 12.: a._version": "2",
-            "a.is_leaf, a.requires_grad": "(True, True)"},
-    "3.5": {"a.data.fill_(0.): a._version": "0", "a.grad (cos(a) would be right)": "[1.0, 1.0, 1.0]",
-            "b.detach().fill_(0.): b._version": "1",
-            "z.sum().backward()": StartsWith(VERSION.format(
-                shape="(3,)", what="input 'x' of SinBackward", op="fill_",
-                where=line_of(scenarios.data_is_unchecked, "b.detach().fill_(0.0)")))},
-    "3.6": {"after: f.sum().backward()": StartsWith(VERSION.format(
-                shape="(1, 2)", what="input 'x' of MatmulBackward", op="fill_",
-                where=line_of(scenarios.write_before_or_after_use, "d[:] = 1", nth=0))),
-            "d.grad_fn": "CopySlices(FillBackward)", "before: f.sum().backward()": "no error",
-            "w1.grad": "[[0.0, 0.0], [0.0, 0.0]]", "w2.grad": "[[1.0, 1.0], [1.0, 1.0]]"},
+    "3.4": {
+        "a.data.fill_(10.): a": "[10.0, 10.0, 10.0]",
+        "a.data.fill_(10.): a._version": "0",
+        "a.detach().fill_(11.): a": "[11.0, 11.0, 11.0]",
+        "a.detach().fill_(11.): a._version": "1",
+        "no_grad: a[:] = 12.: a": "[12.0, 12.0, 12.0]",
+        "no_grad: a[:] = 12.: a._version": "2",
+        "a.is_leaf, a.requires_grad": "(True, True)",
+    },
+    "3.5": {
+        "a.data.fill_(0.): a._version": "0",
+        "a.grad (cos(a) would be right)": "[1.0, 1.0, 1.0]",
+        "b.detach().fill_(0.): b._version": "1",
+        "z.sum().backward()": StartsWith(
+            VERSION.format(
+                shape="(3,)",
+                what="input 'x' of SinBackward",
+                op="fill_",
+                where=line_of(scenarios.data_is_unchecked, "b.detach().fill_(0.0)"),
+            )
+        ),
+    },
+    "3.6": {
+        "after: f.sum().backward()": StartsWith(
+            VERSION.format(
+                shape="(1, 2)",
+                what="input 'x' of MatmulBackward",
+                op="fill_",
+                where=line_of(scenarios.write_before_or_after_use, "d[:] = 1", nth=0),
+            )
+        ),
+        "d.grad_fn": "CopySlices(FillBackward)",
+        "before: f.sum().backward()": "no error",
+        "w1.grad": "[[0.0, 0.0], [0.0, 0.0]]",
+        "w2.grad": "[[1.0, 1.0], [1.0, 1.0]]",
+    },
     "4.1": {"z is x": "False", "x.add_(y) is x": "True", "x == z after add_": "True"},
-    "4.2": {"v.is_leaf": "False", "v.grad_fn": "MulBackward", "w.grad (d loss / d w)": "[8.0, 10.0, 12.0]",
-            "v.grad (d loss / d v)": "[4.0, 5.0, 6.0]"},
-    "4.3": {"y.sum().backward()  (y = h + 1)": "no error", "x.grad": "[1.0, 1.0, 1.0]",
-            "z.sum().backward()  (z = g * g)": StartsWith(VERSION.format(
-                shape="(3,)", what="input 'x' of MulBackward", op="add_",
-                where=line_of(scenarios.error_only_when_read, "g.add_(5.0)")))},
+    "4.2": {
+        "v.is_leaf": "False",
+        "v.grad_fn": "MulBackward",
+        "w.grad (d loss / d w)": "[8.0, 10.0, 12.0]",
+        "v.grad (d loss / d v)": "[4.0, 5.0, 6.0]",
+    },
+    "4.3": {
+        "y.sum().backward()  (y = h + 1)": "no error",
+        "x.grad": "[1.0, 1.0, 1.0]",
+        "z.sum().backward()  (z = g * g)": StartsWith(
+            VERSION.format(
+                shape="(3,)",
+                what="input 'x' of MulBackward",
+                op="add_",
+                where=line_of(scenarios.error_only_when_read, "g.add_(5.0)"),
+            )
+        ),
+    },
 }
 
 
@@ -180,8 +245,13 @@ def test_timings_and_faults_have_one_entry_per_repeat():
 
 def test_script_runs_end_to_end(tmp_path):
     chart = tmp_path / "charts" / "add.png"
-    r = subprocess.run([sys.executable, TOUR, "--quick", "--plot", str(chart)], capture_output=True,
-                       text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [sys.executable, TOUR, "--quick", "--plot", str(chart)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     out = " ".join(r.stdout.split())  # the tour wraps long values
     for sc in scenarios.SCENARIOS:
@@ -201,10 +271,13 @@ def test_script_runs_end_to_end(tmp_path):
         assert "(torch: same)" in out and "torch min" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--plot", "chart.svg"], "error: --plot must name a .png file, got 'chart.svg'"),
-    (["--repeats", "3"], "error: unrecognized arguments: --repeats 3"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--plot", "chart.svg"], "error: --plot must name a .png file, got 'chart.svg'"),
+        (["--repeats", "3"], "error: unrecognized arguments: --repeats 3"),
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         tour.main(argv)

@@ -41,10 +41,19 @@ def leaf(*shape):
 
 # --- calibration --------------------------------------------------------------------------
 
+
 def test_calibration_trusts_every_path_and_names_count_one_more():
-    for key in [("apply", "call"), ("apply", "binary"), ("apply", "module"), ("apply", "call_kw"),
-                ("apply", "module_kw"), ("site", "call"), ("site", "module"), ("site", "call_kw"),
-                ("site", "module_kw")]:
+    for key in [
+        ("apply", "call"),
+        ("apply", "binary"),
+        ("apply", "module"),
+        ("apply", "call_kw"),
+        ("apply", "module_kw"),
+        ("site", "call"),
+        ("site", "module"),
+        ("site", "call_kw"),
+        ("site", "module_kw"),
+    ]:
         assert key in proof._BASE, key
     assert proof.status == "" and proof.untrusted == [] and inplace.auto_status() == ""
     assert proof._REBIND_OK  # t = f(t) proven dead, u = t; t = f(t) not, end to end
@@ -56,8 +65,17 @@ def test_when_nothing_can_be_proved_auto_acts_as_off_and_warns_once(monkeypatch)
 
     monkeypatch.setattr(proof, "calibrate", broken)
     with pytest.warns(RuntimeWarning, match="act as under 'off'"):
-        inplace.calibrate(Tensor=fw.Tensor, make=None, neg=None, add=None, relu=None, residual_add=None,
-                          site=None, op_module=None, module_call=None)
+        inplace.calibrate(
+            Tensor=fw.Tensor,
+            make=None,
+            neg=None,
+            add=None,
+            relu=None,
+            residual_add=None,
+            site=None,
+            op_module=None,
+            module_call=None,
+        )
     assert inplace.auto_status().startswith("no path")
     x = leaf(3)
     y = nn.ReLU()(x * 2)  # the site writes nothing
@@ -67,6 +85,7 @@ def test_when_nothing_can_be_proved_auto_acts_as_off_and_warns_once(monkeypatch)
 
 
 # --- what auto rewrites --------------------------------------------------------------------
+
 
 def test_temporary_is_reused_and_result_matches_off():
     x = leaf(3, 4)
@@ -79,14 +98,17 @@ def test_temporary_is_reused_and_result_matches_off():
     np.testing.assert_array_equal(x.grad.numpy(), np.full((3, 4), 2, np.float32))
 
 
-@pytest.mark.parametrize("make", [
-    lambda t: fw.exp(t * 1.0),
-    lambda t: (t * 1.0).tanh(),
-    lambda t: F.relu(t * 1.0),
-    lambda t: 3.0 * (t * 1.0),  # __rmul__
-    lambda t: 1.0 + (t * 1.0),  # __radd__
-    lambda t: fw.add(t * 1.0, 1.0, alpha=2),  # keyword arguments
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda t: fw.exp(t * 1.0),
+        lambda t: (t * 1.0).tanh(),
+        lambda t: F.relu(t * 1.0),
+        lambda t: 3.0 * (t * 1.0),  # __rmul__
+        lambda t: 1.0 + (t * 1.0),  # __radd__
+        lambda t: fw.add(t * 1.0, 1.0, alpha=2),  # keyword arguments
+    ],
+)
 def test_each_entry_path_reuses_a_temporary(make):
     x = leaf(5)
     with inplace.policy("off"):
@@ -106,6 +128,7 @@ def test_under_no_grad_ops_that_save_their_input_are_rewritten_too():
 
 
 # --- where auto refuses, and why --------------------------------------------------------------
+
 
 def test_a_named_tensor_is_never_overwritten():
     x = leaf(4)
@@ -184,11 +207,17 @@ def test_held_in_a_container_or_called_through_c_is_refused():
 
     xs = [x * 2, x * 3]
     before = [t.detach().numpy().copy() for t in xs]
-    for run in (lambda: list(map(operator.neg, xs)), lambda: list(map(fw.neg, xs)),
-                lambda: list(map(nn.ReLU(), xs)), lambda: list(map(F.relu, xs)),
-                lambda: list(map(F.residual_add, xs, [1.0, 1.0])), lambda: list(map(fw.Tensor.exp, xs)),
-                lambda: list(itertools.starmap(operator.add, [(t, 1.0) for t in xs])),
-                lambda: functools.reduce(operator.add, xs), lambda: sorted(xs, key=lambda t: 0)):
+    for run in (
+        lambda: list(map(operator.neg, xs)),
+        lambda: list(map(fw.neg, xs)),
+        lambda: list(map(nn.ReLU(), xs)),
+        lambda: list(map(F.relu, xs)),
+        lambda: list(map(F.residual_add, xs, [1.0, 1.0])),
+        lambda: list(map(fw.Tensor.exp, xs)),
+        lambda: list(itertools.starmap(operator.add, [(t, 1.0) for t in xs])),
+        lambda: functools.reduce(operator.add, xs),
+        lambda: sorted(xs, key=lambda t: 0),
+    ):
         run()
         for t, b in zip(xs, before):
             np.testing.assert_array_equal(t.detach().numpy(), b)
@@ -210,6 +239,7 @@ def test_explicit_dunder_call_on_a_named_tensor_is_refused():
 
 
 # --- modules ------------------------------------------------------------------------------------
+
 
 def test_sequential_hands_each_output_over_and_matches_off():
     fw.manual_seed(0)
@@ -279,7 +309,7 @@ def test_the_examples_in_docs_inplace_md_do_what_they_say():
     def rewritten(fn):
         memory.reset_stats()
         fn()
-        return {k[len("auto_inplace_ops."):] for k in memory.stats() if k.startswith("auto_inplace_ops.")}
+        return {k[len("auto_inplace_ops.") :] for k in memory.stats() if k.startswith("auto_inplace_ops.")}
 
     h = x * 2
     assert rewritten(lambda: (x * 2) + 1.0) == {"Add"}
@@ -319,6 +349,7 @@ def test_residual_add_site_takes_the_out_of_place_path_when_the_sum_is_bigger(po
 
 # The statements under test live in helpers without ``assert``: pytest rewrites asserts
 # into code that calls locals(), and auto refuses to reason about such a frame.
+
 
 def _rebinding(x):
     out = x * 2
@@ -388,6 +419,7 @@ def test_rebinding_inside_try_or_in_a_closure_is_refused():
 
         def inner():
             return out
+
         out = out + 1.0
         return inner()
 
@@ -455,8 +487,7 @@ _CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION", "CALL_METHOD", "CALL_FUNCTION_KW"}
 
 def _rebound_at_calls(fn):
     """What the proof reads at each call of ``fn``: the name the next instruction rebinds."""
-    return [proof._classify_caller(fn.__code__, i.offset)[1]
-            for i in dis.get_instructions(fn) if i.opname in _CALLS]
+    return [proof._classify_caller(fn.__code__, i.offset)[1] for i in dis.get_instructions(fn) if i.opname in _CALLS]
 
 
 def test_rebind_rule_claims_only_a_loaded_name_stored_right_after_the_call():

@@ -33,13 +33,26 @@ import framework as fw
 from framework import inplace, memory, nn
 from framework.nn import functional as F
 
-UNARY = {"tanh": fw.tanh, "sigmoid": fw.sigmoid, "relu": fw.relu, "neg": fw.neg, "abs": fw.abs,
-         "sin": fw.sin, "cos": fw.cos, "exp": fw.exp}
+UNARY = {
+    "tanh": fw.tanh,
+    "sigmoid": fw.sigmoid,
+    "relu": fw.relu,
+    "neg": fw.neg,
+    "abs": fw.abs,
+    "sin": fw.sin,
+    "cos": fw.cos,
+    "exp": fw.exp,
+}
 SCALARS = st.sampled_from([0.5, 2.0, -1.5, 3.0])
 HOOKED = nn.Tanh()
 HOOKED.register_forward_hook(lambda module, args, out: None)
-MODULES = {"relu": nn.ReLU(), "tanh": nn.Tanh(), "leaky": nn.LeakyReLU(0.1),
-           "seq": nn.Sequential(nn.LeakyReLU(0.2), nn.ReLU()), "hooked": HOOKED}
+MODULES = {
+    "relu": nn.ReLU(),
+    "tanh": nn.Tanh(),
+    "leaky": nn.LeakyReLU(0.1),
+    "seq": nn.Sequential(nn.LeakyReLU(0.2), nn.ReLU()),
+    "hooked": HOOKED,
+}
 
 step = st.one_of(
     st.tuples(st.just("fn"), st.sampled_from(sorted(UNARY))),
@@ -60,8 +73,9 @@ named_step = st.one_of(
 )
 instruction = st.one_of(
     st.tuples(st.just("chain"), st.integers(0, 20), st.booleans(), st.lists(step, min_size=1, max_size=4)),
-    st.tuples(st.just("named"), st.integers(0, 20), st.booleans(), st.lists(named_step, min_size=1, max_size=4),
-              st.booleans()),
+    st.tuples(
+        st.just("named"), st.integers(0, 20), st.booleans(), st.lists(named_step, min_size=1, max_size=4), st.booleans()
+    ),
     st.tuples(st.just("explicit"), st.integers(0, 20), st.sampled_from(["add_", "mul_", "relu_", "setitem"]), SCALARS),
 )
 
@@ -155,8 +169,12 @@ def named_chain(pool, src, copy, steps, keep_alias):
         pool.append(alias)
 
 
-B_SHAPES = {"row": lambda r, c: (c,), "row2d": lambda r, c: (1, c), "column": lambda r, c: (r, 1),
-            "scalar": lambda r, c: ()}
+B_SHAPES = {
+    "row": lambda r, c: (c,),
+    "row2d": lambda r, c: (1, c),
+    "column": lambda r, c: (r, 1),
+    "scalar": lambda r, c: (),
+}
 shapes = st.tuples(st.integers(1, 4), st.integers(1, 5), st.sampled_from(sorted(B_SHAPES)))
 
 
@@ -172,8 +190,7 @@ def _run(program, policy, pool_shapes):
     rows, cols, b_kind = pool_shapes
     rng = np.random.default_rng(0)
     a = fw.tensor(rng.standard_normal((rows, cols)).astype(np.float32) * 0.5, requires_grad=True)
-    b = fw.tensor(rng.standard_normal(B_SHAPES[b_kind](rows, cols)).astype(np.float32) * 0.5,
-                  requires_grad=True)
+    b = fw.tensor(rng.standard_normal(B_SHAPES[b_kind](rows, cols)).astype(np.float32) * 0.5, requires_grad=True)
     c = fw.tensor(rng.standard_normal((cols, rows)).astype(np.float32) * 0.5).t()
     assert c._base is not None and c.shape == (rows, cols)
     pool = [a, b, c]

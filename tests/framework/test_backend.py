@@ -94,6 +94,7 @@ def test_gpu_transfers_round_trip():
 
 # --- the calls that differ between NumPy and CuPy (backend.py decides) ---------------------------
 
+
 def test_reshape_view_is_a_view_or_none(backend):
     xp = backend_module_for(backend)
     a = fw.arange(24, device=backend)._data.reshape(2, 3, 4)
@@ -105,10 +106,20 @@ def test_reshape_view_is_a_view_or_none(backend):
     assert fw.backend.reshape_view(a, (5, 5)) is None  # wrong size
 
 
-@pytest.mark.parametrize("shape,size,expected", [
-    ((-1,), 24, (24,)), ((2, -1, 3), 24, (2, 4, 3)), ((6, 4), 24, (6, 4)), ((), 1, ()), ((0, 3), 0, (0, 3)),
-    ((5, -1), 24, None), ((-1, -1), 24, None), ((5, 5), 24, None), ((0, -1), 0, None),
-])
+@pytest.mark.parametrize(
+    "shape,size,expected",
+    [
+        ((-1,), 24, (24,)),
+        ((2, -1, 3), 24, (2, 4, 3)),
+        ((6, 4), 24, (6, 4)),
+        ((), 1, ()),
+        ((0, 3), 0, (0, 3)),
+        ((5, -1), 24, None),
+        ((-1, -1), 24, None),
+        ((5, 5), 24, None),
+        ((0, -1), 0, None),
+    ],
+)
 def test_known_shape_resolves_minus_one_as_numpy_does(shape, size, expected):
     # What reshape_view's CuPy branch hands to the shape setter (that branch needs a GPU).
     assert backend._known_shape(shape, size) == expected
@@ -191,6 +202,7 @@ def test_to_device_between_two_gpus():
 
 
 # --- the one device parser and the choice of CuPy -------------------------------------------------
+
 
 def test_parse_device_keeps_a_bare_cuda_unresolved():
     assert backend.parse_device("cuda") == Device("cuda", None) and str(Device("cuda")) == "cuda"

@@ -7,8 +7,8 @@ import framework as fw
 from framework import random as fw_random
 from framework.testing import to_numpy
 
-
 # --- tensor(): copies, dtype inference ----------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "data, dtype",
@@ -69,6 +69,7 @@ def test_from_numpy_shares_memory_both_ways():
 
 # --- filled tensors -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fn, value", [(fw.zeros, 0.0), (fw.ones, 1.0)])
 def test_zeros_ones(fn, value):
     for t in (fn(2, 3), fn((2, 3)), fn([2, 3])):  # varargs or one sequence, as in PyTorch
@@ -122,6 +123,7 @@ def test_like_functions_follow_the_source():
 
 # --- random ---------------------------------------------------------------------------------------
 
+
 def test_randn_and_rand_shapes_dtypes_and_ranges():
     fw.manual_seed(0)
     r = fw.randn(1000)
@@ -159,12 +161,16 @@ def test_random_state_round_trips():
 
 # --- devices -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make", [
-    lambda d: fw.tensor([1.0], device=d),
-    lambda d: fw.zeros(2, device=d),
-    lambda d: fw.arange(3, device=d),
-    lambda d: fw.eye(2, device=d),
-])
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: fw.tensor([1.0], device=d),
+        lambda d: fw.zeros(2, device=d),
+        lambda d: fw.arange(3, device=d),
+        lambda d: fw.eye(2, device=d),
+    ],
+)
 def test_bad_device_string_is_a_clear_error(make):
     with pytest.raises(ValueError, match="unknown device 'gpu0'"):
         make("gpu0")
@@ -175,15 +181,18 @@ def test_cuda_without_gpu_is_a_clear_error(without_cupy):
         fw.zeros(2, device="cuda")
 
 
-@pytest.mark.parametrize("make, expected", [
-    (lambda d: fw.tensor([1.0, 2.0], device=d), [1.0, 2.0]),
-    (lambda d: fw.zeros(2, device=d), [0.0, 0.0]),
-    (lambda d: fw.ones(2, device=d), [1.0, 1.0]),
-    (lambda d: fw.full((2,), 3.0, device=d), [3.0, 3.0]),
-    (lambda d: fw.arange(2, device=d), [0, 1]),
-    (lambda d: fw.eye(2, device=d)[0], [1.0, 0.0]),
-    (lambda d: fw.zeros_like(fw.ones(2, device=d)), [0.0, 0.0]),
-])
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda d: fw.tensor([1.0, 2.0], device=d), [1.0, 2.0]),
+        (lambda d: fw.zeros(2, device=d), [0.0, 0.0]),
+        (lambda d: fw.ones(2, device=d), [1.0, 1.0]),
+        (lambda d: fw.full((2,), 3.0, device=d), [3.0, 3.0]),
+        (lambda d: fw.arange(2, device=d), [0, 1]),
+        (lambda d: fw.eye(2, device=d)[0], [1.0, 0.0]),
+        (lambda d: fw.zeros_like(fw.ones(2, device=d)), [0.0, 0.0]),
+    ],
+)
 def test_creation_on_backend(backend, make, expected):
     t = make(backend)
     assert t.device == fw.device(backend)

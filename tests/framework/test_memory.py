@@ -243,6 +243,7 @@ def test_freeing_the_last_reference_uncounts():
 
 # --- categories, saved bytes, timeline, peak -----------------------------------------------
 
+
 def _delta(after: dict, before: dict) -> dict:
     return {k: after[k] - before[k] for k in after if after[k] != before[k]}
 
@@ -378,6 +379,7 @@ def test_category_context_rejects_unknown_names():
 
 
 # --- bugs fixed in memory.py (each with its test) ------------------------------------------
+
 
 def test_track_rejects_unknown_category_and_counts_nothing():
     """Was: any string became a category outside CATEGORIES, missing from breakdown()."""
@@ -685,7 +687,7 @@ def test_gpu_hook_context_manager_and_foreign_allocator(fake_cupy, monkeypatch):
             assert inner is counter
         assert memory.gpu_hook_enabled()
     assert not memory.gpu_hook_enabled() and memory.gpu_counter() is None
-    monkeypatch.setattr(cp.cuda, "get_allocator", lambda: (lambda size: None))
+    monkeypatch.setattr(cp.cuda, "get_allocator", lambda: lambda size: None)
     with pytest.warns(RuntimeWarning, match="not a cupy.cuda.MemoryPool"):
         counter = memory.enable_gpu_hook()
     assert counter.baseline == 0
@@ -706,8 +708,7 @@ def test_cupy_arrays_are_counted_by_category_at_nbytes(fake_cupy):
     # The breakdown counts nbytes; the hook's total counts the pool's rounded blocks.
     assert counter.allocated - counter.baseline == _rounded(1000) + _rounded(3000) + 2048
     memory.retag(x, "optimizer_state")
-    assert _delta(memory.breakdown("cuda"), gpu0) == {"parameters": 1000, "optimizer_state": 3000,
-                                                      "activations": 2048}
+    assert _delta(memory.breakdown("cuda"), gpu0) == {"parameters": 1000, "optimizer_state": 3000, "activations": 2048}
     memory.reset_peak()
     with memory.category("workspace"):
         tmp = memory.track(FakeGpuArray(5000))
@@ -760,7 +761,10 @@ def test_gpu_timeline_records_every_pool_event_and_not_the_host(fake_cupy):
     del host, b, keep
     assert tl.events[0][:3] == (0.0, start, 0)
     assert [(e[2], e[3], e[4]) for e in tl.events[1:]] == [
-        (1024, "activations", "forward"), (2 * UNIT, "other", "backward"), (-1024, "other", "backward")]
+        (1024, "activations", "forward"),
+        (2 * UNIT, "other", "backward"),
+        (-1024, "other", "backward"),
+    ]
     assert [e[1] for e in tl.events] == [start, start + 1024, start + 2048, start + 1024]
     assert tl.peak == start + 2048
     with memory.record_timeline("cpu") as host_tl:

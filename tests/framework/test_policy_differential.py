@@ -53,8 +53,9 @@ def expr(depth):
 
 statement = st.one_of(
     st.tuples(st.just("assign"), expr(2)),
-    st.tuples(st.just("rebind"), st.integers(0, 30), st.sampled_from(SITES + FUNCS + ["+", "residual"]),
-              st.integers(0, 30)),
+    st.tuples(
+        st.just("rebind"), st.integers(0, 30), st.sampled_from(SITES + FUNCS + ["+", "residual"]), st.integers(0, 30)
+    ),
     st.tuples(st.just("list"), st.integers(0, 30), st.integers(0, 30)),
     st.tuples(st.just("explicit"), st.integers(0, 30), st.sampled_from(["add_", "mul_", "relu_", "setitem"])),
 )
@@ -126,8 +127,12 @@ class Writer:
             self.names.append(out)
         else:
             v, op = self.name(s[1]), s[2]
-            call = {"add_": f"{v}.add_(0.5)", "mul_": f"{v}.mul_(0.5)", "relu_": f"{v}.relu_()",
-                    "setitem": f"{v}[0] = 0.25"}[op]
+            call = {
+                "add_": f"{v}.add_(0.5)",
+                "mul_": f"{v}.mul_(0.5)",
+                "relu_": f"{v}.relu_()",
+                "setitem": f"{v}[0] = 0.25",
+            }[op]
             self.lines.append(f"{pad}{call}")
 
     def source(self, blocks) -> str:
@@ -210,8 +215,7 @@ def _observe(scope, x, c, m):
     except (RuntimeError, ValueError, IndexError) as e:
         return ("error", type(e).__name__, str(e).split(" at ")[0][:80])
     try:
-        values = {k: [t.detach().numpy().copy() for t in (v if isinstance(v, list) else [v])]
-                  for k, v in held.items()}
+        values = {k: [t.detach().numpy().copy() for t in (v if isinstance(v, list) else [v])] for k, v in held.items()}
         loss = None
         for k, (_, v) in enumerate(sorted(held.items())):
             for t in v if isinstance(v, list) else [v]:
@@ -266,13 +270,15 @@ def test_no_policy_changes_a_number(blocks):
 def test_the_programs_reach_every_policy_path():
     """Not vacuous: a program of the kind drawn above is rewritten by auto, and makes on
     raise where it reads a value a site consumed."""
-    source = Writer().source([
-        ("plain", ("assign", ("scalar", "*", ("func", "lin", ("name", 0)), 2.0))),  # v3 = lin(x) * 2.0
-        ("plain", ("rebind", 3, "tanh_site", 0)),  # v3 = m.tanh_site(v3): rebound, so dead
-        ("plain", ("assign", ("site", "relu", ("func", "lin", ("name", 0))))),  # relu(lin(x)): a temporary
-        ("plain", ("assign", ("site", "relu", ("name", 2)))),  # relu(h): h is read again below
-        ("plain", ("assign", ("binary", "+", ("name", 2), ("name", 5)))),
-    ])
+    source = Writer().source(
+        [
+            ("plain", ("assign", ("scalar", "*", ("func", "lin", ("name", 0)), 2.0))),  # v3 = lin(x) * 2.0
+            ("plain", ("rebind", 3, "tanh_site", 0)),  # v3 = m.tanh_site(v3): rebound, so dead
+            ("plain", ("assign", ("site", "relu", ("func", "lin", ("name", 0))))),  # relu(lin(x)): a temporary
+            ("plain", ("assign", ("site", "relu", ("name", 2)))),  # relu(h): h is read again below
+            ("plain", ("assign", ("binary", "+", ("name", 2), ("name", 5)))),
+        ]
+    )
     assert "v3 = m.tanh_site(v3)" in source and "v5 = m.relu(h)" in source
     memory.reset_stats()
     ref = run(source, "off")

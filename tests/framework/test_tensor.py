@@ -20,6 +20,7 @@ def t():
 
 # --- metadata ---------------------------------------------------------------------------
 
+
 def test_metadata(t):
     assert t.shape == (2, 3) and t.ndim == 2 and t.dim() == 2
     assert t.dtype == fw.float32
@@ -39,6 +40,7 @@ def test_zero_dim_tensor():
 
 
 # --- conversion --------------------------------------------------------------------------
+
 
 def test_numpy_shares_memory_on_cpu(t):
     n = t.numpy()
@@ -83,6 +85,7 @@ def test_to_cuda_without_gpu_raises_a_clear_error(without_cupy):
 
 # --- copies and layout -------------------------------------------------------------------
 
+
 def test_clone_copies_memory_and_records_history():
     a = fw.tensor([1.0, 2.0], requires_grad=True)
     c = a.clone()
@@ -106,6 +109,7 @@ def test_contiguous_and_is_contiguous(t):
 
 
 # --- detach, detach_, data ----------------------------------------------------------------
+
 
 def test_detach_shares_memory_and_version_but_has_no_history():
     a = fw.tensor([1.0, 2.0], requires_grad=True)
@@ -140,6 +144,7 @@ def test_data_has_its_own_version_counter():
 
 
 # --- requires_grad, grad, grad_fn, is_leaf, _version, _base --------------------------------
+
 
 def test_requires_grad_settable_on_leaves():
     a = fw.tensor([1.0, 2.0])
@@ -229,6 +234,7 @@ def test_base_of_views_is_the_root():
 
 # --- repr -----------------------------------------------------------------------------------------
 
+
 def test_repr_is_readable():
     assert repr(fw.tensor([1.0, 2.0])) == "tensor([1., 2.])"
     assert repr(fw.tensor([1, 2])) == "tensor([1, 2])"
@@ -242,6 +248,7 @@ def test_repr_is_readable():
 
 # --- the same behaviour on every backend -------------------------------------------------------
 
+
 def test_tensor_on_backend(backend):
     x = fw.tensor([[1.0, -2.0], [3.0, 4.0]], device=backend)
     assert x.device == fw.device(backend)
@@ -252,7 +259,7 @@ def test_tensor_on_backend(backend):
     back = x.to("cpu")
     assert back.device == fw.device("cpu")
     np.testing.assert_array_equal(back.numpy(), [[1.0, -2.0], [3.0, 4.0]])
-    assert (x.to(backend) is x)
+    assert x.to(backend) is x
     if backend != "cpu":
         assert "device='cuda:0'" in repr(x)
 
@@ -301,6 +308,7 @@ def test_cuda_tensor_numpy_is_a_host_copy():
 
 
 # --- NumPy 2's __array__(dtype, copy) protocol ------------------------------------------------
+
 
 def test_np_array_is_a_snapshot_that_later_updates_do_not_change():
     p = fw.tensor([1.0, 2.0], requires_grad=True)

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import framework as fw
-from framework import memory, nn, optim
-
 import models
+from framework import memory, nn, optim
 from models import available_models, build_model, register_model, registry
 
 # Small versions of every model (and every norm / activation path), with an input shape.
@@ -42,6 +41,7 @@ def _batch(shape, num_classes=10, seed=0):
 
 
 # --- registry ----------------------------------------------------------------------------
+
 
 def test_available_models():
     names = available_models()
@@ -138,6 +138,7 @@ def test_resnet20_has_the_papers_parameter_count():
 
 # --- shapes and gradients -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("key", sorted(SMALL))
 def test_output_shape_and_every_parameter_gets_a_gradient(key):
     fw.manual_seed(0)
@@ -173,6 +174,7 @@ def test_resnet_downsampling_shortcut_is_option_a():
 
 
 # --- the inplace policy changes memory, never results -------------------------------------
+
 
 def _train_losses(key, policy, steps=20, batch=32):
     with fw.inplace.policy(policy):
@@ -211,6 +213,7 @@ def test_policy_on_and_off_give_the_same_losses(key):
 
 
 # --- memory ---------------------------------------------------------------------------------
+
 
 def test_inplace_abn_holds_fewer_bytes_for_backward():
     """BN + ReLU hold conv output and activation; InPlace-ABN only the activation."""
@@ -272,6 +275,7 @@ def test_resnet20_peak_memory_on_below_off_and_inplace_abn_lower_still():
 
 # --- fully fused basic block (InPlace-ABN with the residual) --------------------------------
 
+
 def test_resnet_inplace_abn_fuses_the_second_unit_with_the_residual():
     model = build_model("resnet8", width=4, norm="inplace_abn")
     for block in model.layers:
@@ -294,8 +298,12 @@ def test_resnet_inplace_abn_fuses_the_second_unit_with_the_residual():
             assert y.grad_fn.next[0].name().startswith("Conv")
             assert inp._version == 0  # the identity is untouched
             y.backward(fw.ones_like(y))
-            results[policy] = (writes, y.detach().numpy().copy(), x.grad.numpy().copy(),
-                               [p.grad.numpy().copy() for p in block.parameters()])
+            results[policy] = (
+                writes,
+                y.detach().numpy().copy(),
+                x.grad.numpy().copy(),
+                [p.grad.numpy().copy() for p in block.parameters()],
+            )
     (writes_on, y_on, gx_on, gp_on), (writes_off, y_off, gx_off, gp_off) = results["on"], results["off"]
     assert writes_on == writes_off + 2  # on wrote over the two conv outputs instead of new buffers
     np.testing.assert_array_equal(y_on, y_off)  # ... and no policy changes a number
@@ -344,8 +352,9 @@ def _resnet20_saved_activations(norm, batch=8, size=16):
         base = memory.saved_bytes()
         loss = nn.CrossEntropyLoss()(model(x), y)
         saved = memory.saved_bytes() - base
-        params = sum(t.nbytes for t in list(model.parameters()) + list(model.buffers())
-                     if memory.saved_refcount(t._data))
+        params = sum(
+            t.nbytes for t in list(model.parameters()) + list(model.buffers()) if memory.saved_refcount(t._data)
+        )
         loss.backward()
     return saved - params
 

@@ -22,7 +22,11 @@ def run(tmp_path, script, *args, timeout=240):
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, os.path.join(ROOT, "scripts", script), *args],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=timeout,
     )
 
 
@@ -79,23 +83,57 @@ def test_unknown_model_and_model_argument_exit_2_with_a_suggestion(tmp_path):
 
 
 def test_diverging_run_stops_with_the_step_and_exit_3(tmp_path):
-    r = run(tmp_path, "train.py", "--config", config(tmp_path), "--set", "optim.lr=1e12",
-            "--set", "train.epochs=3", "--set", "train.max_steps=60")
+    r = run(
+        tmp_path,
+        "train.py",
+        "--config",
+        config(tmp_path),
+        "--set",
+        "optim.lr=1e12",
+        "--set",
+        "train.epochs=3",
+        "--set",
+        "train.max_steps=60",
+    )
     assert_one_line_error(r, 3, "loss is", "at step", "optim.lr")
     assert "RuntimeWarning" not in r.stderr
 
 
 def test_compare_inplace_runs_each_policy_into_one_experiment(tmp_path):
-    r = run(tmp_path, "compare_inplace.py", "--config", config(tmp_path), "--policies", "off,on,auto",
-            "--set", "logging.timeline=true", "--set", "logging.progress=true", "--rounds", "3",
-            "--round-steps", "2")
+    r = run(
+        tmp_path,
+        "compare_inplace.py",
+        "--config",
+        config(tmp_path),
+        "--policies",
+        "off,on,auto",
+        "--set",
+        "logging.timeline=true",
+        "--set",
+        "logging.progress=true",
+        "--rounds",
+        "3",
+        "--round-steps",
+        "2",
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     header = next(line for line in lines if line.startswith("policy"))
-    for column in ("peak MB", "floor MB", "saved MB", "saved %", "samples/s", "spread %", "vs off", "auto ops/step",
-                   "auto MB/step", "final loss", "eval accuracy"):
+    for column in (
+        "peak MB",
+        "floor MB",
+        "saved MB",
+        "saved %",
+        "samples/s",
+        "spread %",
+        "vs off",
+        "auto ops/step",
+        "auto MB/step",
+        "final loss",
+        "eval accuracy",
+    ):
         assert column in header
-    rows = {line.split()[0]: line for line in lines[lines.index(header) + 2:][:3]}
+    rows = {line.split()[0]: line for line in lines[lines.index(header) + 2 :][:3]}
     assert set(rows) == {"off", "on", "auto"}
     assert "median of 3 rounds of 2 steps" in r.stdout
     experiment = tmp_path / "runs" / "cli"
@@ -106,13 +144,28 @@ def test_compare_inplace_runs_each_policy_into_one_experiment(tmp_path):
 
 
 def test_compare_prints_only_the_columns_of_the_policies_it_ran(tmp_path):
-    r = run(tmp_path, "compare_inplace.py", "--config", config(tmp_path), "--policies", "off,on+abn",
-            "--set", "logging.run_name=fixed", "--rounds", "2", "--round-steps", "1")
+    r = run(
+        tmp_path,
+        "compare_inplace.py",
+        "--config",
+        config(tmp_path),
+        "--policies",
+        "off,on+abn",
+        "--set",
+        "logging.run_name=fixed",
+        "--rounds",
+        "2",
+        "--round-steps",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     header = next(line for line in r.stdout.splitlines() if line.startswith("policy"))
     assert "auto" not in header and "vs off" in header
-    assert sorted(os.listdir(tmp_path / "runs" / "cli")) == ["compare.png", "inplace-off_np1",
-                                                            "inplace-on_np1_inplace_abn"]
+    assert sorted(os.listdir(tmp_path / "runs" / "cli")) == [
+        "compare.png",
+        "inplace-off_np1",
+        "inplace-on_np1_inplace_abn",
+    ]
 
 
 def test_compare_rejects_unknown_policy(tmp_path):

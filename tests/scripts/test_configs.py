@@ -17,8 +17,16 @@ from tests.mpi_util import find_mpiexec, needs_mpiexec, run_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
-SHORT = ["train.max_steps=2", "train.eval_every=2", "train.log_every=1", "data.batch_size=16",
-         "data.num_train=64", "data.num_test=32", "data.eval_batch_size=32", "logging.progress=false"]
+SHORT = [
+    "train.max_steps=2",
+    "train.eval_every=2",
+    "train.log_every=1",
+    "data.batch_size=16",
+    "data.num_train=64",
+    "data.num_test=32",
+    "data.eval_batch_size=32",
+    "logging.progress=false",
+]
 
 
 def test_there_are_configs_and_the_readme_lists_each_one():
@@ -29,11 +37,12 @@ def test_there_are_configs_and_the_readme_lists_each_one():
     assert sorted(re.findall(r"^\| `([\w.]+\.yaml)`", table, re.M)) == CONFIGS
 
 
-@pytest.mark.parametrize("name", [c if not c.startswith("mpi_") else pytest.param(
-    c, marks=[pytest.mark.mpi, needs_mpiexec]) for c in CONFIGS])
+@pytest.mark.parametrize(
+    "name",
+    [c if not c.startswith("mpi_") else pytest.param(c, marks=[pytest.mark.mpi, needs_mpiexec]) for c in CONFIGS],
+)
 def test_shipped_config_trains(tmp_path, name):
-    cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--config",
-           os.path.join(ROOT, "configs", name)]
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--config", os.path.join(ROOT, "configs", name)]
     for override in SHORT:
         cmd += ["--set", override]
     if name.startswith("mpi_"):

@@ -49,8 +49,9 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(tmp_path, policy):
     one = load_checkpoint(str(tmp_path / "checkpoints" / "dp" / f"inplace-{policy}_np1" / "step_00000010.npz"))
     assert two["model"].keys() == one["model"].keys()
     for name in one["model"]:
-        np.testing.assert_allclose(np.asarray(two["model"][name]), np.asarray(one["model"][name]),
-                                   rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(two["model"][name]), np.asarray(one["model"][name]), rtol=1e-5, atol=1e-6, err_msg=name
+        )
     scalars = read_scalars(str(tmp_path / "runs" / "dp" / f"inplace-{policy}_np2"))
     for tag in ("memory/peak_mb_rank0", "memory/peak_mb_rank1", "memory/peak_mb_max", "perf/samples_per_sec"):
         assert [s for s, _ in scalars[tag]] == [5, 10], tag
@@ -72,8 +73,9 @@ def test_progress_under_mpiexec_is_printed_as_lines_by_rank_0(tmp_path):
 
 
 def test_a_diverging_run_stops_every_rank_with_one_message(tmp_path):
-    code, out, err = train(tmp_path, 2, 32, "--set", "optim.lr=1e12", "--set", "train.max_steps=60",
-                           "--set", "train.epochs=3")
+    code, out, err = train(
+        tmp_path, 2, 32, "--set", "optim.lr=1e12", "--set", "train.max_steps=60", "--set", "train.epochs=3"
+    )
     assert code != 0
     assert "Traceback" not in err
     assert "error: loss is" in err or "error: another rank's loss is not finite" in err
@@ -82,7 +84,9 @@ def test_a_diverging_run_stops_every_rank_with_one_message(tmp_path):
 def test_sync_bn_makes_a_batchnorm_model_match_one_process(tmp_path):
     # With SyncBatchNorm the statistics of each step cover both ranks' samples, so even a
     # BatchNorm model trains on 2 ranks x 32 exactly as on 1 process x 64.
-    config = CONFIG.replace("{{name: mlp, args: {{hidden: [16]}}}}", "{{name: convnet, args: {{channels: [4, 8], norm: bn}}}}")
+    config = CONFIG.replace(
+        "{{name: mlp, args: {{hidden: [16]}}}}", "{{name: convnet, args: {{channels: [4, 8], norm: bn}}}}"
+    )
     assert "convnet" in config
     code, _, err = train(tmp_path, 2, 32, "--set", "distributed.sync_bn=true", config=config)
     assert code == 0, err

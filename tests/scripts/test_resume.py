@@ -42,8 +42,11 @@ def train(tmp_path, config, *args):
 
 def comparable(scalars):
     """What a rerun reproduces bit for bit: not timings, not live memory (garbage collection)."""
-    return {tag: points for tag, points in scalars.items()
-            if tag.startswith(("train/", "eval/", "inplace/", "hparams/final", "hparams/eval"))}
+    return {
+        tag: points
+        for tag, points in scalars.items()
+        if tag.startswith(("train/", "eval/", "inplace/", "hparams/final", "hparams/eval"))
+    }
 
 
 def assert_same_points(got, want):
@@ -73,8 +76,14 @@ def test_sigkill_after_a_checkpoint_then_resume_logs_every_point_once(tmp_path):
     # up to it were flushed before it was written; later ones may be lost or half written.
     ckpts = tmp_path / "checkpoints" / "resume" / "cut"
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command(config, "--set", "logging.run_name=cut"), cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        command(config, "--set", "logging.run_name=cut"),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 240
     while not (ckpts / "step_00000100.npz").exists():
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -28,13 +28,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def sample_state():
     return {
         "step": 7,
-        "model": {"w": np.arange(6, dtype=np.float32).reshape(2, 3).T, "count": np.array(5),
-                  "half": np.ones(3, np.float16)},
-        "optimizer": {"state": {0: {"momentum_buffer": np.full(3, 0.5)}, 3: {}},
-                      "param_groups": [{"lr": 0.1, "betas": (0.9, 0.999), "nesterov": False,
-                                        "params": [0, 3], "note": None}]},
-        "rng": {"seed": 0, "numpy": {"bit_generator": "PCG64",
-                                     "state": {"state": 2**127 + 5, "inc": 3}}},
+        "model": {
+            "w": np.arange(6, dtype=np.float32).reshape(2, 3).T,
+            "count": np.array(5),
+            "half": np.ones(3, np.float16),
+        },
+        "optimizer": {
+            "state": {0: {"momentum_buffer": np.full(3, 0.5)}, 3: {}},
+            "param_groups": [{"lr": 0.1, "betas": (0.9, 0.999), "nesterov": False, "params": [0, 3], "note": None}],
+        },
+        "rng": {"seed": 0, "numpy": {"bit_generator": "PCG64", "state": {"state": 2**127 + 5, "inc": 3}}},
         "loader": {"epoch": 1, "batch": 2},
         "scalars": [np.float32(2.5), float("nan"), float("-inf"), -0.0],
         "config": {"model": {"name": "mlp", "args": {"hidden": [16]}}, "seed": 3},
@@ -81,8 +84,11 @@ def test_metadata_names_step_config_hash_and_array_checksum(tmp_path):
 
 
 def test_unsavable_values_are_refused_before_writing(tmp_path):
-    for bad in ({"step": 1, "x": object()}, {"step": 1, "x": np.array([None], dtype=object)},
-                {"step": 1, "x": {(1, 2): 3}}):
+    for bad in (
+        {"step": 1, "x": object()},
+        {"step": 1, "x": np.array([None], dtype=object)},
+        {"step": 1, "x": {(1, 2): 3}},
+    ):
         with pytest.raises(TypeError):
             save_checkpoint(bad, str(tmp_path), 1)
     assert [n for n in os.listdir(tmp_path)] == []
@@ -133,8 +139,7 @@ def test_a_pickled_object_array_inside_an_npz_is_refused(tmp_path):
     marker = tmp_path / "ran"
     path = tmp_path / "step_00000001.npz"
     meta = json.dumps({"format": ckpt.FORMAT, "version": ckpt.VERSION, "state": {"$array": "a0"}})
-    np.savez(path, **{ckpt.META: np.frombuffer(meta.encode(), np.uint8)},
-             a0=np.array([Evil(marker)], dtype=object))
+    np.savez(path, **{ckpt.META: np.frombuffer(meta.encode(), np.uint8)}, a0=np.array([Evil(marker)], dtype=object))
     with pytest.raises(CheckpointError, match="pickled object array"):
         load_checkpoint(str(path))
     assert not marker.exists()
@@ -187,8 +192,14 @@ def test_arrays_that_do_not_match_their_checksum_are_refused(tmp_path):
 
 
 def test_unknown_entries_in_the_metadata_are_refused(tmp_path):
-    meta = json.dumps({"format": ckpt.FORMAT, "version": ckpt.VERSION, "arrays_sha256": ckpt._arrays_digest({}),
-                       "state": {"$dict": [["step", 1], ["x", {"$class": "os.system"}]]}})
+    meta = json.dumps(
+        {
+            "format": ckpt.FORMAT,
+            "version": ckpt.VERSION,
+            "arrays_sha256": ckpt._arrays_digest({}),
+            "state": {"$dict": [["step", 1], ["x", {"$class": "os.system"}]]},
+        }
+    )
     path = tmp_path / "odd.npz"
     np.savez(path, **{ckpt.META: np.frombuffer(meta.encode(), np.uint8)})
     with pytest.raises(CheckpointError, match="cannot read"):
@@ -211,8 +222,13 @@ def test_a_folder_of_old_pickles_says_how_to_convert(tmp_path):
 
 def convert(*args):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "convert_checkpoint.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "convert_checkpoint.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_convert_needs_trust_and_then_writes_the_new_format(tmp_path):
@@ -243,7 +259,7 @@ def test_convert_without_trust_runs_nothing(tmp_path):
 
 def test_loading_never_imports_pickle_machinery_for_the_state(tmp_path):
     # The loader reads JSON and .npy only: a state full of look-alike tags stays data.
-    state = {"step": 1, "text": "{\"$array\": \"a0\"}", "d": {"$tuple": "not a tag"}}
+    state = {"step": 1, "text": '{"$array": "a0"}', "d": {"$tuple": "not a tag"}}
     back = load_checkpoint(save_checkpoint(state, str(tmp_path), 1))
     assert back == state
     src = open(ckpt.__file__, encoding="utf-8").read()

@@ -56,8 +56,13 @@ def test_a_compiled_run_gives_the_losses_of_the_eager_run_bitwise(tmp_path, poli
     assert comp.eval_metric == eager.eval_metric
     assert comp.planned_peak_mb is not None and comp.inplace_chains > 0
     tags = read_scalars(comp.run_dir)
-    for tag in ("memory/planned_peak_mb", "memory/planned_arena_mb", "memory/planned_lower_bound_mb",
-                "memory/capture_peak_mb", "memory/peak_mb"):
+    for tag in (
+        "memory/planned_peak_mb",
+        "memory/planned_arena_mb",
+        "memory/planned_lower_bound_mb",
+        "memory/capture_peak_mb",
+        "memory/peak_mb",
+    ):
         assert tag in tags
     assert "memory/planned_peak_mb" not in read_scalars(eager.run_dir)
 
@@ -75,8 +80,18 @@ def test_compare_inplace_accepts_compiled(tmp_path, capsys):
         sys.path.pop(0)
     path = tmp_path / "c.yaml"
     path.write_text(CONFIG.format(batch=16))
-    code = compare_inplace.main(["--config", str(path), "--policies", "off,compiled",
-                                 "--set", f"logging.logdir={tmp_path}/runs", "--set", f"checkpoint.dir={tmp_path}/ck"])
+    code = compare_inplace.main(
+        [
+            "--config",
+            str(path),
+            "--policies",
+            "off,compiled",
+            "--set",
+            f"logging.logdir={tmp_path}/runs",
+            "--set",
+            f"checkpoint.dir={tmp_path}/ck",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "planned MB" in out and "inplace chains" in out
@@ -92,8 +107,19 @@ def test_two_ranks_compiled_equal_two_ranks_eager(tmp_path):
     path.write_text(CONFIG.format(batch=16))
     names = {}
     for compiled in ("false", "true"):
-        cmd = [find_mpiexec(), "-n", "2", sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--config",
-               str(path), "--set", f"compile={compiled}", "--set", "inplace=off"]
+        cmd = [
+            find_mpiexec(),
+            "-n",
+            "2",
+            sys.executable,
+            os.path.join(ROOT, "scripts", "train.py"),
+            "--config",
+            str(path),
+            "--set",
+            f"compile={compiled}",
+            "--set",
+            "inplace=off",
+        ]
         code, out, err, _ = run_command(cmd, 180, cwd=tmp_path)
         assert code == 0, err
         names[compiled] = "inplace-off_np2" + ("_compiled" if compiled == "true" else "")

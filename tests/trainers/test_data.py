@@ -1,6 +1,5 @@
 """Tests for trainers.data: data sets, samplers and the resumable DataLoader."""
 
-
 import numpy as np
 import pytest
 
@@ -22,8 +21,7 @@ def test_module_imports_no_framework_or_torch():
     import trainers.data
 
     code = trainers.data.__spec__.loader.get_source("trainers.data")
-    for banned in ("import framework", "from framework", "import models", "from models",
-                   "torch"):
+    for banned in ("import framework", "from framework", "import models", "from models", "torch"):
         assert banned not in code
 
 
@@ -72,8 +70,9 @@ def test_synthetic_images_shapes_and_defaults():
     assert train.input_shape == (3, 32, 32)
     counts = np.bincount(train.y, minlength=10)
     assert counts.min() >= 45 and counts.max() <= 55  # balanced
-    custom, _ = load_dataset("synthetic_images", num_train=7, num_test=3, image_size=5,
-                             channels=1, num_classes=3, noise=0.0)
+    custom, _ = load_dataset(
+        "synthetic_images", num_train=7, num_test=3, image_size=5, channels=1, num_classes=3, noise=0.0
+    )
     assert custom.x.shape == (7, 1, 5, 5) and custom.num_classes == 3
     assert set(custom.y.tolist()) <= {0, 1, 2}
 
@@ -92,8 +91,7 @@ def test_synthetic_images_determinism():
 
 def test_synthetic_images_same_templates_train_and_test():
     # noise=0: every sample is exactly its class template, shared by train and test.
-    train, test = load_dataset("synthetic_images", seed=0, num_train=50, num_test=50,
-                               noise=0.0)
+    train, test = load_dataset("synthetic_images", seed=0, num_train=50, num_test=50, noise=0.0)
     for c in range(10):
         tr, te = train.x[train.y == c], test.x[test.y == c]
         np.testing.assert_array_equal(tr, np.broadcast_to(tr[0], tr.shape))
@@ -101,8 +99,7 @@ def test_synthetic_images_same_templates_train_and_test():
 
 
 def test_synthetic_images_are_learnable():
-    train, test = load_dataset("synthetic_images", seed=0, num_train=2000, num_test=500,
-                               noise=1.0)
+    train, test = load_dataset("synthetic_images", seed=0, num_train=2000, num_test=500, noise=1.0)
     flat = train.x.reshape(len(train), -1)
     means = np.stack([flat[train.y == c].mean(axis=0) for c in range(10)])
     tflat = test.x.reshape(len(test), -1)
@@ -112,8 +109,7 @@ def test_synthetic_images_are_learnable():
 
 
 def test_synthetic_images_templates_are_smooth():
-    train, _ = load_dataset("synthetic_images", seed=0, num_train=20, num_test=1,
-                            noise=0.0)
+    train, _ = load_dataset("synthetic_images", seed=0, num_train=20, num_test=1, noise=0.0)
     x = train.x
     neighbour_diff = np.abs(np.diff(x, axis=-1)).mean()
     assert neighbour_diff < 0.3 * np.abs(x).mean()
@@ -129,8 +125,9 @@ def test_synthetic_images_make_10k():
 
 
 def test_synthetic_regression():
-    train, test = load_dataset("synthetic_regression", seed=0, **SMALL_REGRESSION,
-                               in_features=8, out_features=2, noise=0.05)
+    train, test = load_dataset(
+        "synthetic_regression", seed=0, **SMALL_REGRESSION, in_features=8, out_features=2, noise=0.05
+    )
     assert train.x.shape == (300, 8) and train.y.shape == (300, 2)
     assert test.x.shape == (100, 8) and test.y.shape == (100, 2)
     assert train.x.dtype == np.float32 and train.y.dtype == np.float32
@@ -142,11 +139,13 @@ def test_synthetic_regression():
     residual_std = float((pred - test.y).std())
     assert 0.03 < residual_std < 0.08
     # Determinism and shared W, b between train and test (checked by the fit above).
-    again, _ = load_dataset("synthetic_regression", seed=0, **SMALL_REGRESSION,
-                            in_features=8, out_features=2, noise=0.05)
+    again, _ = load_dataset(
+        "synthetic_regression", seed=0, **SMALL_REGRESSION, in_features=8, out_features=2, noise=0.05
+    )
     np.testing.assert_array_equal(train.y, again.y)
-    other, _ = load_dataset("synthetic_regression", seed=1, **SMALL_REGRESSION,
-                            in_features=8, out_features=2, noise=0.05)
+    other, _ = load_dataset(
+        "synthetic_regression", seed=1, **SMALL_REGRESSION, in_features=8, out_features=2, noise=0.05
+    )
     assert not np.array_equal(train.y, other.y)
 
 
@@ -211,8 +210,9 @@ def test_random_sampler():
     assert len(s) == 10
 
 
-@pytest.mark.parametrize("n, bs, drop_last", [(10, 3, False), (10, 3, True), (12, 4, False),
-                                              (12, 4, True), (7, 10, False), (1, 1, True)])
+@pytest.mark.parametrize(
+    "n, bs, drop_last", [(10, 3, False), (10, 3, True), (12, 4, False), (12, 4, True), (7, 10, False), (1, 1, True)]
+)
 def test_loader_covers_each_sample_once(n, bs, drop_last):
     loader = DataLoader(_indexed(n), bs, drop_last=drop_last, seed=1)
     expected_batches = n // bs if drop_last else -(-n // bs)
@@ -355,7 +355,7 @@ class _ShardSampler:
         self.n, self.rank, self.world = n, rank, world
 
     def indices(self, epoch):
-        return np.random.default_rng([0, epoch]).permutation(self.n)[self.rank::self.world]
+        return np.random.default_rng([0, epoch]).permutation(self.n)[self.rank :: self.world]
 
 
 def test_loader_with_custom_sampler():
@@ -372,8 +372,7 @@ def test_loader_with_custom_sampler():
         (lambda ds: DataLoader(ds, 0), ValueError, "batch_size"),
         (lambda ds: DataLoader(ds, 2.0), ValueError, "batch_size"),
         (lambda ds: DataLoader(ds, 11, drop_last=True), ValueError, "no batches"),
-        (lambda ds: DataLoader(ds, 2, sampler=RandomSampler(11)), ValueError,
-         "10 samples"),
+        (lambda ds: DataLoader(ds, 2, sampler=RandomSampler(11)), ValueError, "10 samples"),
         (lambda ds: DataLoader(ds, 2, sampler=object()), TypeError, "indices"),
         (lambda ds: RandomSampler(-1), ValueError, "num_samples"),
     ],

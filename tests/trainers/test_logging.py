@@ -28,8 +28,16 @@ pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from tensorboard.plugins.hparams import plugin_data_pb2  # noqa: E402
 
-TAGS = ("train/loss", "train/accuracy", "eval/accuracy", "perf/samples_per_sec",
-        "perf/step_ms", "memory/peak_mb", "memory/allocated_mb", "memory/floor_mb")
+TAGS = (
+    "train/loss",
+    "train/accuracy",
+    "eval/accuracy",
+    "perf/samples_per_sec",
+    "perf/step_ms",
+    "memory/peak_mb",
+    "memory/allocated_mb",
+    "memory/floor_mb",
+)
 
 
 def f32(x):
@@ -45,8 +53,7 @@ def synthetic_timeline():
     # forward allocates activations, backward frees some and adds gradients, optimizer
     # adds state: a peak at the forward/backward boundary.
     events, alloc, t = [(0.0, 4 * MB, 0, "other", "")], 4 * MB, 0.0
-    for phase, deltas in (("forward", [3, 3, 2]), ("backward", [-2, 4, -3]),
-                          ("optimizer", [1, -1])):
+    for phase, deltas in (("forward", [3, 3, 2]), ("backward", [-2, 4, -3]), ("optimizer", [1, -1])):
         for d in deltas:
             t += 0.001
             alloc += d * MB
@@ -77,15 +84,20 @@ def test_module_imports_no_framework_and_defers_heavy_imports():
     for name in modules:
         with open(os.path.join(package, name), encoding="utf-8") as f:
             code = f.read()
-        for banned in ("import framework", "from framework", "import models", "from models",
-                       "sys.modules"):
+        for banned in ("import framework", "from framework", "import models", "from models", "sys.modules"):
             assert banned not in code, (name, banned)
-    probe = ("import sys, trainers.logging; "
-             "print(sorted(m for m in ('framework', 'tensorboardX', 'matplotlib', 'tqdm', "
-             "'tensorboard') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True, cwd=os.path.dirname(os.path.dirname(
-                             os.path.dirname(os.path.abspath(__file__)))))
+    probe = (
+        "import sys, trainers.logging; "
+        "print(sorted(m for m in ('framework', 'tensorboardX', 'matplotlib', 'tqdm', "
+        "'tensorboard') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -95,8 +107,7 @@ def test_run_names_and_layout(tmp_path):
     assert default_run_name("on", 1, "inplace_abn") == "inplace-on_np1_inplace_abn"
     assert default_run_name("on", 2, None, "compiled") == "inplace-on_np2_compiled"
     assert default_run_name("off", 1, "inplace_abn", "compiled") == "inplace-off_np1_inplace_abn_compiled"
-    assert run_dir(tmp_path, "mlp", "inplace-on_np1") == os.path.join(
-        str(tmp_path), "mlp", "inplace-on_np1")
+    assert run_dir(tmp_path, "mlp", "inplace-on_np1") == os.path.join(str(tmp_path), "mlp", "inplace-on_np1")
     for bad in ("", "..", "a/b"):
         with pytest.raises(ValueError, match="directory name"):
             run_dir(tmp_path, bad, "inplace-on_np1")
@@ -117,15 +128,15 @@ def write_run(path, policy):
         for step in range(0, 50, 10):
             log.scalars(step, metrics_at(step, offset))
         log.timeline_figure(40, synthetic_timeline(), floor_bytes=6 * MB)
-        log.hparams({"inplace": policy, "lr": 0.1, "batch_size": 32, "bn": True,
-                     "layers": [64, 32], "note": None},
-                    {"hparam/peak_mb": 12.0 + offset, "memory/peak_mb": 999.0})
+        log.hparams(
+            {"inplace": policy, "lr": 0.1, "batch_size": 32, "bn": True, "layers": [64, 32], "note": None},
+            {"hparam/peak_mb": 12.0 + offset, "memory/peak_mb": 999.0},
+        )
 
 
 def test_full_run_reads_back_exactly(tmp_path):
     exp = tmp_path / "mlp"
-    on, off = run_dir(tmp_path, "mlp", default_run_name("on", 1)), run_dir(
-        tmp_path, "mlp", default_run_name("off", 1))
+    on, off = run_dir(tmp_path, "mlp", default_run_name("on", 1)), run_dir(tmp_path, "mlp", default_run_name("off", 1))
     with pytest.warns(RuntimeWarning, match="differs from the last value"):
         write_run(on, "on")
     with warnings.catch_warnings():
@@ -143,8 +154,7 @@ def test_full_run_reads_back_exactly(tmp_path):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
     for path, policy, offset in ((on, "on", 0.0), (off, "off", 100.0)):
-        expected = {tag: [(s, f32(metrics_at(s, offset)[tag])) for s in range(0, 50, 10)]
-                    for tag in TAGS}
+        expected = {tag: [(s, f32(metrics_at(s, offset)[tag])) for s in range(0, 50, 10)] for tag in TAGS}
         # The hparams metric not logged by scalars() becomes a scalar at the last step;
         # memory/peak_mb keeps its own series (no extra point).
         expected["hparam/peak_mb"] = [(40, f32(12.0 + offset))]
@@ -161,17 +171,19 @@ def test_full_run_reads_back_exactly(tmp_path):
             assert f.read() == f"inplace: {policy}\noptim:\n  lr: 0.1\n"
 
         content = acc.PluginTagToContent("hparams")
-        assert set(content) == {"_hparams_/experiment", "_hparams_/session_start_info",
-                                "_hparams_/session_end_info"}
-        start = plugin_data_pb2.HParamsPluginData.FromString(
-            content["_hparams_/session_start_info"]).session_start_info
+        assert set(content) == {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"}
+        start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
         hp = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
-        assert hp == {"inplace": policy, "lr": 0.1, "batch_size": 32.0, "bn": True,
-                      "layers": "[64, 32]", "note": "None"}
-        experiment = plugin_data_pb2.HParamsPluginData.FromString(
-            content["_hparams_/experiment"]).experiment
-        assert [m.name.tag for m in experiment.metric_infos] == ["hparam/peak_mb",
-                                                                  "memory/peak_mb"]
+        assert hp == {
+            "inplace": policy,
+            "lr": 0.1,
+            "batch_size": 32.0,
+            "bn": True,
+            "layers": "[64, 32]",
+            "note": "None",
+        }
+        experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+        assert [m.name.tag for m in experiment.metric_infos] == ["hparam/peak_mb", "memory/peak_mb"]
 
 
 def test_flush_makes_events_readable_while_open(tmp_path):
@@ -248,8 +260,7 @@ def test_resume_with_purge_step_hides_later_points(tmp_path):
         with RunLogger(path, purge_step=5) as log:
             for step in range(5, 8):
                 log.scalars(step, {"train/loss": step + 0.5})
-    assert read_scalars(path)["train/loss"] == (
-        [(s, float(s)) for s in range(5)] + [(s, s + 0.5) for s in range(5, 8)])
+    assert read_scalars(path)["train/loss"] == ([(s, float(s)) for s in range(5)] + [(s, s + 0.5) for s in range(5, 8)])
 
 
 # ------------------------------------------------------------------------ timeline figure
@@ -290,8 +301,10 @@ def test_timeline_positions_do_not_depend_on_time():
     # The baseline counts as the first phase's; each phase spreads its events over one unit.
     assert x == [0.0, 0.25, 0.5, 0.75, 1.0, 1 + 1 / 3, 1 + 2 / 3, 2.0, 2.5]
     assert mb == [e[1] / MB for e in tl["events"]]
-    slow = {"events": [(t * 2.7 + (0.01 if i % 2 else 0.0), *rest) for i, (t, *rest) in enumerate(tl["events"])],
-            "marks": [(t * 2.7, p) for t, p in tl["marks"]]}
+    slow = {
+        "events": [(t * 2.7 + (0.01 if i % 2 else 0.0), *rest) for i, (t, *rest) in enumerate(tl["events"])],
+        "marks": [(t * 2.7, p) for t, p in tl["marks"]],
+    }
     assert timeline_positions(slow) == (x, mb, phases)  # a slower step draws the same curve
     assert timeline_positions({"events": [], "marks": []}) == ([], [], [""])
 
@@ -306,8 +319,10 @@ def test_timeline_figure_is_drawn_against_the_position_in_the_step():
 
 def test_comparison_figure_labels_peak_and_floor_and_shows_every_round():
     tl = synthetic_timeline()
-    runs = [{"name": "off", "peak_mb": 12.0, "floor_mb": 11.9, "samples_per_sec": [100, 120, 90], "timeline": tl},
-            {"name": "on", "peak_mb": 10.0, "floor_mb": 9.5, "samples_per_sec": [95, 130, 99], "timeline": tl}]
+    runs = [
+        {"name": "off", "peak_mb": 12.0, "floor_mb": 11.9, "samples_per_sec": [100, 120, 90], "timeline": tl},
+        {"name": "on", "peak_mb": 10.0, "floor_mb": 9.5, "samples_per_sec": [95, 130, 99], "timeline": tl},
+    ]
     fig = plot_comparison(runs, title="t")
     memory_ax, speed_ax, timeline_ax = fig.axes
     labels = [t.get_text() for t in memory_ax.texts]
@@ -404,27 +419,53 @@ def test_format_value_by_key():
 
 def test_format_summary_aligns_columns():
     rows = [
-        {"run": "inplace-on_np1", "peak_mb": 12.345, "samples_per_sec": 1234.56,
-         "loss": 0.0123456, "accuracy": 0.97312},
-        {"run": "inplace-off_np1", "peak_mb": 120.0, "samples_per_sec": 987.0,
-         "loss": 0.5, "saving_pct": 9.5},
+        {
+            "run": "inplace-on_np1",
+            "peak_mb": 12.345,
+            "samples_per_sec": 1234.56,
+            "loss": 0.0123456,
+            "accuracy": 0.97312,
+        },
+        {"run": "inplace-off_np1", "peak_mb": 120.0, "samples_per_sec": 987.0, "loss": 0.5, "saving_pct": 9.5},
     ]
-    columns = [("run", "run"), ("peak_mb", "peak MB"), ("samples_per_sec", "samples/s"),
-               ("loss", "loss"), ("accuracy", "acc"), ("saving_pct", "saved")]
-    assert format_summary(rows, columns) == "\n".join([
-        "run              peak MB  samples/s     loss     acc  saved",
-        "---------------  -------  ---------  -------  ------  -----",
-        "inplace-on_np1      12.3     1234.6  0.01235  97.31%      -",
-        "inplace-off_np1    120.0      987.0      0.5       -   9.5%",
-    ])
+    columns = [
+        ("run", "run"),
+        ("peak_mb", "peak MB"),
+        ("samples_per_sec", "samples/s"),
+        ("loss", "loss"),
+        ("accuracy", "acc"),
+        ("saving_pct", "saved"),
+    ]
+    assert format_summary(rows, columns) == "\n".join(
+        [
+            "run              peak MB  samples/s     loss     acc  saved",
+            "---------------  -------  ---------  -------  ------  -----",
+            "inplace-on_np1      12.3     1234.6  0.01235  97.31%      -",
+            "inplace-off_np1    120.0      987.0      0.5       -   9.5%",
+        ]
+    )
     assert format_summary([], [("run", "run")]) == "run\n---"
 
 
 def test_format_summary_with_human_keys():
-    rows = [{"policy": "on", "peak MB": 10.04, "saved %": 16.5, "samples/s": 812.25,
-             "final loss": 0.31234, "eval accuracy": 0.9},
-            {"policy": "off", "peak MB": 12.0, "saved %": 0.0, "samples/s": 790.0,
-             "final loss": 0.31229, "eval accuracy": None}]
+    rows = [
+        {
+            "policy": "on",
+            "peak MB": 10.04,
+            "saved %": 16.5,
+            "samples/s": 812.25,
+            "final loss": 0.31234,
+            "eval accuracy": 0.9,
+        },
+        {
+            "policy": "off",
+            "peak MB": 12.0,
+            "saved %": 0.0,
+            "samples/s": 790.0,
+            "final loss": 0.31229,
+            "eval accuracy": None,
+        },
+    ]
     assert format_summary(rows, [(k, k) for k in rows[0]]).splitlines() == [
         "policy  peak MB  saved %  samples/s  final loss  eval accuracy",
         "------  -------  -------  ---------  ----------  -------------",
@@ -439,21 +480,22 @@ def test_logging_leaves_other_imports_alone(tmp_path):
     # finder that looks at sys.modules while tensorboardX's modules are being imported
     # sees whether anything is blocked; an installed torch (a stand-in) still imports.
     (tmp_path / "torch.py").write_text("MARK = 'stand-in'\n\n\nclass Tensor:\n    pass\n")
-    probe = ("import sys, tempfile\n"
-             "seen = []\n"
-             "class Watch:\n"
-             "    def find_spec(self, name, path=None, target=None):\n"
-             "        if name.startswith('tensorboardX'):\n"
-             "            seen.append(sys.modules.get('torch', 'absent') is None)\n"
-             "        return None\n"
-             "sys.meta_path.insert(0, Watch())\n"
-             "import trainers.logging as L\n"
-             "with L.RunLogger(tempfile.mkdtemp()) as log:\n"
-             "    log.scalars(0, {'a': 1.0})\n"
-             "import torch\n"
-             "print(len(seen) > 0, any(seen), torch.MARK)\n")
+    probe = (
+        "import sys, tempfile\n"
+        "seen = []\n"
+        "class Watch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.startswith('tensorboardX'):\n"
+        "            seen.append(sys.modules.get('torch', 'absent') is None)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Watch())\n"
+        "import trainers.logging as L\n"
+        "with L.RunLogger(tempfile.mkdtemp()) as log:\n"
+        "    log.scalars(0, {'a': 1.0})\n"
+        "import torch\n"
+        "print(len(seen) > 0, any(seen), torch.MARK)\n"
+    )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, str(tmp_path)])}
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True, cwd=root, env=env)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=root, env=env)
     assert out.stdout.split() == ["True", "False", "stand-in"]

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import framework as fw
-
 from trainers.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
 from trainers.config import ConfigError, load_config
 from trainers.logging import read_scalars
@@ -56,9 +55,19 @@ def test_run_writes_the_documented_tensorboard_layout(tmp_path):
     result = Trainer(tiny_config(tmp_path)).fit()
     assert result.run_dir == str(tmp_path / "runs" / "tiny" / "inplace-auto_np1")
     scalars = read_scalars(result.run_dir)
-    for tag in ("train/loss", "train/accuracy", "perf/samples_per_sec", "perf/step_ms",
-                "memory/peak_mb", "memory/allocated_mb", "memory/floor_mb", "memory/parameters_mb",
-                "memory/gradients_mb", "memory/optimizer_state_mb", "memory/activations_mb"):
+    for tag in (
+        "train/loss",
+        "train/accuracy",
+        "perf/samples_per_sec",
+        "perf/step_ms",
+        "memory/peak_mb",
+        "memory/allocated_mb",
+        "memory/floor_mb",
+        "memory/parameters_mb",
+        "memory/gradients_mb",
+        "memory/optimizer_state_mb",
+        "memory/activations_mb",
+    ):
         assert [s for s, _ in scalars[tag]] == [2, 4, 6, 8], tag
     assert [s for s, _ in scalars["eval/accuracy"]] == [4, 8]
     # train/loss is the mean of the losses of the steps since the previous log point
@@ -112,8 +121,14 @@ def test_resume_refuses_a_checkpoint_of_another_model(tmp_path):
 
 
 def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpoint(tmp_path):
-    cfg = tiny_config(tmp_path, "optim.lr=1e6", "schedule.name=none", "checkpoint.every=1",
-                      "train.max_steps=50", "model.args.dropout=0.0")
+    cfg = tiny_config(
+        tmp_path,
+        "optim.lr=1e6",
+        "schedule.name=none",
+        "checkpoint.every=1",
+        "train.max_steps=50",
+        "model.args.dropout=0.0",
+    )
     trainer = Trainer(cfg)
     with pytest.raises(TrainingError) as info, np.errstate(over="ignore", invalid="ignore"):
         trainer.fit()  # the overflow on the way is expected: the trainer reports it once
@@ -147,15 +162,18 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
 
 def test_learning_rate_schedules(tmp_path):
-    cfg = tiny_config(tmp_path, "schedule.name=step", "schedule.step_size=3", "schedule.gamma=0.5",
-                      "schedule.warmup_steps=2")
+    cfg = tiny_config(
+        tmp_path, "schedule.name=step", "schedule.step_size=3", "schedule.gamma=0.5", "schedule.warmup_steps=2"
+    )
     lrs = [learning_rate(cfg, s, 10) for s in range(8)]
     assert lrs == pytest.approx([0.05, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05])
     cfg = tiny_config(tmp_path, "schedule.name=cosine", "schedule.warmup_steps=0", "schedule.min_lr=0.01")
     assert learning_rate(cfg, 0, 10) == pytest.approx(0.1)
     assert learning_rate(cfg, 5, 10) == pytest.approx(0.01 + 0.09 * 0.5)
     assert learning_rate(cfg, 10, 10) == pytest.approx(0.01)
-    assert math.isclose(learning_rate(tiny_config(tmp_path, "schedule.name=none", "schedule.warmup_steps=0"), 7, 10), 0.1)
+    assert math.isclose(
+        learning_rate(tiny_config(tmp_path, "schedule.name=none", "schedule.warmup_steps=0"), 7, 10), 0.1
+    )
 
 
 def test_logged_peak_is_the_training_steps_not_the_evaluation(tmp_path, monkeypatch):
@@ -214,14 +232,23 @@ def accumulator(path):
 def comparable(scalars):
     """Scalars a rerun reproduces bit for bit: not timings, and not live memory, which
     depends on when Python's garbage collector frees cyclic graphs."""
-    return {tag: points for tag, points in scalars.items()
-            if tag.startswith(("train/", "eval/", "inplace/", "hparams/final", "hparams/eval"))}
+    return {
+        tag: points
+        for tag, points in scalars.items()
+        if tag.startswith(("train/", "eval/", "inplace/", "hparams/final", "hparams/eval"))
+    }
 
 
 @pytest.mark.parametrize("every", [4, 3])  # a checkpoint on a log point, and between them
 def test_a_resumed_run_shows_every_point_once_with_the_values_of_an_unbroken_run(tmp_path, every):
-    common = ("inplace=on", f"checkpoint.every={every}", "checkpoint.keep=10", "train.max_steps=10",
-              "train.log_every=2", "train.eval_every=5")
+    common = (
+        "inplace=on",
+        f"checkpoint.every={every}",
+        "checkpoint.keep=10",
+        "train.max_steps=10",
+        "train.log_every=2",
+        "train.eval_every=5",
+    )
     full = Trainer(tiny_config(tmp_path, *common, "logging.run_name=full")).fit()
     Trainer(tiny_config(tmp_path, *common, "logging.run_name=broken")).fit()
     ckpts = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "broken"))
@@ -280,8 +307,17 @@ def test_hparams_tell_policies_and_inplace_abn_apart(tmp_path):
     hps = [session_hparams(r.run_dir) for r in (on, abn, off)]
     for name, hp in zip(names, hps):
         assert hp["run"] == name  # the whole name, as a column of its own
-        assert set(hp) == {"run", "inplace", "inplace_abn", "compiled", "processes", "model", "batch_size",
-                           "optimizer", "lr"}
+        assert set(hp) == {
+            "run",
+            "inplace",
+            "inplace_abn",
+            "compiled",
+            "processes",
+            "model",
+            "batch_size",
+            "optimizer",
+            "lr",
+        }
         assert hp["compiled"] is False
         assert hp["processes"] == 1 and hp["model"] == "mlp" and hp["batch_size"] == 32
     assert [(hp["inplace"], hp["inplace_abn"]) for hp in hps] == [("on", False), ("on", True), ("off", True)]

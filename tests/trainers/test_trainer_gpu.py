@@ -34,6 +34,7 @@ MB = 2**20
 
 # --- which GPU a process uses ---------------------------------------------------------------
 
+
 def test_cuda_gives_each_local_rank_its_gpu_round_robin():
     assert [gpu_index("cuda", r, 4) for r in range(6)] == [0, 1, 2, 3, 0, 1]
     assert [gpu_index("cuda", r, 1) for r in range(3)] == [0, 0, 0]
@@ -44,12 +45,15 @@ def test_an_explicit_index_is_the_same_gpu_for_every_rank():
     assert gpu_index(" cuda:0 ", 3, 1) == 0
 
 
-@pytest.mark.parametrize("spec, count, fragments", [
-    ("cuda:2", 2, ["device: cuda:2", "2 GPUs (cuda:0 to cuda:1)", "device: cuda"]),
-    ("cuda:1", 1, ["1 GPU (cuda:0 to cuda:0)"]),
-    ("cuda", 0, ["CUDA reports none", "device: cpu"]),
-    ("cpu", 1, ["not a GPU"]),
-])
+@pytest.mark.parametrize(
+    "spec, count, fragments",
+    [
+        ("cuda:2", 2, ["device: cuda:2", "2 GPUs (cuda:0 to cuda:1)", "device: cuda"]),
+        ("cuda:1", 1, ["1 GPU (cuda:0 to cuda:0)"]),
+        ("cuda", 0, ["CUDA reports none", "device: cpu"]),
+        ("cpu", 1, ["not a GPU"]),
+    ],
+)
 def test_impossible_gpu_choices_are_config_errors(spec, count, fragments):
     with pytest.raises(ConfigError) as info:
         gpu_index(spec, 0, count)
@@ -73,8 +77,9 @@ def stand_in_cupy(monkeypatch):
         def synchronize(self):
             calls.append(("synchronize", self.index))
 
-    cp = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        Device=Device, runtime=types.SimpleNamespace(getDeviceCount=lambda: 4)))
+    cp = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=Device, runtime=types.SimpleNamespace(getDeviceCount=lambda: 4))
+    )
     monkeypatch.setattr(backend, "cupy_module", lambda: cp)
     monkeypatch.setattr(memory, "enable_gpu_hook", lambda: calls.append(("hook",)))
     return calls
@@ -98,15 +103,17 @@ def test_select_device_cpu_never_touches_cupy(monkeypatch):
     trainer_mod.synchronize(fw.device("cpu"))  # a no-op
 
 
-@pytest.mark.parametrize("installed, fragment", [
-    (False, "CuPy is not installed: pip install -e '.[gpu]'"),
-    (True, "CuPy sees no usable GPU"),
-])
+@pytest.mark.parametrize(
+    "installed, fragment",
+    [
+        (False, "CuPy is not installed: pip install -e '.[gpu]'"),
+        (True, "CuPy sees no usable GPU"),
+    ],
+)
 def test_cuda_without_a_usable_gpu_is_one_config_error(monkeypatch, installed, fragment):
     monkeypatch.setenv(backend.CUPY_ENV, "cupy")  # the real CuPy's messages, whatever the suite runs on
     monkeypatch.setattr(backend, "cupy_module", lambda: None)
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name: object() if installed else None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if installed else None)
     with pytest.raises(ConfigError) as info:
         select_device("cuda:0")
     msg = str(info.value)
@@ -139,9 +146,20 @@ def test_cli_device_cuda_without_a_gpu_is_one_line_and_exit_code_2(tmp_path, wit
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY)
     r = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--config", str(path),
-         "--set", "device=cuda", "--set", f"logging.logdir={tmp_path / 'runs'}"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "train.py"),
+            "--config",
+            str(path),
+            "--set",
+            "device=cuda",
+            "--set",
+            f"logging.logdir={tmp_path / 'runs'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"},
     )
     assert r.returncode == 2, (r.returncode, r.stderr)  # as every other bad input (trainers/cli.py)
@@ -151,6 +169,7 @@ def test_cli_device_cuda_without_a_gpu_is_one_line_and_exit_code_2(tmp_path, wit
 
 
 # --- host checkpoints and device-side sums (CPU) ----------------------------------------------
+
 
 def test_host_state_turns_tensors_into_numpy_arrays_everywhere():
     t = fw.randn(3)
@@ -246,6 +265,7 @@ def _check_memory_logs(result, param_bytes: int, exact_sum: bool) -> None:
 
 # --- on a GPU ---------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def gpu_run():
     """Leaves no pool hook behind: later tests in this process read host memory again."""
@@ -256,8 +276,14 @@ def gpu_run():
 
 @pytest.mark.gpu
 def test_gpu_run_logs_the_pool_hook_peak_and_a_sensible_breakdown(tmp_path, gpu_run, cupy):
-    cfg = tiny_config(tmp_path, "device=cuda", "model.args.dropout=0.0", "train.log_every=2",
-                      "train.eval_every=100", "checkpoint.every=4")
+    cfg = tiny_config(
+        tmp_path,
+        "device=cuda",
+        "model.args.dropout=0.0",
+        "train.log_every=2",
+        "train.eval_every=100",
+        "checkpoint.every=4",
+    )
     trainer = Trainer(cfg)
     assert trainer.device.type == "cuda" and memory.gpu_hook_enabled()
     assert all(p.device == trainer.device for p in trainer.model.parameters())

@@ -40,7 +40,8 @@ import os
 import socket
 import time
 import warnings
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .plots import plot_timeline
 
@@ -55,9 +56,7 @@ _writer_ids = itertools.count()
 
 def _path_component(value: str, what: str) -> str:
     value = str(value)
-    if not value or value in (".", "..") or "/" in value or os.sep in value or (
-        os.altsep and os.altsep in value
-    ):
+    if not value or value in (".", "..") or "/" in value or os.sep in value or (os.altsep and os.altsep in value):
         raise ValueError(
             f"{what} {value!r} must be one non-empty directory name without path "
             "separators, e.g. 'mlp_digits' or 'inplace-on_np1'"
@@ -77,9 +76,7 @@ def default_run_name(policy: str, world_size: int, *extras: str | None) -> str:
     Returns:
         ``inplace-<policy>_np<world_size>[_<extra>...]``, e.g. ``inplace-on_np1_inplace_abn``.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or (
-        world_size < 1
-    ):
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or (world_size < 1):
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     name = "_".join([f"inplace-{policy}_np{int(world_size)}", *filter(None, extras)])
     return _path_component(name, "run name")
@@ -120,8 +117,14 @@ class RunLogger:
             up to and including the checkpoint's step stay.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, enabled: bool = True, *,
-                 flush_secs: float = 10.0, purge_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        enabled: bool = True,
+        *,
+        flush_secs: float = 10.0,
+        purge_step: int | None = None,
+    ):
         self.run_dir = os.fspath(run_dir)
         self.enabled = bool(enabled)
         self._file = None  # the tensorboardX.RecordWriter of the event file, while open
@@ -144,14 +147,17 @@ class RunLogger:
                 f"{self.run_dir} already holds event files of an earlier run; TensorBoard "
                 "will mix their points with this run's. Use another run name, delete the "
                 "directory, or pass purge_step= when resuming.",
-                RuntimeWarning, stacklevel=2,
+                RuntimeWarning,
+                stacklevel=2,
             )
         # TensorBoard reads a run's event files in name order. After the usual
         # "events.out.tfevents.<unix seconds>.<host>", nanoseconds order the files opened
         # within one second by creation (also across processes: a resumed run's purge
         # must come after the run it purges); pid and a counter keep them apart.
-        name = (f"events{_EVENT_FILE_MARKER}{int(time.time()):010d}.{socket.gethostname()}"
-                f".{time.time_ns():020d}.{os.getpid()}.{next(_writer_ids)}")
+        name = (
+            f"events{_EVENT_FILE_MARKER}{int(time.time()):010d}.{socket.gethostname()}"
+            f".{time.time_ns():020d}.{os.getpid()}.{next(_writer_ids)}"
+        )
         self._file = RecordWriter(os.path.join(self.run_dir, name))
         self._next_flush = time.monotonic() + flush_secs
         self._write(Event(file_version="brain.Event:2"), None)
@@ -183,9 +189,7 @@ class RunLogger:
         try:
             value = float(value)
         except (TypeError, ValueError):
-            raise TypeError(
-                f"metric {tag!r} must be a number, got {type(value).__name__} {value!r}"
-            ) from None
+            raise TypeError(f"metric {tag!r} must be a number, got {type(value).__name__} {value!r}") from None
         if math.isfinite(value):
             return value
         if not self._warned_nonfinite:
@@ -193,7 +197,8 @@ class RunLogger:
             warnings.warn(
                 f"skipping non-finite value {value} for {tag!r} at step {step} (TensorBoard "
                 "draws NaN and inf badly); further non-finite values are skipped silently",
-                RuntimeWarning, stacklevel=3,
+                RuntimeWarning,
+                stacklevel=3,
             )
         return None
 
@@ -263,8 +268,7 @@ class RunLogger:
 
     # ---- hparams
 
-    def hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, Any],
-                step: int | None = None) -> None:
+    def hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Logs the run's hyperparameters and headline metrics for the HPARAMS tab.
 
         ``SummaryWriter.add_hparams`` writes into a new run ``<run>/<name>`` (``name``
@@ -304,7 +308,8 @@ class RunLogger:
                     f"hparams metric {tag!r}={value} differs from the last value "
                     f"{self._last[tag]} that scalars() wrote for that tag; TensorBoard "
                     "shows the latter. Use a separate tag such as 'hparam/...'.",
-                    RuntimeWarning, stacklevel=2,
+                    RuntimeWarning,
+                    stacklevel=2,
                 )
         if new:
             self.scalars(step, new)
@@ -324,7 +329,7 @@ class RunLogger:
             self._file.close()
             self._file = None
 
-    def __enter__(self) -> "RunLogger":
+    def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -374,5 +379,4 @@ def read_scalars(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]
 
     acc = EventAccumulator(path, size_guidance={"scalars": 0})
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)]
-            for tag in sorted(acc.Tags()["scalars"])}
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in sorted(acc.Tags()["scalars"])}

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .tables import MB
 
@@ -91,25 +92,27 @@ def plot_timeline(timeline, floor_bytes: int | None = None, title: str | None = 
     ax.set_title(title or "memory timeline")
     x, mb, phases = timeline_positions(timeline)
     if not x:
-        ax.text(0.5, 0.5, "no allocations recorded", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no allocations recorded", ha="center", va="center", transform=ax.transAxes)
         return fig
     _shade_phases(ax, phases)
-    ax.step(x + [len(phases)], mb + [mb[-1]], where="post", color="black", lw=1.2,
-            label="allocated")
+    ax.step(x + [len(phases)], mb + [mb[-1]], where="post", color="black", lw=1.2, label="allocated")
     peak = max(range(len(mb)), key=mb.__getitem__)
     events = list(_field(timeline, "events"))
     phase = events[peak][4] if len(events[peak]) > 4 else ""
     ax.plot([x[peak]], [mb[peak]], "o", color="crimson", ms=5)
     right_half = x[peak] > 0.6 * len(phases)
-    ax.annotate(f"peak {mb[peak]:.1f} MB" + (f" ({phase})" if phase else ""),
-                (x[peak], mb[peak]), xytext=(-6 if right_half else 6, 5),
-                textcoords="offset points", ha="right" if right_half else "left",
-                fontsize=8, color="crimson",
-                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8})
+    ax.annotate(
+        f"peak {mb[peak]:.1f} MB" + (f" ({phase})" if phase else ""),
+        (x[peak], mb[peak]),
+        xytext=(-6 if right_half else 6, 5),
+        textcoords="offset points",
+        ha="right" if right_half else "left",
+        fontsize=8,
+        color="crimson",
+        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8},
+    )
     if floor_bytes is not None:
-        ax.axhline(floor_bytes / MB, color="gray", ls="--", lw=1,
-                   label=f"floor {floor_bytes / MB:.1f} MB")
+        ax.axhline(floor_bytes / MB, color="gray", ls="--", lw=1, label=f"floor {floor_bytes / MB:.1f} MB")
     top = max(mb + ([floor_bytes / MB] if floor_bytes is not None else []))
     ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
     ax.legend(loc="lower right", fontsize=8)
@@ -141,10 +144,16 @@ def plot_comparison(runs: Sequence[Mapping[str, Any]], title: str | None = None)
 
     ax = fig.add_subplot(grid[0, 0])
     width = 0.38
-    peak = ax.bar(where - width / 2, [r["peak_mb"] for r in runs], width, color="tab:blue",
-                  label="peak")
-    floor = ax.bar(where + width / 2, [r["floor_mb"] for r in runs], width, color="tab:gray",
-                   hatch="//", edgecolor="white", label="floor")
+    peak = ax.bar(where - width / 2, [r["peak_mb"] for r in runs], width, color="tab:blue", label="peak")
+    floor = ax.bar(
+        where + width / 2,
+        [r["floor_mb"] for r in runs],
+        width,
+        color="tab:gray",
+        hatch="//",
+        edgecolor="white",
+        label="floor",
+    )
     for bars in (peak, floor):
         ax.bar_label(bars, fmt="%.1f", fontsize=8, padding=2)
     ax.set_xticks(where, names)
@@ -175,8 +184,7 @@ def plot_comparison(runs: Sequence[Mapping[str, Any]], title: str | None = None)
         x, mb, run_phases = timeline_positions(r["timeline"])
         if x:
             phases = phases or run_phases
-            ax.step(x + [len(run_phases)], mb + [mb[-1]], where="post", ls=next(styles), lw=1.4,
-                    label=r["name"])
+            ax.step(x + [len(run_phases)], mb + [mb[-1]], where="post", ls=next(styles), lw=1.4, label=r["name"])
     if phases:
         _shade_phases(ax, phases)
         ax.set_ylim(bottom=0)

@@ -38,9 +38,18 @@ class Progress:
         clock: Monotonic clock in seconds (tests pass a fake one).
     """
 
-    def __init__(self, total: int | None = None, *, disable: bool = False, log_every: int = 10,
-                 desc: str | None = "train", initial: int = 0, file=None,
-                 interval: float = 5.0, clock=time.monotonic):
+    def __init__(
+        self,
+        total: int | None = None,
+        *,
+        disable: bool = False,
+        log_every: int = 10,
+        desc: str | None = "train",
+        initial: int = 0,
+        file=None,
+        interval: float = 5.0,
+        clock=time.monotonic,
+    ):
         if log_every < 1:
             raise ValueError(f"log_every must be >= 1, got {log_every}")
         self.log_every = int(log_every)
@@ -60,8 +69,16 @@ class Progress:
         if tty:
             from tqdm import tqdm  # noqa: PLC0415
 
-            self._bar = tqdm(total=total, desc=desc, initial=initial, file=self._file,
-                             dynamic_ncols=True, unit="step", leave=True, mininterval=0.1)
+            self._bar = tqdm(
+                total=total,
+                desc=desc,
+                initial=initial,
+                file=self._file,
+                dynamic_ncols=True,
+                unit="step",
+                leave=True,
+                mininterval=0.1,
+            )
         else:
             self._interval, self._clock = float(interval), clock
             self._next_line = clock() + self._interval
@@ -70,8 +87,7 @@ class Progress:
     def disabled(self) -> bool:
         return self._file is None
 
-    def update(self, step: int, *, loss=None, samples_per_sec=None, peak_mb=None,
-               **extra) -> None:
+    def update(self, step: int, *, loss=None, samples_per_sec=None, peak_mb=None, **extra) -> None:
         """Sets the number of steps done to ``step`` and the values shown.
 
         A value passed as None keeps the one shown before; extra keyword values are
@@ -123,7 +139,7 @@ class Progress:
             self._bar = None
         self._file = None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = ["MB", "format_summary", "format_value"]
 
@@ -66,8 +67,7 @@ def format_value(key: str, value) -> str:
     return f"{value:.4g}"
 
 
-def format_summary(rows: Sequence[Mapping[str, Any]],
-                   columns: Sequence[tuple[str, str]]) -> str:
+def format_summary(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
     """Renders rows as a plain-text table with aligned columns.
 
     Args:
@@ -84,8 +84,7 @@ def format_summary(rows: Sequence[Mapping[str, Any]],
     for j, (key, header) in enumerate(columns):
         widths.append(max([len(header)] + [len(r[j]) for r in cells]))
         present = [row.get(key) for row in rows if row.get(key) is not None]
-        right.append(bool(present) and all(
-            isinstance(v, numbers.Real) and not isinstance(v, bool) for v in present))
+        right.append(bool(present) and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in present))
 
     def line(texts):
         parts = [t.rjust(w) if r else t.ljust(w) for t, w, r in zip(texts, widths, right)]

@@ -41,8 +41,8 @@ holds both to their bounds).
 Workspace per image (counted, ``workspace``, allocated once per call at the chunk size):
 the padded channels-last image ``Hq*Wq*C``, two buffers of ``a*a*P*max(C, Co)`` elements
 (``P`` tiles per image) used in turn by D, the transforms' intermediates, V, M, Y and the
-staging copies, and for the weight gradient the output-gradient tiles ``m*m*P*Co``. On top of the limit: the transformed weight
-``a*a/9`` weight sizes (4x for F(4x4), 1.8x for F(2x2)) with one weight-sized copy
+staging copies, and for the weight gradient the output-gradient tiles ``m*m*P*Co``. On top
+of the limit: the transformed weight ``a*a/9`` weight sizes (4x for F(4x4), 1.8x for F(2x2)) with one weight-sized copy
 while it is made; the weight gradient's ``dU`` and a partial ``dU`` of a chunk, as large.
 """
 
@@ -65,10 +65,22 @@ _MATRICES = {
         AT=[[1, 1, 1, 0], [0, 1, -1, -1]],
     ),
     4: dict(
-        BT=[[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
-            [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
-        G=[[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
-           [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
+        BT=[
+            [4, 0, -5, 0, 1, 0],
+            [0, -4, -4, 1, 1, 0],
+            [0, 4, -4, -1, 1, 0],
+            [0, -2, -1, 2, 1, 0],
+            [0, 2, -1, -2, 1, 0],
+            [0, 4, 0, -5, 0, 1],
+        ],
+        G=[
+            [1 / 4, 0, 0],
+            [-1 / 6, -1 / 6, -1 / 6],
+            [-1 / 6, 1 / 6, -1 / 6],
+            [1 / 24, 1 / 12, 1 / 6],
+            [1 / 24, -1 / 12, 1 / 6],
+            [0, 0, 1],
+        ],
         AT=[[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
     ),
 }
@@ -100,9 +112,11 @@ def _host_transforms(m: int, dtype_str: str) -> _Transforms:
     mats = {k: np.array(v, dtype=np.float64) for k, v in _MATRICES[m].items()}
     dtype = np.dtype(dtype_str)
     return _Transforms(
-        mats["BT"].astype(dtype), mats["AT"].astype(dtype),
+        mats["BT"].astype(dtype),
+        mats["AT"].astype(dtype),
         *(np.kron(mats[k], mats[k]).astype(dtype) for k in ("BT", "AT", "G")),
-        _unit_terms(mats["BT"]), _unit_terms(mats["AT"]),
+        _unit_terms(mats["BT"]),
+        _unit_terms(mats["AT"]),
     )
 
 
@@ -224,7 +238,9 @@ class _Workspace:
         self.two = memory.empty((a * a * rows * p * max(c, co),), dtype, xp, "workspace")
         self.gt = memory.empty((m * m * rows * p * co,), dtype, xp, "workspace") if with_grad_tiles else None
         self.windows = strided(
-            xp, self.xh, (a, a, rows, tiles.th, tiles.tw, c),
+            xp,
+            self.xh,
+            (a, a, rows, tiles.th, tiles.tw, c),
             (tiles.wq * c, c, tiles.hq * tiles.wq * c, m * tiles.wq * c, m * c, 1),
         )  # every input tile of the chunk
         self._views = {}
@@ -273,9 +289,11 @@ class _ChunkViews:
         # V[xi1, xi2] = sum_k1 BT[xi1, k1] E[k1, xi2]; Z[xi1, p2] = sum_xi2 AT[p2, xi2] M[xi1, xi2],
         # then Y[p1, p2] = sum_xi1 AT[p1, xi1] Z[xi1, p2]
         self.b_calls = _transform_1d(tf.bt, tf.bt_terms, self.d_rows, self.e_rows, 1, xp) + _transform_1d(
-            tf.bt, tf.bt_terms, self.e_rows, self.v_rows, 0, xp)
+            tf.bt, tf.bt_terms, self.e_rows, self.v_rows, 0, xp
+        )
         self.a_calls = _transform_1d(tf.at, tf.at_terms, self.m_rows, self.z, 1, xp) + _transform_1d(
-            tf.at, tf.at_terms, self.z, self.y_rows, 0, xp)
+            tf.at, tf.at_terms, self.z, self.y_rows, 0, xp
+        )
         if ws.gt is not None:
             self.g_stage = two(k, tl.th, m, tl.tw, m, co)  # output-gradient tiles, channels last
             self.gt_flat = _prefix(ws.gt, (m * m, rc))  # output-gradient tiles

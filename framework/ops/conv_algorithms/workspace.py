@@ -87,6 +87,7 @@ def chunks(n: int, per_image: int, limit) -> list[slice]:
 
 # --- counted buffers and window views -------------------------------------------------------
 
+
 def padded_image_bytes(x_shape, padding, itemsize):
     """Bytes :func:`pad` allocates per image (0 without padding: it returns the input)."""
     if padding == (0, 0):
@@ -106,8 +107,8 @@ def pad(x, padding, value, xp, category="workspace"):
         buf[:, :, :ph] = value
         buf[:, :, -ph:] = value
     if pw:
-        buf[:, :, ph:-ph or None, :pw] = value
-        buf[:, :, ph:-ph or None, -pw:] = value
+        buf[:, :, ph : -ph or None, :pw] = value
+        buf[:, :, ph : -ph or None, -pw:] = value
     buf[:, :, ph : ph + h, pw : pw + w] = x
     return buf
 

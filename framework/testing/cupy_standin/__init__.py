@@ -68,4 +68,5 @@ def get_default_memory_pool():
     """The memory pool of every device (``cupy.get_default_memory_pool``)."""
     return cuda.memory._default_pool
 
+
 globals().update(_UFUNCS)

@@ -48,10 +48,10 @@ def _peer_error(a: ndarray, device_id: int) -> ValueError:
 
 # --- between host arrays and pool memory -----------------------------------------------------
 
+
 def _host_view(memptr, shape, dtype, strides=None) -> numpy.ndarray:
     """The NumPy array over device memory at ``memptr`` (NumPy checks it fits the block)."""
-    return numpy.ndarray(shape, dtype, buffer=memptr.mem._buf, offset=memptr.ptr - memptr.mem.ptr,
-                         strides=strides)
+    return numpy.ndarray(shape, dtype, buffer=memptr.mem._buf, offset=memptr.ptr - memptr.mem.ptr, strides=strides)
 
 
 def _new(a: numpy.ndarray, memptr, base) -> ndarray:
@@ -156,6 +156,7 @@ def _check_current(*arrays) -> int:
 
 # --- indexing ------------------------------------------------------------------------------------
 
+
 def _index(key, a: ndarray):
     """``(host index, advanced)``: stand-in arrays as host arrays, lists and NumPy arrays as
     arrays, and integer arrays wrapped around the length of the axis they index (CuPy does
@@ -173,12 +174,14 @@ def _index(key, a: ndarray):
         converted.append(it)
     if not advanced:
         return key, False
-    consumed = [x.ndim if isinstance(x, numpy.ndarray) and x.dtype == numpy.bool_
-                else 0 if x is None or x is Ellipsis else 1 for x in converted]
+    consumed = [
+        x.ndim if isinstance(x, numpy.ndarray) and x.dtype == numpy.bool_ else 0 if x is None or x is Ellipsis else 1
+        for x in converted
+    ]
     axis = 0
     for i, x in enumerate(converted):
         if x is Ellipsis:
-            axis = a.ndim - sum(consumed[i + 1:])
+            axis = a.ndim - sum(consumed[i + 1 :])
             continue
         if isinstance(x, numpy.ndarray) and x.dtype.kind in "iu" and axis < a.ndim and a.shape[axis]:
             converted[i] = numpy.mod(x, a.shape[axis])
@@ -205,6 +208,7 @@ def _operand(value):
 
 
 # --- ufuncs ----------------------------------------------------------------------------------------
+
 
 class ufunc:
     """An elementwise routine, as CuPy's ufuncs: arrays of the current device and scalars in,
@@ -315,14 +319,14 @@ class _Flags:
         self.c_contiguous, self.f_contiguous, self.owndata = c, f, owndata
 
     def __getitem__(self, name: str) -> bool:
-        return {"C_CONTIGUOUS": self.c_contiguous, "F_CONTIGUOUS": self.f_contiguous,
-                "OWNDATA": self.owndata}[name]
+        return {"C_CONTIGUOUS": self.c_contiguous, "F_CONTIGUOUS": self.f_contiguous, "OWNDATA": self.owndata}[name]
 
     def __repr__(self) -> str:
         return f"  C_CONTIGUOUS : {self.c_contiguous}\n  F_CONTIGUOUS : {self.f_contiguous}\n  OWNDATA : {self.owndata}"
 
 
 # --- the array ----------------------------------------------------------------------------------
+
 
 class ndarray:
     """A device array of the stand-in, as ``cupy.ndarray(shape, dtype, memptr, strides, order)``.
@@ -411,9 +415,14 @@ class ndarray:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        return {"shape": self.shape, "typestr": self.dtype.str, "descr": self.dtype.descr,
-                "data": (self.data.ptr, False), "version": 3,
-                "strides": None if self._a.flags.c_contiguous else self.strides}
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "descr": self.dtype.descr,
+            "data": (self.data.ptr, False),
+            "version": 3,
+            "strides": None if self._a.flags.c_contiguous else self.strides,
+        }
 
     # -- to and from the host -------------------------------------------------------------------
     def get(self, stream=None, order="C", out=None, blocking=True) -> numpy.ndarray:
@@ -438,14 +447,16 @@ class ndarray:
         if self.dtype != arr.dtype:
             raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
         if self.shape != arr.shape:
-            raise ValueError("Shape mismatch. Old shape: {}, new shape: {}".format(self.shape, arr.shape))
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
         if not (self._a.flags.c_contiguous or self._a.flags.f_contiguous):
             raise RuntimeError("Cannot set to non-contiguous array")
         numpy.copyto(self._a, arr)
 
     def __array__(self, dtype=None, copy=None):
-        raise TypeError("Implicit conversion to a NumPy array is not allowed. "
-                        "Please use `.get()` to construct a NumPy array explicitly.")
+        raise TypeError(
+            "Implicit conversion to a NumPy array is not allowed. "
+            "Please use `.get()` to construct a NumPy array explicitly."
+        )
 
     def __array_ufunc__(self, ufunc_, method, *inputs, **kwargs):
         inout = inputs
@@ -494,14 +505,17 @@ class ndarray:
 
     def __bool__(self) -> bool:
         if self.size == 0:
-            warnings.warn("The truth value of an empty array is ambiguous. Returning False, but in future "
-                          "this will result in an error. Use `array.size > 0` to check that an array is "
-                          "not empty.", DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                "The truth value of an empty array is ambiguous. Returning False, but in future "
+                "this will result in an error. Use `array.size > 0` to check that an array is "
+                "not empty.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             return False
         if self.size == 1:
             return bool(self.get())
-        raise ValueError("The truth value of an array with more than one element is ambiguous. "
-                         "Use a.any() or a.all()")
+        raise ValueError("The truth value of an array with more than one element is ambiguous. Use a.any() or a.all()")
 
     def __repr__(self) -> str:
         return repr(self.get())
@@ -679,15 +693,15 @@ class ndarray:
 
     def nonzero(self) -> tuple:
         if self.ndim == 0:
-            raise ValueError("Calling nonzero on 0d arrays is not allowed. "
-                             "Use cp.atleast_1d(scalar).nonzero() instead.")
+            raise ValueError(
+                "Calling nonzero on 0d arrays is not allowed. Use cp.atleast_1d(scalar).nonzero() instead."
+            )
         return _call(numpy.nonzero, self)
 
     def take(self, indices, axis=None, out=None):
         """Gathers along ``axis``; indices wrap around (CuPy does not check their bounds)."""
         _check_current(self, indices, out)
-        res = numpy.take(self._a, _host_indices(indices), axis=axis, mode="wrap",
-                         out=None if out is None else out._a)
+        res = numpy.take(self._a, _host_indices(indices), axis=axis, mode="wrap", out=None if out is None else out._a)
         return out if out is not None else _wrap(res)
 
     def put(self, indices, values, mode="wrap") -> None:

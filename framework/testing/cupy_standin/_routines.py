@@ -14,8 +14,8 @@ import builtins
 import numpy
 
 from . import _core
-from .cuda import runtime
 from ._core import _call, _call_view, _check_current, _dtype, _from_host, _operand, _wrap, ndarray
+from .cuda import runtime
 
 # --- creation ----------------------------------------------------------------------------------------
 
@@ -90,8 +90,7 @@ def full(shape, fill_value, dtype=None, order="C"):
 def empty_like(prototype, dtype=None, order="K", subok=None, shape=None):
     if not isinstance(prototype, ndarray):
         raise TypeError(f"Unsupported type {type(prototype)}")
-    return _from_host(numpy.empty_like(prototype._a, dtype=_dtype(dtype or prototype.dtype), order=order,
-                                       shape=shape))
+    return _from_host(numpy.empty_like(prototype._a, dtype=_dtype(dtype or prototype.dtype), order=order, shape=shape))
 
 
 def zeros_like(a, dtype=None, order="K", subok=None, shape=None):
@@ -251,8 +250,13 @@ def take(a, indices, axis=None, out=None):
 
 def take_along_axis(a, indices, axis):
     _check_current(a, indices)
-    return _wrap(numpy.take_along_axis(a._a, numpy.mod(_core._host_indices(indices), a.shape[axis])
-                                       if a.shape[axis] else _core._host_indices(indices), axis))
+    return _wrap(
+        numpy.take_along_axis(
+            a._a,
+            numpy.mod(_core._host_indices(indices), a.shape[axis]) if a.shape[axis] else _core._host_indices(indices),
+            axis,
+        )
+    )
 
 
 def put_along_axis(arr, indices, values, axis):
@@ -280,8 +284,12 @@ def copyto(dst, src, casting="same_kind", where=None):
         numpy.copyto(dst._a, src._a)
         return
     _check_current(dst, src, where)
-    numpy.copyto(dst._a, _operand(src), casting=casting,
-                 where=True if where is None else where._a if isinstance(where, ndarray) else _operand(where))
+    numpy.copyto(
+        dst._a,
+        _operand(src),
+        casting=casting,
+        where=True if where is None else where._a if isinstance(where, ndarray) else _operand(where),
+    )
 
 
 # --- reductions and linear algebra ---------------------------------------------------------------
@@ -454,13 +462,17 @@ def _runtime_device() -> int:
 
 
 def _holds_device_arrays(seq) -> bool:
-    return builtins.any(isinstance(x, ndarray) or (isinstance(x, (list, tuple)) and _holds_device_arrays(x))
-                        for x in seq)
+    return builtins.any(
+        isinstance(x, ndarray) or (isinstance(x, (list, tuple)) and _holds_device_arrays(x)) for x in seq
+    )
 
 
 def _result_dtype(seq):
     return numpy.result_type(*[x.dtype if isinstance(x, ndarray) else numpy.asarray(x).dtype for x in seq])
 
 
-__all__ = [name for name, value in list(globals().items())
-           if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == __name__]
+__all__ = [
+    name
+    for name, value in list(globals().items())
+    if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == __name__
+]

@@ -50,8 +50,10 @@ class Generator:
     def _rng(self) -> numpy.random.Generator:
         device = runtime.getDevice()
         if device != self.bit_generator._current_device_id:
-            raise ValueError(f"The generator's state resides on device {self.bit_generator._current_device_id}, "
-                             f"the current device is {device}. Peer access is unavailable between these devices.")
+            raise ValueError(
+                f"The generator's state resides on device {self.bit_generator._current_device_id}, "
+                f"the current device is {device}. Peer access is unavailable between these devices."
+            )
         return self.bit_generator._numpy
 
     def random(self, size=None, dtype=numpy.float64, out=None):
@@ -86,7 +88,9 @@ class Generator:
             if not isinstance(out, _core.ndarray):
                 raise TypeError("out must be a cupy.ndarray")
             if out.dtype != dtype:
-                raise TypeError(f"Supplied output array has the wrong type. Expected {dtype.name}, got {out.dtype.name}")
+                raise TypeError(
+                    f"Supplied output array has the wrong type. Expected {dtype.name}, got {out.dtype.name}"
+                )
             if size is not None and tuple(numpy.atleast_1d(size)) != out.shape:
                 raise ValueError("size must match out.shape when used together")
             _core._check_current(out)

@@ -29,6 +29,7 @@ def record_order(log, **tensors):
 
 # --- order and dependency counting ---------------------------------------------------------
 
+
 def test_diamond_runs_each_node_once_after_all_its_consumers():
     a = fw.tensor([0.5, -1.0], requires_grad=True)
     b = a * 2.0
@@ -81,6 +82,7 @@ def test_leaf_used_three_times_gets_one_summed_gradient_and_hooks_run_once():
 
 
 # --- accumulation and graph lifetime ----------------------------------------------------------
+
 
 def test_gradients_accumulate_into_leaves_across_backward_calls():
     a = fw.tensor([1.0, 2.0], requires_grad=True)
@@ -139,6 +141,7 @@ def test_nodes_that_keep_only_python_scalars_can_run_again():
 
 
 # --- hooks ---------------------------------------------------------------------------------------
+
 
 def test_register_hook_on_leaf_replaces_the_gradient_and_can_be_removed():
     a = fw.tensor([1.0, 2.0], requires_grad=True)
@@ -226,6 +229,7 @@ def test_post_accumulate_grad_hook_runs_after_grad_is_set():
 
 # --- autograd.grad and backward(inputs=...) --------------------------------------------------
 
+
 def test_autograd_grad_returns_gradients_without_touching_dot_grad():
     a = fw.tensor([1.0, 2.0], requires_grad=True)
     b = fw.tensor([3.0, 4.0], requires_grad=True)
@@ -290,6 +294,7 @@ def test_backward_on_tensor_without_history_raises():
 
 # --- anomaly mode -------------------------------------------------------------------------------
 
+
 def test_detect_anomaly_names_the_op_and_shows_the_forward_line():
     x = fw.tensor([0.0, 1.0], requires_grad=True)
     with fw.detect_anomaly():
@@ -311,6 +316,7 @@ def test_without_anomaly_mode_nan_passes_silently():
 
 
 # --- .grad aliasing and the inplace policy ------------------------------------------------------
+
 
 @pytest.mark.parametrize("policy", ["on", "off"])
 def test_grads_of_add_inputs_do_not_share_memory(policy):

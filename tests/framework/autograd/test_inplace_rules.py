@@ -18,7 +18,9 @@ LEAF_MSG = "a leaf Variable that requires grad is being used in an in-place oper
 VIEW_OF_LEAF_MSG = "a view of a leaf Variable that requires grad is being used in an in-place operation"
 VERSION_MSG = "one of the variables needed for gradient computation has been modified by an inplace operation"
 OVERLAP_MSG = "more than one element of the written-to tensor refers to a single memory location"
-NO_GRAD_VIEW_MSG = "view was created in no_grad mode and is being modified inplace with grad mode enabled"  # PyTorch's wording
+NO_GRAD_VIEW_MSG = (
+    "view was created in no_grad mode and is being modified inplace with grad mode enabled"  # PyTorch's wording
+)
 
 
 def next_line() -> int:
@@ -112,6 +114,7 @@ def test_inplace_on_leaf_not_requiring_grad_is_allowed():
 
 # --- detach() shares the version counter, .data does not ---------------------------------
 
+
 def test_detach_shares_version_counter_so_autograd_sees_the_change():
     a = fw.tensor([0.0, 1.0], requires_grad=True)
     y = a.sin()  # SinBackward saves a
@@ -146,6 +149,7 @@ def test_data_setter_replaces_values_without_history():
 
 
 # --- the version error: shape, dtype, the op that saved, versions, the op that wrote ------
+
 
 def test_saved_input_modified_error_names_tensor_op_versions_and_call_site():
     x = fw.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], requires_grad=True)
@@ -205,6 +209,7 @@ def test_inplace_through_a_view_bumps_the_shared_counter_and_invalidates_saved_b
 
 
 # --- safe inplace: no error, PyTorch's gradients, nothing copied --------------------------
+
 
 def test_exp_inplace_after_use_only_by_ops_that_save_their_result():
     memory.reset_stats()
@@ -312,6 +317,7 @@ def test_mul_inplace_by_itself():
 
 # --- inplace on a view of a non-leaf: CopySlices rewrites the base's history ---------------
 
+
 def test_inplace_on_view_of_non_leaf_gives_correct_gradient_and_regenerates_other_views():
     a = fw.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
     b = a * 2.0
@@ -386,6 +392,7 @@ def test_setitem_overwritten_elements_get_no_gradient():
 
 # --- error cases that change nothing ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("requires_grad", [False, True])
 def test_write_through_expanded_view_raises_and_changes_nothing(requires_grad):
     src = fw.tensor([1.0, 2.0], requires_grad=requires_grad)
@@ -435,8 +442,9 @@ def test_optimizer_style_update_bumps_version_so_stale_graph_raises():
     loss.backward(retain_graph=True)
     assert_close(p.grad, [2.0, 4.0])
     lr = 0.1
-    line = next_line()
-    with fw.no_grad(): p -= lr * p.grad  # noqa: E701  (the update is on this line)
+    with fw.no_grad():
+        line = next_line()
+        p -= lr * p.grad
     assert p._version == 1 and p.is_leaf
     assert_close(p, [0.8, 1.6])
     with pytest.raises(RuntimeError, match=VERSION_MSG) as err:

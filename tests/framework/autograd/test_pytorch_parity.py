@@ -66,11 +66,13 @@ RETAIN_GRAPH_MSG = "Specify retain_graph=True"
 
 
 def f64(*shape, requires_grad=False):
-    return fw.tensor(np.random.default_rng(sum(shape) + 7).standard_normal(shape), dtype=fw.float64,
-                     requires_grad=requires_grad)
+    return fw.tensor(
+        np.random.default_rng(sum(shape) + 7).standard_normal(shape), dtype=fw.float64, requires_grad=requires_grad
+    )
 
 
 # --- retain_grad and tensor hooks across inplace ops ------------------------------------------
+
 
 def test_retain_grad():  # test_retain_grad
     inp = fw.rand(1, 3, requires_grad=True)
@@ -209,6 +211,7 @@ def test_tensor_hooks_inplace_over_view():  # test_tensor_hooks_inplace_over_vie
 
 # --- grad mode ------------------------------------------------------------------------------
 
+
 def test_no_grad():  # test_no_grad
     x = fw.ones(5, 5, requires_grad=True)
     y = fw.ones(5, 5) * 4
@@ -241,6 +244,7 @@ def test_index_backward_does_not_save_tensor():  # test_index_backward_does_not_
 
 
 # --- requires_grad --------------------------------------------------------------------------
+
 
 def test_requires_grad_():  # test_requires_grad_
     x = fw.randn(5, 5)
@@ -297,9 +301,11 @@ def test_set_requires_grad_only_for_floats():  # TestAutogradDeviceType.test_set
         a = fw.ones(1, dtype=dtype)
         a.requires_grad = False  # always works
         a.requires_grad_(False)
-        makers = (lambda: fw.ones(1, dtype=dtype).requires_grad_(),
-                  lambda: setattr(fw.ones(1, dtype=dtype), "requires_grad", True),
-                  lambda: fw.ones(1, dtype=dtype, requires_grad=True))
+        makers = (
+            lambda dtype=dtype: fw.ones(1, dtype=dtype).requires_grad_(),
+            lambda dtype=dtype: setattr(fw.ones(1, dtype=dtype), "requires_grad", True),
+            lambda dtype=dtype: fw.ones(1, dtype=dtype, requires_grad=True),
+        )
         for make in makers:
             if np.dtype(dtype).kind == "f":
                 make()
@@ -325,6 +331,7 @@ def test_view_made_a_leaf_refuses_inplace():
 
 
 # --- backward twice -------------------------------------------------------------------------
+
 
 def test_backward_twice_with_saved_values():  # test_backward_twice_with_saved_values
     b = f64(3, requires_grad=True)
@@ -352,7 +359,8 @@ def test_backward_twice_without_saved_values():  # test_backward_twice_without_s
     assert b.grad.tolist() == [2.0, 2.0, 2.0]
 
 
-def test_backward_twice_retained_graph_without_saved_values():  # test_backward_twice_retained_graph_without_saved_values
+# PyTorch: test_backward_twice_retained_graph_without_saved_values
+def test_backward_twice_retained_graph_without_saved_values():
     b = f64(3, requires_grad=True)
     c = fw.zeros(3, dtype=fw.float64)
     c[[1, 2]] = b[[1, 1]]
@@ -361,6 +369,7 @@ def test_backward_twice_retained_graph_without_saved_values():  # test_backward_
 
 
 # --- inplace ops and the versions of saved tensors -------------------------------------------
+
 
 def test_inplace():  # test_inplace
     x = fw.ones(5, 5, requires_grad=True)
@@ -446,9 +455,15 @@ def _test_setitem_tensor(size, index):  # TestAutograd._test_setitem_tensor
 @pytest.mark.parametrize(
     "size, index",
     [
-        ((5, 5), 1), ((5,), 1), ((1,), 0), ((10,), [0, 4, 2]), ((5, 5), ([0, 4], [2, 2])),
-        ((5, 5, 5), (slice(None), slice(None), [1, 3])), ((5, 5, 5), (slice(None), [1, 3], slice(None))),
-        ((5, 5, 5), ([1, 3], slice(None), slice(None))), ((5, 5, 5), (slice(None), [2, 4], [1, 3])),
+        ((5, 5), 1),
+        ((5,), 1),
+        ((1,), 0),
+        ((10,), [0, 4, 2]),
+        ((5, 5), ([0, 4], [2, 2])),
+        ((5, 5, 5), (slice(None), slice(None), [1, 3])),
+        ((5, 5, 5), (slice(None), [1, 3], slice(None))),
+        ((5, 5, 5), ([1, 3], slice(None), slice(None))),
+        ((5, 5, 5), (slice(None), [2, 4], [1, 3])),
         ((5, 5, 5), ([1, 3], [2, 4], slice(None))),
     ],
 )
@@ -459,9 +474,14 @@ def test_setitem(size, index):  # test_setitem
 @pytest.mark.parametrize(
     "size, index",
     [
-        ((5, 5), 3), ((5, 5), ([0, 1], [1, 0])), ((5,), 3), ((5,), [[0, 1, 2, 3]]),
-        ((5, 5, 5), (slice(None), slice(None), [1, 3])), ((5, 5, 5), (slice(None), [1, 3], slice(None))),
-        ((5, 5, 5), ([1, 3], slice(None), slice(None))), ((5, 5, 5), (slice(None), [2, 4], [1, 3])),
+        ((5, 5), 3),
+        ((5, 5), ([0, 1], [1, 0])),
+        ((5,), 3),
+        ((5,), [[0, 1, 2, 3]]),
+        ((5, 5, 5), (slice(None), slice(None), [1, 3])),
+        ((5, 5, 5), (slice(None), [1, 3], slice(None))),
+        ((5, 5, 5), ([1, 3], slice(None), slice(None))),
+        ((5, 5, 5), (slice(None), [2, 4], [1, 3])),
         ((5, 5, 5), ([1, 3], [2, 4], slice(None))),
     ],
 )
@@ -537,6 +557,7 @@ def test_grad_nonleaf_register_hook():  # test_grad_nonleaf_register_hook
 
 
 # --- detach, detach_, .data and set_data -----------------------------------------------------
+
 
 def test_detach():  # test_detach
     x = fw.randn(10, 10, requires_grad=True)
@@ -652,7 +673,10 @@ def test_set_data_self_requires_grad():  # test_set_data_self_requires_grad
 
 def test_numpy_requires_grad():  # test_numpy_requires_grad
     x = fw.randn(2, 2, requires_grad=True)
-    with pytest.raises(RuntimeError, match=r"Can't call numpy\(\) on Tensor that requires grad. Use tensor.detach\(\).numpy\(\) instead."):
+    with pytest.raises(
+        RuntimeError,
+        match=r"Can't call numpy\(\) on Tensor that requires grad. Use tensor.detach\(\).numpy\(\) instead.",
+    ):
         x.numpy()
     with fw.no_grad():
         x.numpy()
@@ -669,6 +693,7 @@ def test_attribute_deletion():  # test_attribute_deletion (the .data = None part
 
 
 # --- leaves and assignments ------------------------------------------------------------------
+
 
 def test_leaf_assignment():  # test_leaf_assignment
     x = fw.randn(5, 5)
@@ -716,6 +741,7 @@ def test_increment_version():  # test_increment_version
 
 
 # --- inplace on views -------------------------------------------------------------------------
+
 
 def test_inplace_on_view_saved_output():  # test_inplace_on_view_saved_output
     # An inplace op on a view, whose op saves its output, must not create a reference
@@ -859,7 +885,8 @@ def test_inplace_on_view_multiple_outputs():  # TestAutogradDeviceType.test_inpl
         v1[0].mul_(2)
 
 
-def test_inplace_on_view_of_multiple_output_view():  # TestAutogradDeviceType.test_inplace_on_view_of_multiple_output_view
+# PyTorch: TestAutogradDeviceType.test_inplace_on_view_of_multiple_output_view
+def test_inplace_on_view_of_multiple_output_view():
     a = fw.rand(10, dtype=fw.float64, requires_grad=True).clone()
     b = a.unbind(0)
     c = b[0].view_as(b[0])
@@ -875,7 +902,8 @@ def test_inplace_multiple_output_view_of_view():  # TestAutogradDeviceType.test_
         c[0].mul_(2)
 
 
-def test_inplace_on_view_makes_base_require_grad():  # TestAutogradDeviceType.test_inplace_on_view_makes_base_require_grad
+# PyTorch: TestAutogradDeviceType.test_inplace_on_view_makes_base_require_grad
+def test_inplace_on_view_makes_base_require_grad():
     a = f64(4, 4)
     b = f64(4, 2, requires_grad=True)
 
@@ -926,8 +954,11 @@ def test_inplace_on_view_non_contig():  # TestAutogradDeviceType.test_inplace_on
     assert root.grad.tolist() == [[1, 2], [1, 1], [1, 1]]
 
 
-@pytest.mark.parametrize("split", [lambda t: t.split(1), lambda t: t.split_with_sizes((1, 1, 1)), lambda t: t.chunk(3)],
-                         ids=["split", "split_with_sizes", "chunk"])
+@pytest.mark.parametrize(
+    "split",
+    [lambda t: t.split(1), lambda t: t.split_with_sizes((1, 1, 1)), lambda t: t.chunk(3)],
+    ids=["split", "split_with_sizes", "chunk"],
+)
 def test_inplace_on_view_multi_output_safe(split):  # TestAutogradDeviceType.test_inplace_on_view_multi_output_safe
     a = fw.randn(3, 3, requires_grad=True)
     b = a + a

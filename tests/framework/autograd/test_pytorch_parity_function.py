@@ -718,6 +718,7 @@ def test_custom_function_cycle():  # test_custom_function_cycle
 
 # --- custom Functions and views -----------------------------------------------------------------
 
+
 class ViewAsFn(Function):  # test_inplace_not_requires_grad
     @staticmethod
     def forward(ctx, inp):
@@ -969,11 +970,14 @@ def test_autograd_python_custom_function_inplace():  # test_autograd_python_cust
         c, d = MyOutPlaceAdder.apply(orig_a, b)
         return (c * d).sum()
 
-    with pytest.raises(RuntimeError, match="Some elements marked as dirty during the forward method were not returned as output."):
+    with pytest.raises(
+        RuntimeError, match="Some elements marked as dirty during the forward method were not returned as output."
+    ):
         fn(a, b)
 
 
-def test_custom_function_mark_dirty_not_differentiable():  # test_custom_function_mark_dirty_not_differentiable (backward part)
+# PyTorch: test_custom_function_mark_dirty_not_differentiable (backward part)
+def test_custom_function_mark_dirty_not_differentiable():
     class InplaceMul(Function):
         @staticmethod
         def forward(ctx, x):

@@ -21,6 +21,7 @@ VERSION_MSG = "one of the variables needed for gradient computation has been mod
 
 # --- TestAutogradInferenceMode -----------------------------------------------------------------
 
+
 def test_inference_mode_context_manager():  # test_inference_mode_context_manager
     assert not fw.is_inference_mode_enabled()
     with fw.inference_mode():
@@ -33,8 +34,9 @@ def test_inference_mode_context_manager():  # test_inference_mode_context_manage
 
 def test_inference_mode_decorator():  # test_inference_mode_decorator
     for mode, use_kwarg in itertools.product((True, False, None), (True, False)):
-        def func(x):
-            assert fw.is_inference_mode_enabled() == expected
+
+        def func(x):  # called in the iteration that sets `expected`
+            assert fw.is_inference_mode_enabled() == expected  # noqa: B023
             return x * x
 
         if mode is None:
@@ -71,7 +73,8 @@ def test_inference_mode_existing_autograd_session():  # test_inference_mode_exis
         out.backward(fw.ones_like(out))
 
 
-def test_inference_mode_inf_tensor_in_inf_mode_functional_op():  # test_inference_mode_inf_tensor_in_inf_mode_functional_op
+# PyTorch: test_inference_mode_inf_tensor_in_inf_mode_functional_op
+def test_inference_mode_inf_tensor_in_inf_mode_functional_op():
     with fw.inference_mode():
         for requires_grad in (True, False):
             c = fw.ones(1, 2, 3, requires_grad=requires_grad)
@@ -79,7 +82,8 @@ def test_inference_mode_inf_tensor_in_inf_mode_functional_op():  # test_inferenc
             assert fw.is_inference(out) and not out.requires_grad
 
 
-def test_inference_mode_inf_tensor_in_inf_mode_inplace_op():  # test_inference_mode_inf_tensor_in_inf_mode_inplace_op (add_, copy_)
+# PyTorch: test_inference_mode_inf_tensor_in_inf_mode_inplace_op (add_, copy_)
+def test_inference_mode_inf_tensor_in_inf_mode_inplace_op():
     @fw.inference_mode()
     def run_test(fn):
         for requires_grad in (True, False):
@@ -100,7 +104,8 @@ def test_inference_mode_inf_tensor_in_inf_mode_view_op():  # test_inference_mode
             assert fw.is_inference(view_out) and not view_out.requires_grad
 
 
-def test_inference_mode_inf_tensor_in_normal_mode_functional_op():  # test_inference_mode_inf_tensor_in_normal_mode_functional_op
+# PyTorch: test_inference_mode_inf_tensor_in_normal_mode_functional_op
+def test_inference_mode_inf_tensor_in_normal_mode_functional_op():
     for requires_grad in (True, False):
         with fw.inference_mode():
             c = fw.ones(1, 2, 3, requires_grad=requires_grad)
@@ -109,7 +114,8 @@ def test_inference_mode_inf_tensor_in_normal_mode_functional_op():  # test_infer
     assert not func_out.requires_grad and func_out.is_leaf
 
 
-def test_inference_mode_inf_tensor_in_normal_mode_inplace_op():  # test_inference_mode_inf_tensor_in_normal_mode_inplace_op (add_)
+# PyTorch: test_inference_mode_inf_tensor_in_normal_mode_inplace_op (add_)
+def test_inference_mode_inf_tensor_in_normal_mode_inplace_op():
     with fw.inference_mode():
         c = fw.ones(1, 2, 3)
     with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
@@ -194,6 +200,7 @@ def test_inference_tensor_has_no_version():  # TestAutogradInferenceMode._is_inf
 
 
 # --- TestAllowMutationOnSaved ---------------------------------------------------------------------
+
 
 def _fn(a, view):
     b = a.clone()

@@ -25,8 +25,10 @@ def make_model(kind: str, norm=None, seed: int = 0):
 def batches(kind: str, n: int, seed: int = 1):
     rng = np.random.default_rng(seed)
     shape = SHAPES[kind]
-    return [(fw.from_numpy(rng.standard_normal(shape).astype(np.float32)),
-             fw.from_numpy(rng.integers(0, 10, shape[0]))) for _ in range(n)]
+    return [
+        (fw.from_numpy(rng.standard_normal(shape).astype(np.float32)), fw.from_numpy(rng.integers(0, 10, shape[0])))
+        for _ in range(n)
+    ]
 
 
 def train_step(model, opt):
@@ -70,5 +72,6 @@ def run(kind, policy, compiled, steps, norm=None, optimizer="sgd"):
 
 
 def bitwise_equal(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
-                                    for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes() for x, y in zip(a, b)
+    )

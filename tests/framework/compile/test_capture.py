@@ -22,6 +22,7 @@ def _setup(kind="mlp", norm=None, policy="off"):
 
 # --- refusals -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("read", ["item", "bool", "float", "numpy", "tolist", "int"])
 def test_reading_a_value_during_capture_is_refused_with_the_line(read):
     model, opt = _setup()
@@ -112,6 +113,7 @@ def test_a_tensor_alive_before_the_step_is_an_input_read_at_every_call():
 
 
 # --- guards -------------------------------------------------------------------------------
+
 
 def test_a_new_batch_shape_captures_again_with_one_warning():
     model, opt = _setup()
@@ -216,6 +218,7 @@ def test_the_cache_is_small():
 
 # --- printing and the report -------------------------------------------------------------
 
+
 def test_the_program_prints_one_node_a_line():
     model, opt = _setup()
     f = fw.compile(train_step(model, opt))
@@ -237,8 +240,14 @@ def test_report_has_the_issue_keys_and_explain_draws_the_plan(tmp_path):
     for x, y in batches("resnet", 3):
         f(x, y)
     r = f.report()
-    for key in ("eager_peak_bytes", "planned_peak_bytes", "floor_bytes", "inplace_chains", "reinplaced_ops",
-                "copies_avoided_bytes"):
+    for key in (
+        "eager_peak_bytes",
+        "planned_peak_bytes",
+        "floor_bytes",
+        "inplace_chains",
+        "reinplaced_ops",
+        "copies_avoided_bytes",
+    ):
         assert key in r
     assert r["planned_peak_bytes"] >= r["lower_bound_bytes"] and r["floor_bytes"] > 0
     # the plan is an upper bound of what replay holds (a conv backward re-inplaced into its
@@ -315,10 +324,10 @@ def test_a_step_that_accumulates_gradients_reads_them_and_keyword_arguments_work
     for compiled in (False, True):
         model, opt = _setup(policy=policy)
 
-        def step(x, target=None):
-            loss = F.cross_entropy(model(x), target)
+        def step(x, target=None):  # runs in the iteration that defines it
+            loss = F.cross_entropy(model(x), target)  # noqa: B023
             loss.backward()
-            opt.step()
+            opt.step()  # noqa: B023
             return {"loss": loss}
 
         f = fw.compile(step) if compiled else step

@@ -59,7 +59,7 @@ CASES = {
     "sqrt": (lambda a: a.sqrt(), [lambda: _t(3, 4, positive=True)]),
     "log": (lambda a: a.log(), [lambda: _t(3, 4, positive=True)]),
     "sin": (lambda a: a.sin(), [lambda: _t(3, 4)]),
-    "pow": (lambda a: a ** 3, [lambda: _t(3, 4)]),
+    "pow": (lambda a: a**3, [lambda: _t(3, 4)]),
     "abs": (lambda a: a.abs(), [lambda: _t(3, 4)]),
     "maximum": (lambda a, b: fw.maximum(a, b), [lambda: _t(3, 4), lambda: _t(3, 4)]),
     "dropout": (lambda a: fw.nn.functional.dropout(a, 0.3), [lambda: _t(5, 6)]),
@@ -67,9 +67,28 @@ CASES = {
     "chain": (lambda a, b: ((a * b + 1.0).tanh() - b).relu().exp(), [lambda: _t(4, 5), lambda: _t(4, 5)]),
 }
 
-LOWERED = {"add", "add_broadcast", "sub", "sub_broadcast", "mul", "mul_scalar", "div", "neg", "exp", "tanh",
-           "relu", "sigmoid", "matmul", "matmul_transposed", "sum_all", "sum_dim", "sum_keepdim", "view",
-           "permute", "chain"}
+LOWERED = {
+    "add",
+    "add_broadcast",
+    "sub",
+    "sub_broadcast",
+    "mul",
+    "mul_scalar",
+    "div",
+    "neg",
+    "exp",
+    "tanh",
+    "relu",
+    "sigmoid",
+    "matmul",
+    "matmul_transposed",
+    "sum_all",
+    "sum_dim",
+    "sum_keepdim",
+    "view",
+    "permute",
+    "chain",
+}
 
 
 def _run(fn, makers, compiled, calls, seed):
@@ -92,8 +111,9 @@ def _run(fn, makers, compiled, calls, seed):
     for _ in range(calls):
         xs = [m() for m in makers]
         y = f(*xs)
-        out.append([y.detach().numpy().copy()] + [np.array(np.nan) if x.grad is None else x.grad.numpy().copy()
-                                                   for x in xs])
+        out.append(
+            [y.detach().numpy().copy()] + [np.array(np.nan) if x.grad is None else x.grad.numpy().copy() for x in xs]
+        )
     return out, f
 
 
@@ -109,8 +129,11 @@ def test_replay_is_bitwise_the_eager_op(name, policy):
             assert x.dtype == y.dtype and x.shape == y.shape
             assert x.tobytes() == y.tobytes(), name
     if name in LOWERED:
-        ops = [n for n in f.program.nodes if n.kind == "call" and not n.name.startswith("Mul")
-               or n.kind == "call" and name.startswith("mul")]
+        ops = [
+            n
+            for n in f.program.nodes
+            if n.kind == "call" and not n.name.startswith("Mul") or n.kind == "call" and name.startswith("mul")
+        ]
         assert any(n.info.get("lowered") for n in ops), f"{name} did not run on a direct kernel"
 
 

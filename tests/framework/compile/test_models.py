@@ -7,8 +7,14 @@ import pytest
 
 from .helpers import bitwise_equal, run
 
-CASES = [("mlp", None), ("mlp", "bn"), ("convnet", "bn"), ("convnet", "inplace_abn"), ("resnet", "bn"),
-         ("resnet", "inplace_abn")]
+CASES = [
+    ("mlp", None),
+    ("mlp", "bn"),
+    ("convnet", "bn"),
+    ("convnet", "inplace_abn"),
+    ("resnet", "bn"),
+    ("resnet", "inplace_abn"),
+]
 
 
 @pytest.mark.parametrize("kind,norm", CASES)

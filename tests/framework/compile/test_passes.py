@@ -29,8 +29,9 @@ class Builder:
         return v.id
 
     def op(self, cls, *ins, shape=(4,), inplace=False, view=False, saved=None, **params):
-        n = self.p.add_node("call", op=cls, inputs=[Ref(i) if isinstance(i, int) else i for i in ins],
-                            params=params, inplace=inplace)
+        n = self.p.add_node(
+            "call", op=cls, inputs=[Ref(i) if isinstance(i, int) else i for i in ins], params=params, inplace=inplace
+        )
         edge = ("write", ins[0]) if inplace else ("view", ins[0]) if view else None
         out = self.p.new_value(shape, F32, _strides(shape), producer=n.index, edge=edge)
         n.outputs = [out.id]
@@ -43,8 +44,13 @@ class Builder:
         n = self.p.add_node("backward", op=fnode.op)
         out = self.p.new_value(shape, F32, _strides(shape), producer=n.index)
         n.outputs = [out.id]
-        n.info.update(fwd=fwd, grad=grad, reuse_grad=False, saved_values=list(fnode.info["saved"].values()),
-                      label=fnode.op.__name__ + "Backward")
+        n.info.update(
+            fwd=fwd,
+            grad=grad,
+            reuse_grad=False,
+            saved_values=list(fnode.info["saved"].values()),
+            label=fnode.op.__name__ + "Backward",
+        )
         return out.id
 
 
@@ -57,6 +63,7 @@ def _strides(shape):
 
 
 # --- alias classes and chains --------------------------------------------------------------
+
 
 def test_union_find():
     uf = alias.UnionFind(6)
@@ -106,6 +113,7 @@ def test_an_update_into_a_new_buffer_is_a_rebind_until_re_inplace_binds_it():
 
 
 # --- re-inplace ---------------------------------------------------------------------------------
+
 
 def test_a_dead_input_is_overwritten():
     b = Builder()
@@ -180,7 +188,7 @@ def test_ops_without_a_free_inplace_form_are_left_alone():
 
 
 def test_reinplace_captured_sgd_off_binds_every_chain():
-    from .helpers import make_model, train_step, batches
+    from .helpers import batches, make_model, train_step
 
     fw.inplace.set_policy("off")
     model = make_model("mlp")
@@ -199,6 +207,7 @@ def test_reinplace_captured_sgd_off_binds_every_chain():
 
 
 # --- dead-code elimination ---------------------------------------------------------------------
+
 
 def test_unused_values_are_removed_and_effects_kept():
     b = Builder()
@@ -227,6 +236,7 @@ def test_a_kept_backward_keeps_its_forward():
 
 
 # --- the memory plan ---------------------------------------------------------------------------
+
 
 def test_greedy_by_size_reuses_offsets_of_buffers_that_are_dead():
     items = [("a", 100, 0, 2), ("b", 100, 3, 5), ("c", 50, 1, 4), ("d", 300, 6, 7)]
@@ -279,7 +289,7 @@ def test_verify_catches_a_read_after_a_later_write():
 
 
 def test_the_floor_counts_parameters_gradients_state_and_saved_values():
-    from .helpers import make_model, train_step, batches
+    from .helpers import batches, make_model, train_step
 
     fw.inplace.set_policy("off")
     model = make_model("mlp")

@@ -184,6 +184,7 @@ def crash(world: Communicator, message: str, where: str) -> None:
     install_abort_on_exception(world)  # idempotent
     if world.rank == 1:
         if where == "thread":
+
             def fail():
                 raise RuntimeError(message)
 

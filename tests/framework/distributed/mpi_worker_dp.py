@@ -76,7 +76,7 @@ def check_equivalence(world):
     for step in range(10):
         x, y = data(step, n * B)
         opt.zero_grad()
-        loss = loss_fn(dp(on_device(x[r * B:(r + 1) * B])), on_device(y[r * B:(r + 1) * B]))
+        loss = loss_fn(dp(on_device(x[r * B : (r + 1) * B])), on_device(y[r * B : (r + 1) * B]))
         loss.backward()
         assert all(b.launched for b in dp.buckets), "buckets not launched from backward hooks"
         dp.finish()
@@ -104,7 +104,7 @@ def check_views(world):
     for step in range(2):
         x, y = data(50 + step, 2 * B)
         opt.zero_grad()
-        loss_fn(dp(fw.tensor(x[r * B:(r + 1) * B])), fw.tensor(y[r * B:(r + 1) * B])).backward()
+        loss_fn(dp(fw.tensor(x[r * B : (r + 1) * B])), fw.tensor(y[r * B : (r + 1) * B])).backward()
         dp.finish()
         grads = [p.grad.numpy() for p in model.parameters()]
         for p in model.parameters():
@@ -138,7 +138,7 @@ def check_unused(world):
         x, y = data(200 + step, n * B)
         uses = [k == 1 for k in range(n)] if step < 2 else [False] * n
         dp.zero_grad()
-        loss_fn(dp(fw.tensor(x[r * B:(r + 1) * B]), uses[r]), fw.tensor(y[r * B:(r + 1) * B])).backward()
+        loss_fn(dp(fw.tensor(x[r * B : (r + 1) * B]), uses[r]), fw.tensor(y[r * B : (r + 1) * B])).backward()
         # Bucket 0 (extra, fc.bias) is incomplete where extra is unused: nothing may launch.
         assert [b.launched for b in dp.buckets] == [uses[r]] * len(dp.buckets), step
         dp.finish()
@@ -146,7 +146,7 @@ def check_unused(world):
         want = [np.zeros_like(p.detach().numpy()) for p in ref.parameters()]
         for k in range(n):
             ref.zero_grad()
-            loss_fn(ref(fw.tensor(x[k * B:(k + 1) * B]), uses[k]), fw.tensor(y[k * B:(k + 1) * B])).backward()
+            loss_fn(ref(fw.tensor(x[k * B : (k + 1) * B]), uses[k]), fw.tensor(y[k * B : (k + 1) * B])).backward()
             for w, p in zip(want, ref.parameters()):
                 if p.grad is not None:
                     w += p.grad.numpy() / n
@@ -170,7 +170,7 @@ def check_no_sync(world):
     loss_fn = nn.MSELoss()
     for step in range(3):
         x, y = data(400 + step, n * 2 * B)
-        mine_x, mine_y = x[r * 2 * B:(r + 1) * 2 * B], y[r * 2 * B:(r + 1) * 2 * B]
+        mine_x, mine_y = x[r * 2 * B : (r + 1) * 2 * B], y[r * 2 * B : (r + 1) * 2 * B]
         opt.zero_grad()
         with dp.no_sync():
             (loss_fn(dp(fw.tensor(mine_x[:B])), fw.tensor(mine_y[:B])) / 2).backward()
@@ -180,8 +180,11 @@ def check_no_sync(world):
         dp.finish()
         ref_opt.zero_grad()
         loss_fn(ref(fw.tensor(x)), fw.tensor(y)).backward()
-        assert_close([p.grad.numpy() for p in model.parameters()],
-                     [p.grad.numpy() for p in ref.parameters()], f"no_sync grads step {step}")
+        assert_close(
+            [p.grad.numpy() for p in model.parameters()],
+            [p.grad.numpy() for p in ref.parameters()],
+            f"no_sync grads step {step}",
+        )
         opt.step()
         ref_opt.step()
     assert_close(params_of(model), params_of(ref), "no_sync parameters")

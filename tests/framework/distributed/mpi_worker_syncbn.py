@@ -60,8 +60,9 @@ def check_layer(world, shape, steps=3):
             got = reduced_sum(world, getattr(sbn, name).grad.numpy())
             np.testing.assert_allclose(got, getattr(ref, name).grad.numpy(), **TOL, err_msg=f"d{name} {step}")
         for name in ("running_mean", "running_var"):
-            np.testing.assert_allclose(getattr(sbn, name).numpy(), getattr(ref, name).numpy(), **TOL,
-                                       err_msg=f"{name} {step}")
+            np.testing.assert_allclose(
+                getattr(sbn, name).numpy(), getattr(ref, name).numpy(), **TOL, err_msg=f"{name} {step}"
+            )
         assert int(sbn.num_batches_tracked.item()) == step + 1
         sbn.zero_grad()
         ref.zero_grad()
@@ -83,8 +84,14 @@ def check_conv(world):
 
 def conv_bn(seed):
     fw.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-                         nn.Flatten(), nn.Linear(4 * 5 * 5, 3), nn.BatchNorm1d(3)).double()
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 5 * 5, 3),
+        nn.BatchNorm1d(3),
+    ).double()
 
 
 def check_convert(world):
@@ -104,8 +111,9 @@ def check_convert(world):
         (model(fw.tensor(x[sl].copy())) * fw.tensor(g[sl].copy())).sum().backward()
         (ref(fw.tensor(x)) * fw.tensor(g)).sum().backward()
         for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-            np.testing.assert_allclose(reduced_sum(world, p.grad.numpy()), q.grad.numpy(), rtol=0, atol=1e-6,
-                                       err_msg=f"{name} step {step}")
+            np.testing.assert_allclose(
+                reduced_sum(world, p.grad.numpy()), q.grad.numpy(), rtol=0, atol=1e-6, err_msg=f"{name} step {step}"
+            )
         mine, want = model.state_dict(), ref.state_dict()
         assert list(mine) == list(want)
         for k in want:

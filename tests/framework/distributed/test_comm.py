@@ -43,6 +43,7 @@ def run_job(args, nprocs=None, timeout=20.0):
 
 # -- single process, in this process ---------------------------------------------------------
 
+
 def single_process_worlds():
     worlds = [pytest.param(SingleProcessCommunicator, id="no-mpi")]
     if HAVE_MPI4PY:
@@ -176,8 +177,9 @@ def test_get_world_without_mpi4py(fresh_world, monkeypatch):
 
 def test_import_does_not_load_mpi4py():
     code = "import sys, framework.distributed.comm; print('mpi4py.MPI' in sys.modules)"
-    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env(),
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
 
@@ -225,15 +227,15 @@ def test_uncaught_exception_single_process_exits_nonzero():
         "install_abort_on_exception(get_world())\n"
         "raise RuntimeError('single-process-boom')\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env(),
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 1
     assert "Traceback" in res.stderr and "RuntimeError: single-process-boom" in res.stderr
     assert "[rank" not in res.stderr
 
 
 # -- several ranks under mpiexec --------------------------------------------------------------
-
 
 
 @pytest.mark.mpi

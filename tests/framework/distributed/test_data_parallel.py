@@ -33,8 +33,10 @@ def mlp(seed=0):
 
 def batch(seed=0, n=5):
     rng = np.random.default_rng(seed)
-    return (fw.tensor(rng.standard_normal((n, 6)).astype(np.float32)),
-            fw.tensor(rng.standard_normal((n, 3)).astype(np.float32)))
+    return (
+        fw.tensor(rng.standard_normal((n, 6)).astype(np.float32)),
+        fw.tensor(rng.standard_normal((n, 3)).astype(np.float32)),
+    )
 
 
 def grads(model):
@@ -80,6 +82,7 @@ def single_worlds():
 
 
 # -- one process: a passthrough --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("make", single_worlds())
 def test_single_process_passthrough(make, policy):
@@ -136,15 +139,16 @@ def test_policies_give_identical_results(comm_factory, accumulate):
 
 # -- the bucketed path in one process (TwinComm) ----------------------------------------------
 
+
 class Mixed(nn.Module):
     def __init__(self):
         super().__init__()
-        self.a = Parameter(fw.zeros(10, dtype=fw.float32))       # 40 B
-        self.b = Parameter(fw.zeros(10, dtype=fw.float64))       # 80 B
-        self.c = Parameter(fw.zeros(10, dtype=fw.float32))       # 40 B
-        self.big = Parameter(fw.zeros(100, dtype=fw.float32))    # 400 B > bucket
+        self.a = Parameter(fw.zeros(10, dtype=fw.float32))  # 40 B
+        self.b = Parameter(fw.zeros(10, dtype=fw.float64))  # 80 B
+        self.c = Parameter(fw.zeros(10, dtype=fw.float32))  # 40 B
+        self.big = Parameter(fw.zeros(100, dtype=fw.float32))  # 400 B > bucket
         self.frozen = Parameter(fw.zeros(3), requires_grad=False)
-        self.d = Parameter(fw.zeros(5, dtype=fw.float32))        # 20 B
+        self.d = Parameter(fw.zeros(5, dtype=fw.float32))  # 20 B
         self.register_buffer("count", fw.zeros(1, dtype=fw.int64))
 
     def forward(self, x):
@@ -159,8 +163,7 @@ def test_bucket_layout(policy):
     layout = [(str(b.dtype), [names[id(q)] for q in b.params]) for b in dp.buckets]
     # Reverse registration order, per dtype, at most 100 B, the big one alone, frozen skipped;
     # "a" joins "c"'s still-open float32 bucket.
-    assert layout == [("float32", ["d"]), ("float32", ["big"]), ("float32", ["c", "a"]),
-                      ("float64", ["b"])], layout
+    assert layout == [("float32", ["d"]), ("float32", ["big"]), ("float32", ["c", "a"]), ("float64", ["b"])], layout
     assert [b.offsets for b in dp.buckets] == [[0], [0], [0, 10], [0]]
     assert [b.index for b in dp.buckets] == [0, 1, 2, 3]
     assert dp.bucket_of(model.frozen) is None

@@ -52,7 +52,7 @@ def test_single_process_matches_batch_norm(shape, affine):
         with fw.no_grad():
             sbn.weight.copy_(w.detach())
             sbn.bias.copy_(b.detach())
-    for step in range(2):
+    for _ in range(2):
         x = rng.standard_normal(shape) * 2 + 5
         g = fw.tensor(rng.standard_normal(shape))
         xs, xr = fresh(x), fresh(x)
@@ -119,8 +119,12 @@ def test_float32_and_errors():
 
 def conv_bn():
     fw.manual_seed(3)
-    return nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
-                         nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.BatchNorm1d(3, affine=False)))
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.BatchNorm1d(3, affine=False)),
+    )
 
 
 def test_convert_keeps_state_dict_and_parameters():
@@ -148,6 +152,7 @@ def test_convert_keeps_state_dict_and_parameters():
 
 
 # -- two ranks under mpiexec ------------------------------------------------------------------
+
 
 def run_job(nprocs=2, timeout=30.0):
     return run_script(WORKER, (), nprocs, timeout)

@@ -90,8 +90,16 @@ def test_in_place_on_parameters_under_no_grad_with_version_bump():
     p = nn.Parameter(fw.zeros(4, 3))
     array = p._data
     v = p._version
-    for fn in (init.kaiming_uniform_, init.kaiming_normal_, init.xavier_uniform_, init.xavier_normal_,
-               init.uniform_, init.normal_, init.zeros_, init.ones_):
+    for fn in (
+        init.kaiming_uniform_,
+        init.kaiming_normal_,
+        init.xavier_uniform_,
+        init.xavier_normal_,
+        init.uniform_,
+        init.normal_,
+        init.zeros_,
+        init.ones_,
+    ):
         assert fn(p) is p
     init.constant_(p, 2.0)
     assert p._data is array and p._version == v + 9
@@ -109,12 +117,16 @@ def test_seeded_and_zero_element_warning():
         init.zeros_(np.zeros(3))
 
 
-@pytest.mark.parametrize("fill,check", [
-    (lambda t: init.uniform_(t, -0.5, 0.5), lambda a: a.min() >= -0.5 and a.max() <= 0.5 and abs(a.mean()) < 0.02),
-    (lambda t: init.normal_(t, 1.0, 0.1), lambda a: abs(a.mean() - 1) < 0.01 and abs(a.std() - 0.1) < 0.01),
-    (lambda t: init.kaiming_uniform_(t, a=math.sqrt(5)), lambda a: np.abs(a).max() <= 1 / math.sqrt(100)),
-    (init.xavier_normal_, lambda a: abs(a.std() - math.sqrt(2 / 300)) < 0.01),
-], ids=["uniform_", "normal_", "kaiming_uniform_", "xavier_normal_"])
+@pytest.mark.parametrize(
+    "fill,check",
+    [
+        (lambda t: init.uniform_(t, -0.5, 0.5), lambda a: a.min() >= -0.5 and a.max() <= 0.5 and abs(a.mean()) < 0.02),
+        (lambda t: init.normal_(t, 1.0, 0.1), lambda a: abs(a.mean() - 1) < 0.01 and abs(a.std() - 0.1) < 0.01),
+        (lambda t: init.kaiming_uniform_(t, a=math.sqrt(5)), lambda a: np.abs(a).max() <= 1 / math.sqrt(100)),
+        (init.xavier_normal_, lambda a: abs(a.std() - math.sqrt(2 / 300)) < 0.01),
+    ],
+    ids=["uniform_", "normal_", "kaiming_uniform_", "xavier_normal_"],
+)
 def test_random_init_on_backend_draws_on_the_device(fill, check, backend):
     w = nn.Parameter(fw.empty(200, 100, device=backend))
     out = fill(w)

@@ -40,6 +40,7 @@ def check_layer_grads(layer, *inputs, fn=None, atol=1e-5, rtol=1e-4):
 
 # --- Linear ------------------------------------------------------------------------------------
 
+
 def test_linear_forward_batched_and_init_bounds():
     lin = nn.Linear(4, 5)
     assert lin.weight.shape == (5, 4) and lin.bias.shape == (5,)
@@ -81,6 +82,7 @@ def test_linear_bias_add_is_an_inplace_site(policy):
 
 
 # --- Conv2d and pooling ---------------------------------------------------------------------------
+
 
 def conv_ref(x, w, b, stride, pad):
     x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
@@ -131,6 +133,7 @@ def test_pools_forward_and_gradcheck():
 
 # --- BatchNorm ----------------------------------------------------------------------------------
 
+
 def bn_ref(x, w, b, eps, axes):
     mean = x.mean(axis=axes, keepdims=True)
     var = x.var(axis=axes, keepdims=True)
@@ -139,11 +142,14 @@ def bn_ref(x, w, b, eps, axes):
     return (x - mean) / np.sqrt(var + eps) * w.reshape(shape) + b.reshape(shape)
 
 
-@pytest.mark.parametrize("cls,shape,axes", [
-    (nn.BatchNorm1d, (8, 3), (0,)),
-    (nn.BatchNorm1d, (4, 3, 5), (0, 2)),
-    (nn.BatchNorm2d, (4, 3, 2, 3), (0, 2, 3)),
-])
+@pytest.mark.parametrize(
+    "cls,shape,axes",
+    [
+        (nn.BatchNorm1d, (8, 3), (0,)),
+        (nn.BatchNorm1d, (4, 3, 5), (0, 2)),
+        (nn.BatchNorm2d, (4, 3, 2, 3), (0, 2, 3)),
+    ],
+)
 def test_batchnorm_training_updates_running_stats_in_place(cls, shape, axes):
     bn = cls(3)
     with fw.no_grad():
@@ -225,6 +231,7 @@ def test_batchnorm_gradcheck(training):
 
 # --- InPlaceABN ------------------------------------------------------------------------------------
 
+
 def test_inplace_abn_overwrites_input_and_matches_reference():
     abn = nn.InPlaceABN(3, negative_slope=0.1)
     with fw.no_grad():
@@ -275,7 +282,7 @@ def test_activation_forward_and_gradcheck(make, ref):
         for policy in ("on", "off"):
             fw.inplace.set_policy(policy)
             assert_close(make(inplace)(x * 1), ref(np_of(x)), rtol=1e-6)
-            check_layer_grads(make(inplace), x, fn=lambda t, layer=make(inplace): layer(t * 1))
+            check_layer_grads(make(inplace), x, fn=lambda t, layer=make(inplace): layer(t * 1))  # noqa: B008 (one layer for every call)
 
 
 def address(t) -> int:
@@ -301,8 +308,12 @@ def test_activation_policy_decides_inplace(make, slope):
     x = rand(64, 32, dtype=fw.float32, requires_grad=True)
     # (policy, the module's inplace=, the site writes over h and consumes it, out is h)
     for policy, inplace, site_wrote, same in [
-        ("on", None, True, False), ("auto", None, False, False), ("off", None, False, False),
-        ("on", False, False, False), ("off", True, False, True), ("on", True, False, True),
+        ("on", None, True, False),
+        ("auto", None, False, False),
+        ("off", None, False, False),
+        ("on", False, False, False),
+        ("off", True, False, True),
+        ("on", True, False, True),
     ]:
         fw.inplace.set_policy(policy)
         h = x * 2
@@ -395,6 +406,7 @@ def test_functional_activations():
 
 # --- Dropout -----------------------------------------------------------------------------------------
 
+
 def test_dropout_training_eval_and_policy():
     x = fw.ones(4000, requires_grad=True)
     d = nn.Dropout(0.25)
@@ -431,6 +443,7 @@ def test_dropout_gradcheck_with_a_fixed_mask():
 
 # --- shape helpers ---------------------------------------------------------------------------------
 
+
 def test_flatten_and_identity():
     x = rand(2, 3, 4, 5, dtype=fw.float32)
     f = nn.Flatten()(x)
@@ -443,6 +456,7 @@ def test_flatten_and_identity():
 
 
 # --- losses ----------------------------------------------------------------------------------------------
+
 
 def ce_ref(x, t, smoothing=0.0, reduction="mean"):
     logp = x - x.max(axis=1, keepdims=True)
@@ -483,14 +497,23 @@ def test_nll_and_mse_loss():
 
 # --- a small network under both policies ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("norm", ["bn", "abn"])
 def test_convnet_same_result_under_both_policies(norm):
     def run(policy):
         fw.inplace.set_policy(policy)
         fw.manual_seed(7)
         unit = [nn.BatchNorm2d(4), nn.ReLU()] if norm == "bn" else [nn.InPlaceABN(4)]
-        net = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), *unit, nn.MaxPool2d(2), nn.Flatten(),
-                            nn.Linear(4 * 3 * 3, 8), nn.LeakyReLU(), nn.Dropout(0.2), nn.Linear(8, 3))
+        net = nn.Sequential(
+            nn.Conv2d(2, 4, 3, padding=1),
+            *unit,
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(4 * 3 * 3, 8),
+            nn.LeakyReLU(),
+            nn.Dropout(0.2),
+            nn.Linear(8, 3),
+        )
         x = fw.randn(6, 2, 6, 6)
         t = fw.tensor([0, 1, 2, 0, 1, 2])
         loss = nn.CrossEntropyLoss()(net(x), t)
@@ -522,6 +545,7 @@ def test_inplace_relu_buffer_is_freed_by_backward_like_out_of_place():
 # --- every layer type on the test's backend against the same layer on the CPU ----------------------
 # (the ``backend`` fixture: "cpu", and "cuda" where CuPy sees a GPU; skipped cleanly elsewhere)
 
+
 def _values(shape, seed):
     return np.random.default_rng(seed).uniform(-1.0, 1.0, shape)
 
@@ -537,8 +561,16 @@ def _leaky_abn(n):
 
 
 def _small_convnet():
-    return nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(3 * 2 * 3, 4), nn.Tanh(), nn.Linear(4, 2))
+    return nn.Sequential(
+        nn.Conv2d(2, 3, 3, padding=1),
+        nn.BatchNorm2d(3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(3 * 2 * 3, 4),
+        nn.Tanh(),
+        nn.Linear(4, 2),
+    )
 
 
 # (id, layer factory, input shape, train mode, target kind or None)
@@ -598,9 +630,7 @@ def _run_layer(make, shape, training, target, device):
     }
 
 
-@pytest.mark.parametrize(
-    "make,shape,training,target", [pytest.param(*c[1:], id=c[0]) for c in BACKEND_LAYERS]
-)
+@pytest.mark.parametrize("make,shape,training,target", [pytest.param(*c[1:], id=c[0]) for c in BACKEND_LAYERS])
 def test_layer_on_backend_matches_the_cpu(make, shape, training, target, backend):
     got = _run_layer(make, shape, training, target, backend)
     want = _run_layer(make, shape, training, target, "cpu")

@@ -38,6 +38,7 @@ class Net(nn.Module):
 
 # --- Parameter ------------------------------------------------------------------------------
 
+
 def test_parameter_is_a_leaf_sharing_memory_counted_as_parameters():
     t = fw.randn(50, 10)
     before = memory.breakdown()["parameters"]
@@ -76,13 +77,25 @@ def test_parameter_deepcopy_and_pickle():
 
 # --- registration and traversal --------------------------------------------------------------
 
+
 def test_registration_order_and_names():
     net = Net()
     # module by module (pre-order), each module's own parameters first: PyTorch's order
     assert [n for n, _ in net.named_parameters()] == [
-        "block.scale", "block.fc.weight", "block.fc.bias", "bn.weight", "bn.bias", "head.weight"]
+        "block.scale",
+        "block.fc.weight",
+        "block.fc.bias",
+        "bn.weight",
+        "bn.bias",
+        "head.weight",
+    ]
     assert [n for n, _ in net.named_buffers()] == [
-        "block.count", "block.scratch", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
+        "block.count",
+        "block.scratch",
+        "bn.running_mean",
+        "bn.running_var",
+        "bn.num_batches_tracked",
+    ]
     assert [n for n, _ in net.named_children()] == ["block", "bn", "head"]
     assert [n for n, _ in net.named_modules()] == ["", "block", "block.fc", "block.act", "bn", "head"]
     assert len(list(net.modules())) == 6 and list(net.children())[1] is net.bn
@@ -201,6 +214,7 @@ def test_apply_and_requires_grad_():
 
 # --- devices and dtypes ----------------------------------------------------------------------
 
+
 def test_to_double_keeps_parameter_objects():
     net = Net()
     params = list(net.parameters())
@@ -236,14 +250,22 @@ def test_to_cuda_and_back():
 
 # --- state dict --------------------------------------------------------------------------------
 
+
 def test_state_dict_round_trip_with_buffers():
     fw.manual_seed(0)
     src = Net()
     src(fw.randn(8, 3))  # training step: running stats and num_batches_tracked change
     sd = src.state_dict()
     assert list(sd) == [
-        "block.scale", "block.count", "block.fc.weight", "block.fc.bias",
-        "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked",
+        "block.scale",
+        "block.count",
+        "block.fc.weight",
+        "block.fc.bias",
+        "bn.weight",
+        "bn.bias",
+        "bn.running_mean",
+        "bn.running_var",
+        "bn.num_batches_tracked",
         "head.weight",
     ]  # the non-persistent buffer is left out
     assert all(not t.requires_grad for t in sd.values())
@@ -289,8 +311,10 @@ def test_load_state_dict_reports_every_problem_in_one_message():
     assert msg.startswith("Error(s) in loading state_dict for Net:")
     assert 'Missing key(s) in state_dict: "block.scale", "bn.running_var".' in msg
     assert 'Unexpected key(s) in state_dict: "extra.weight".' in msg
-    assert ("size mismatch for head.weight: copying a param with shape (5, 4) from checkpoint, "
-            "the shape in current model is (2, 4).") in msg
+    assert (
+        "size mismatch for head.weight: copying a param with shape (5, 4) from checkpoint, "
+        "the shape in current model is (2, 4)."
+    ) in msg
 
 
 def test_load_state_dict_strict_false():
@@ -314,6 +338,7 @@ def test_load_state_dict_strict_false():
 
 
 # --- containers and repr -------------------------------------------------------------------------
+
 
 def test_sequential_and_module_list():
     a, b, c = nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)
@@ -344,8 +369,15 @@ def test_sequential_and_module_list():
 
 
 def test_repr_like_pytorch():
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
-                        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8, 2), nn.Dropout(0.1))
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8, 2),
+        nn.Dropout(0.1),
+    )
     assert repr(net) == (
         "Sequential(\n"
         "  (0): Conv2d(3, 8, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1))\n"

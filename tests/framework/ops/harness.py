@@ -44,7 +44,7 @@ import dataclasses
 import gc
 import tracemalloc
 import zlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -295,8 +295,13 @@ def check_backward(case: Case, device: str = "cpu") -> None:
         assert (g is None) == (w is None), f"{case.id}: input {i} gradient presence differs from the CPU"
         if g is not None:
             assert g.device == fw.device(device), f"{case.id}: gradient of input {i} on {g.device}"
-            assert_close(g, w, rtol=CROSS_DEVICE_RTOL, atol=CROSS_DEVICE_ATOL,
-                         msg=f"{case.id}: gradient of input {i} on {device} against the CPU")
+            assert_close(
+                g,
+                w,
+                rtol=CROSS_DEVICE_RTOL,
+                atol=CROSS_DEVICE_ATOL,
+                msg=f"{case.id}: gradient of input {i} on {device} against the CPU",
+            )
 
 
 def _weights(shape, seed=1, device="cpu"):
@@ -463,8 +468,9 @@ def check_inplace_memory(case: Case, device: str = "cpu") -> None:
     spec = case.spec
     storages = case.storages(np.float32, requires_grad=True, device=device)
     target = storages[0] * 1  # a non-leaf that autograd lets us overwrite
-    assert_inplace_cost(lambda: spec.inplace(target, *storages[1:]), target, spec.memory, case.id, device,
-                        _slack(storages[1:]))
+    assert_inplace_cost(
+        lambda: spec.inplace(target, *storages[1:]), target, spec.memory, case.id, device, _slack(storages[1:])
+    )
     if len(case.shapes[0]) >= 2:
         # The same through a transposed view of a non-leaf (the base's history is rewritten).
         t_case = dataclasses.replace(case, layout="transposed")
@@ -472,12 +478,17 @@ def check_inplace_memory(case: Case, device: str = "cpu") -> None:
         inputs = t_case.views(storages)
         target = t_case.input(0, storages[0] * 1)
         assert target._base is not None and not target.is_contiguous()
-        assert_inplace_cost(lambda: spec.inplace(target, *inputs[1:]), target, spec.memory, t_case.id, device,
-                            _slack(inputs[1:]))
+        assert_inplace_cost(
+            lambda: spec.inplace(target, *inputs[1:]), target, spec.memory, t_case.id, device, _slack(inputs[1:])
+        )
     # Nothing needs a gradient: nothing is saved, so nothing is copied.
     plain = [s.detach() for s in case.storages(np.float32, requires_grad=False, device=device)]
     no_grad_cost = "workspace" if spec.memory == "workspace" else "free"
     assert_inplace_cost(
-        lambda: spec.inplace(plain[0], *plain[1:]), plain[0], no_grad_cost, case.id + " without grad", device,
+        lambda: spec.inplace(plain[0], *plain[1:]),
+        plain[0],
+        no_grad_cost,
+        case.id + " without grad",
+        device,
         _slack(plain[1:]),
     )

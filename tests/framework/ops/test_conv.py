@@ -87,9 +87,7 @@ def _rand(shape, seed=0, dtype=np.float64):
 # (float32 forward vs the float64 loops, float64 gradcheck, inputs in three memory layouts)
 
 X, W, B = (2, 2, 5, 4), (3, 2, 3, 2), (3,)
-CONV_ARGS = [
-    dict(stride=s, padding=p) for s, p in itertools.product([1, 2, (2, 1)], [0, 1, (1, 0)])
-]
+CONV_ARGS = [dict(stride=s, padding=p) for s, p in itertools.product([1, 2, (2, 1)], [0, 1, (1, 0)])]
 CONV_SPECS = [
     harness.OpSpec(
         f"conv2d-s{a['stride']}-p{a['padding']}".replace(" ", ""),
@@ -165,9 +163,7 @@ def test_contraction_setting():
 def test_conv2d_matches_scipy_correlate():
     signal = pytest.importorskip("scipy.signal")
     x, w = _rand((2, 3, 9, 8), 7), _rand((4, 3, 3, 5), 8)
-    want = np.stack(
-        [np.stack([signal.correlate(x[n], w[o], mode="valid")[0] for o in range(4)]) for n in range(2)]
-    )
+    want = np.stack([np.stack([signal.correlate(x[n], w[o], mode="valid")[0] for o in range(4)]) for n in range(2)])
     assert_close(conv2d(_t(x), _t(w)), want, rtol=1e-10, atol=1e-10)
 
 
@@ -201,7 +197,7 @@ def test_conv2d_saves_x_only_for_the_weight_gradient_and_w_only_for_the_input_gr
     node = conv2d(_t(x), _t(w), _t(np.zeros(3), True)).grad_fn  # bias only: nothing
     assert "_saved" not in node.__dict__
     with pytest.raises(AttributeError, match="did not save 'x'"):
-        conv2d(_t(x, True), _t(w)).grad_fn.x
+        _ = conv2d(_t(x, True), _t(w)).grad_fn.x
 
 
 def test_conv2d_backward_accepts_a_broadcast_gradient():
@@ -445,26 +441,32 @@ def test_workspace_limit_setting():
     assert C.get_workspace_limit() == before
 
 
-@pytest.mark.parametrize("n,per_image,limit,sizes", [
-    (10, 100, None, [10]),
-    (10, 100, 10**6, [10]),
-    (10, 100, 300, [3, 3, 3, 1]),  # as few chunks as fit, then as even as possible
-    (13, 100, 500, [5, 5, 3]),
-    (4, 100, 50, [1, 1, 1, 1]),  # one image over the limit: one per chunk
-    (4, 100, 0, [1, 1, 1, 1]),
-    (0, 100, 300, []),
-])
+@pytest.mark.parametrize(
+    "n,per_image,limit,sizes",
+    [
+        (10, 100, None, [10]),
+        (10, 100, 10**6, [10]),
+        (10, 100, 300, [3, 3, 3, 1]),  # as few chunks as fit, then as even as possible
+        (13, 100, 500, [5, 5, 3]),
+        (4, 100, 50, [1, 1, 1, 1]),  # one image over the limit: one per chunk
+        (4, 100, 0, [1, 1, 1, 1]),
+        (0, 100, 300, []),
+    ],
+)
 def test_chunks(n, per_image, limit, sizes):
     got = C._chunks(n, per_image, limit)
     assert [s.stop - s.start for s in got] == sizes
     assert [s.start for s in got] == [sum(sizes[:i]) for i in range(len(sizes))]
 
 
-@pytest.mark.parametrize("pool,args,limit", [
-    (max_pool2d, (3, 2, 1), 32 * 2**10),  # -inf padded input + 2 masks per chunk
-    (max_pool2d, (2,), 4 * 2**10),  # masks only
-    (avg_pool2d, (3, 2, 1), 32 * 2**10),  # zero padded input per chunk; backward: none
-])
+@pytest.mark.parametrize(
+    "pool,args,limit",
+    [
+        (max_pool2d, (3, 2, 1), 32 * 2**10),  # -inf padded input + 2 masks per chunk
+        (max_pool2d, (2,), 4 * 2**10),  # masks only
+        (avg_pool2d, (3, 2, 1), 32 * 2**10),  # zero padded input per chunk; backward: none
+    ],
+)
 def test_pool_workspace_stays_within_the_limit(pool, args, limit):
     """Pooling is chunked by the same limit, with nothing on top of it, and its results
     do not depend on it (bit for bit: every value is computed in the same order)."""
@@ -489,7 +491,13 @@ def test_pool_workspace_stays_within_the_limit(pool, args, limit):
     "xshape,wshape,kw,err,match",
     [
         ((1, 3, 5, 5), (2, 4, 3, 3), {}, RuntimeError, "input has 3 channels .* expects 4"),
-        ((1, 3, 2, 2), (2, 3, 3, 3), {}, RuntimeError, r"padded input size per channel: \(2 x 2\). Kernel size: \(3 x 3\)"),
+        (
+            (1, 3, 2, 2),
+            (2, 3, 3, 3),
+            {},
+            RuntimeError,
+            r"padded input size per channel: \(2 x 2\). Kernel size: \(3 x 3\)",
+        ),
         ((1, 3, 2, 2), (2, 3, 5, 5), {"padding": 1}, RuntimeError, r"\(4 x 4\). Kernel size: \(5 x 5\)"),
         ((3, 5, 5), (2, 3, 3, 3), {}, RuntimeError, "expected a 4-D input"),
         ((1, 3, 5, 5), (2, 3, 3), {}, RuntimeError, "expected a 4-D weight"),
@@ -590,7 +598,9 @@ def test_max_pool_integers_and_padding_never_wins():
 
 def test_avg_pool_counts_padding_zeros():
     x = np.ones((1, 1, 2, 2))
-    np.testing.assert_allclose(avg_pool2d(_t(x), 2, 1, 1).numpy()[0, 0], [[0.25, 0.5, 0.25], [0.5, 1, 0.5], [0.25, 0.5, 0.25]])
+    np.testing.assert_allclose(
+        avg_pool2d(_t(x), 2, 1, 1).numpy()[0, 0], [[0.25, 0.5, 0.25], [0.5, 1, 0.5], [0.25, 0.5, 0.25]]
+    )
 
 
 def test_adaptive_avg_pool_none_keeps_a_size_and_1_is_the_global_mean():
@@ -763,8 +773,11 @@ def test_forcing_an_algorithm_on_a_layer_it_cannot_run_is_a_clear_error(name, xs
 
 def test_auto_and_fast_choose_per_layer_by_the_documented_rules():
     assert C.get_contraction() == "auto" and C.CHOOSING == ("auto", "fast")
-    stage3, stage2, stage1 = ((64, 64, 8, 8), (64, 64, 3, 3)), ((64, 32, 16, 16), (32, 32, 3, 3)), \
-        ((64, 16, 32, 32), (16, 16, 3, 3))
+    stage3, stage2, stage1 = (
+        ((64, 64, 8, 8), (64, 64, 3, 3)),
+        ((64, 32, 16, 16), (32, 32, 3, 3)),
+        ((64, 16, 32, 32), (16, 16, 3, 3)),
+    )
     plan = C.explain(*stage3, 1, 1)
     assert plan[:3] == ("winograd2",) * 3 and plan.rule.startswith("auto: 3x3, stride 1")
     assert C.explain(*stage2, 1, 1)[:3] == ("winograd2",) * 3
@@ -788,7 +801,7 @@ def test_auto_and_fast_choose_per_layer_by_the_documented_rules():
 @pytest.mark.parametrize("mode", C.CHOOSING)
 def test_choosing_modes_match_the_reference_on_resnet_shaped_layers(mode):
     """Both modes on a small ResNet: 3x3 convs, stride 1 and 2, 16 to 64 channels."""
-    for (c, co, hw, s) in [(3, 16, 8, 1), (16, 16, 8, 1), (16, 32, 8, 2), (32, 32, 4, 1), (64, 64, 4, 1)]:
+    for c, co, hw, s in [(3, 16, 8, 1), (16, 16, 8, 1), (16, 32, 8, 2), (32, 32, 4, 1), (64, 64, 4, 1)]:
         x, w = _rand((2, c, hw, hw), 80 + c), _rand((co, c, 3, 3), 90 + co)
         xt, wt = _t(x, True), _t(w, True)
         with C.contraction(mode):

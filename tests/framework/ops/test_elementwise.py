@@ -244,6 +244,7 @@ def test_inplace_that_would_change_an_int_tensor_to_float_raises_and_keeps_it():
 
 # --- inplace errors ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "op, name",
     [
@@ -311,6 +312,7 @@ def test_saved_input_copy_keeps_backward_correct_after_more_inplace_ops():
 
 # --- augmented assignment -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("op", ["+=", "-=", "*=", "/=", "**="])
 def test_augmented_assignment_keeps_the_object(op):
     x = fw.tensor([1.0, 2.0], requires_grad=True) * 1
@@ -323,6 +325,7 @@ def test_augmented_assignment_keeps_the_object(op):
 
 
 # --- fills ----------------------------------------------------------------------------------
+
 
 def _nonleaf(values, dtype=fw.float64):
     leaf = fw.tensor(values, dtype=dtype, requires_grad=True)
@@ -373,7 +376,7 @@ def test_copy_broadcasts_casts_and_routes_the_gradient_to_the_source():
     [
         lambda x: x.zero_(),
         lambda x: x.fill_(3.0),
-        lambda x, ones=fw.ones(3, 4): x.copy_(ones),
+        lambda x, ones=fw.ones(3, 4): x.copy_(ones),  # noqa: B008 (one source for every call)
         lambda x: x.normal_(),
         lambda x: x.uniform_(-1, 1),
     ],

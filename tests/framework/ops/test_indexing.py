@@ -53,6 +53,7 @@ def setitem(index, shapes, value=None, through=None):
     np_index = _np_index(index)
 
     if value is None:
+
         def fn(x, v):
             y = x * 1
             view(y)[index] = v
@@ -63,6 +64,7 @@ def setitem(index, shapes, value=None, through=None):
             view(a)[np_index] = b
             return a
     else:
+
         def fn(x):
             y = x * 1
             view(y)[index] = value
@@ -181,13 +183,17 @@ def test_bad_index_raises():
         fw.randn(3)[5]
 
 
-@pytest.mark.parametrize("index", [
-    fw.tensor([0, 3]),
-    fw.tensor([0, -4]),
-    (slice(None), fw.tensor([2, 2, 4])),
-    (Ellipsis, fw.tensor([[0], [5]])),
-    (fw.tensor([1]), None, fw.tensor([4])),
-], ids=["3 in dim of 3", "-4 in dim of 3", "dim 1", "after ...", "around None"])
+@pytest.mark.parametrize(
+    "index",
+    [
+        fw.tensor([0, 3]),
+        fw.tensor([0, -4]),
+        (slice(None), fw.tensor([2, 2, 4])),
+        (Ellipsis, fw.tensor([[0], [5]])),
+        (fw.tensor([1]), None, fw.tensor([4])),
+    ],
+    ids=["3 in dim of 3", "-4 in dim of 3", "dim 1", "after ...", "around None"],
+)
 def test_out_of_bounds_index_arrays_raise_on_every_device(index, backend):
     # NumPy raises by itself; CuPy would wrap the index around: the framework checks.
     x = fw.zeros(3, 4, device=backend, requires_grad=True) * 1
@@ -216,6 +222,7 @@ def test_index_dims_map_each_index_array_to_its_dimension():
 
 
 # --- setitem --------------------------------------------------------------------------------
+
 
 def test_setitem_basic_gradients_by_hand():
     x = fw.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)

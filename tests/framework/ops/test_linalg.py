@@ -25,6 +25,7 @@ MATMUL_SHAPES = [
     ((2, 1, 2, 3), (3, 3, 2)),  # both batch dims broadcast
 ]
 
+
 def _linear_ref(x, w, b):
     return np.matmul(x, w.T) + b
 
@@ -33,8 +34,12 @@ LINEAR_SHAPES = [((4,), (3, 4), (3,)), ((2, 4), (3, 4), (3,)), ((2, 5, 4), (3, 4
 
 SPECS = [
     OpSpec("F.linear", F.linear, _linear_ref, LINEAR_SHAPES),
-    OpSpec("F.linear without bias", lambda x, w: F.linear(x, w), lambda x, w: np.matmul(x, w.T),
-           [(s[0], s[1]) for s in LINEAR_SHAPES]),
+    OpSpec(
+        "F.linear without bias",
+        lambda x, w: F.linear(x, w),
+        lambda x, w: np.matmul(x, w.T),
+        [(s[0], s[1]) for s in LINEAR_SHAPES],
+    ),
     OpSpec("matmul", fw.matmul, np.matmul, MATMUL_SHAPES),
     OpSpec("@", operator.matmul, np.matmul, MATMUL_SHAPES),
     OpSpec("x.matmul", lambda x, y: x.matmul(y), np.matmul, [((2, 3), (3, 2))]),

@@ -116,8 +116,11 @@ def test_running_stat_update_allocates_nothing():
     rm, rv = fw.zeros(c), fw.ones(c)
     x = fw.randn(4, c)
     batch_norm(x, rm, rv, training=True)  # warm up
-    stats = {"mean": np.random.default_rng(0).random(c).astype(np.float32),
-             "var": np.random.default_rng(1).random(c).astype(np.float32), "count": 4}
+    stats = {
+        "mean": np.random.default_rng(0).random(c).astype(np.float32),
+        "var": np.random.default_rng(1).random(c).astype(np.float32),
+        "count": 4,
+    }
     want_m = 0.9 * rm.numpy().astype(np.float64) + 0.1 * stats["mean"]
     want_v = 0.9 * rv.numpy().astype(np.float64) + 0.1 * stats["var"] * 4 / 3
     from framework.ops.norm import _update_running
@@ -569,6 +572,7 @@ def test_nn_inplace_abn_passes_the_residual():
 
 
 # --- SyncBatchNorm's arithmetic on the test's backend: host buffers for the communicator ------------
+
 
 class _TwinRanks:
     """A communicator whose reductions double every sum, as if a second rank held the same batch.

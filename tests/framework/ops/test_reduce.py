@@ -70,6 +70,7 @@ def test_backward(case, backend):
 
 # --- max(dim): values and indices ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("keepdim", [False, True])
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_max_dim_returns_values_and_indices(dim, keepdim):
@@ -107,6 +108,7 @@ def test_ties_amax_splits_the_gradient_max_dim_picks_one():
 
 
 # --- dtypes and edge cases -------------------------------------------------------------------
+
 
 def test_reduction_dtypes():
     assert fw.tensor([1, 2, 3]).sum().dtype == fw.int64

@@ -94,6 +94,7 @@ def test_backward(case, backend):
 
 # --- reshape: a view when the strides allow one, a copy otherwise ----------------------------
 
+
 def _shares(a, b):
     return np.shares_memory(a._data, b._data)
 
@@ -199,6 +200,7 @@ def test_inplace_through_a_view_gives_gradients_to_the_base():
 
 
 # --- errors -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "bad, error, match",

@@ -28,34 +28,78 @@ def _take(a, dim, i):
 
 
 SPECS = [
-    OpSpec("view_as", lambda x, y: x.view_as(y), lambda a, b: a.reshape(b.shape), [((2, 3), (3, 2)), ((6,), (2, 3))],
-           view=True, layouts=("contiguous",)),
+    OpSpec(
+        "view_as",
+        lambda x, y: x.view_as(y),
+        lambda a, b: a.reshape(b.shape),
+        [((2, 3), (3, 2)), ((6,), (2, 3))],
+        view=True,
+        layouts=("contiguous",),
+    ),
     OpSpec("select(0,1)", lambda x: x.select(0, 1), lambda a: a[1], [((3,),), ((3, 4),), ((3, 2, 2),)], view=True),
     OpSpec("select(-1,-2)", lambda x: fw.select(x, -1, -2), lambda a: a[..., -2], [((3, 4),), ((2, 3, 4),)], view=True),
-    OpSpec("narrow(1,-2,2)", lambda x: fw.narrow(x, 1, -2, 2), lambda a: a[:, -2:], [((3, 4),), ((2, 5, 3),)], view=True),
-    OpSpec("swapdims(0,-1)", lambda x: fw.swapdims(x, 0, -1), lambda a: np.swapaxes(a, 0, -1), [((2, 3),), ((2, 3, 4),)], view=True),
+    OpSpec(
+        "narrow(1,-2,2)", lambda x: fw.narrow(x, 1, -2, 2), lambda a: a[:, -2:], [((3, 4),), ((2, 5, 3),)], view=True
+    ),
+    OpSpec(
+        "swapdims(0,-1)",
+        lambda x: fw.swapdims(x, 0, -1),
+        lambda a: np.swapaxes(a, 0, -1),
+        [((2, 3),), ((2, 3, 4),)],
+        view=True,
+    ),
     OpSpec("swapaxes(1,2)", lambda x: x.swapaxes(1, 2), lambda a: np.swapaxes(a, 1, 2), [((2, 3, 4),)], view=True),
     OpSpec("mT", lambda x: x.mT, lambda a: np.swapaxes(a, -2, -1), [((2, 3),), ((2, 3, 4),)], view=True),
     OpSpec("mH", lambda x: x.mH, lambda a: np.swapaxes(a, -2, -1), [((2, 3, 4),)], view=True),
     OpSpec("H", lambda x: x.H, lambda a: a.T, [((2, 3),)], view=True),
     OpSpec("unbind(0)[1]", lambda x: x.unbind()[1], lambda a: a[1], [((3,),), ((3, 4),)], view=True),
-    OpSpec("unbind(-1) stacked", lambda x: fw.stack(fw.unbind(x, -1), 0), lambda a: np.moveaxis(a, -1, 0),
-           [((2, 3),), ((2, 3, 4),)], view=None),
+    OpSpec(
+        "unbind(-1) stacked",
+        lambda x: fw.stack(fw.unbind(x, -1), 0),
+        lambda a: np.moveaxis(a, -1, 0),
+        [((2, 3),), ((2, 3, 4),)],
+        view=None,
+    ),
     OpSpec("split(2,1)[1]", lambda x: x.split(2, 1)[1], lambda a: a[:, 2:4], [((3, 5),), ((2, 4, 3),)], view=True),
     OpSpec("split(2,1)[-1]", lambda x: fw.split(x, 2, 1)[-1], lambda a: a[:, 4:], [((3, 5),)], view=True),
-    OpSpec("split([1,3],-1) cat", lambda x: fw.cat(x.split([1, 3], -1)[::-1], -1),
-           lambda a: np.concatenate([a[..., 1:], a[..., :1]], -1), [((4,),), ((2, 4),)], view=None),
-    OpSpec("split_with_sizes([2,1])[0]", lambda x: fw.split_with_sizes(x, [2, 1])[0], lambda a: a[:2],
-           [((3,),), ((3, 2),)], view=True),
+    OpSpec(
+        "split([1,3],-1) cat",
+        lambda x: fw.cat(x.split([1, 3], -1)[::-1], -1),
+        lambda a: np.concatenate([a[..., 1:], a[..., :1]], -1),
+        [((4,),), ((2, 4),)],
+        view=None,
+    ),
+    OpSpec(
+        "split_with_sizes([2,1])[0]",
+        lambda x: fw.split_with_sizes(x, [2, 1])[0],
+        lambda a: a[:2],
+        [((3,),), ((3, 2),)],
+        view=True,
+    ),
     OpSpec("chunk(2)[1]", lambda x: x.chunk(2)[1], lambda a: a[3:], [((5,),), ((5, 2),)], view=True),
-    OpSpec("chunk(3,1) cat", lambda x: fw.cat(fw.chunk(x, 3, 1)[::-1], 1),
-           lambda a: np.concatenate([a[:, 4:], a[:, 2:4], a[:, :2]], 1), [((2, 5),)], view=None),
-    OpSpec("as_strided((2,2),(1,3),1)", lambda x: x.as_strided((2, 2), (1, 3), 1),
-           lambda a: np.lib.stride_tricks.as_strided(a.reshape(-1)[1:], (2, 2), (a.itemsize, 3 * a.itemsize)),
-           [((2, 3),), ((6,),)], view=True, layouts=("contiguous",)),
-    OpSpec("as_strided overlapping", lambda x: fw.as_strided(x, (3, 3), (1, 1)),
-           lambda a: np.lib.stride_tricks.as_strided(a.reshape(-1), (3, 3), (a.itemsize, a.itemsize)),
-           [((5,),)], view=True, layouts=("contiguous",)),
+    OpSpec(
+        "chunk(3,1) cat",
+        lambda x: fw.cat(fw.chunk(x, 3, 1)[::-1], 1),
+        lambda a: np.concatenate([a[:, 4:], a[:, 2:4], a[:, :2]], 1),
+        [((2, 5),)],
+        view=None,
+    ),
+    OpSpec(
+        "as_strided((2,2),(1,3),1)",
+        lambda x: x.as_strided((2, 2), (1, 3), 1),
+        lambda a: np.lib.stride_tricks.as_strided(a.reshape(-1)[1:], (2, 2), (a.itemsize, 3 * a.itemsize)),
+        [((2, 3),), ((6,),)],
+        view=True,
+        layouts=("contiguous",),
+    ),
+    OpSpec(
+        "as_strided overlapping",
+        lambda x: fw.as_strided(x, (3, 3), (1, 1)),
+        lambda a: np.lib.stride_tricks.as_strided(a.reshape(-1), (3, 3), (a.itemsize, a.itemsize)),
+        [((5,),)],
+        view=True,
+        layouts=("contiguous",),
+    ),
 ]
 
 
@@ -179,7 +223,9 @@ def test_as_strided_gradient_of_an_overlapping_view():
     x = fw.ones(5, dtype=fw.float64, requires_grad=True)
     fw.as_strided(x, (3, 3), (1, 1)).sum().backward()
     assert x.grad.tolist() == [1.0, 2.0, 3.0, 2.0, 1.0]
-    gradcheck(lambda x: fw.as_strided(x.expand(4, 5), (2, 3), (1, 1), 1), [fw.ones(5, dtype=fw.float64, requires_grad=True)])
+    gradcheck(
+        lambda x: fw.as_strided(x.expand(4, 5), (2, 3), (1, 1), 1), [fw.ones(5, dtype=fw.float64, requires_grad=True)]
+    )
 
 
 def test_inplace_through_the_new_views_gives_gradients_to_the_base():

@@ -22,6 +22,7 @@ def _seed_and_policy():
 
 # --- NumPy references (float64) of torch.optim's single-tensor updates ------------------------
 
+
 def sgd_ref(p, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
     p, buf, out = p.copy(), None, []
     for g in grads:
@@ -115,9 +116,11 @@ def test_on_and_off_updates_are_bitwise_identical(cls, kwargs):
 
 # --- on and off: the same training run ------------------------------------------------------------
 
+
 def make_model():
-    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(),
-                         nn.Linear(16, 3))
+    return nn.Sequential(
+        nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3)
+    )
 
 
 def regression_data():
@@ -201,6 +204,7 @@ def test_storage_and_memory_under_each_policy(cls, kwargs):
 
 # --- versions: a graph recorded before step() cannot backpropagate after it -----------------------
 
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("cls", [optim.SGD, optim.Adam])
 def test_step_bumps_versions_and_stale_graph_raises(policy, cls):
@@ -218,6 +222,7 @@ def test_step_bumps_versions_and_stale_graph_raises(policy, cls):
 
 
 # --- state dict ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("cls,kwargs", [OPTIMIZERS[0], OPTIMIZERS[2]])
@@ -272,6 +277,7 @@ def test_state_dict_format_and_load_errors():
 
 
 # --- param groups, validation, zero_grad -------------------------------------------------------------------
+
 
 def test_param_groups_and_add_param_group():
     a, b = nn.Parameter(fw.zeros(2)), nn.Parameter(fw.zeros(2))
@@ -350,6 +356,7 @@ def test_step_with_closure():
 # --- every optimizer on the test's backend against the CPU ------------------------------------------
 # (the ``backend`` fixture: "cpu", and "cuda" where CuPy sees a GPU; skipped cleanly elsewhere)
 
+
 def run_on(device, opt_cls, kwargs, policy, steps=4):
     """``steps`` updates of two float64 parameters on ``device`` with given gradients; the
     parameter and state values after each step, on the host."""
@@ -377,9 +384,7 @@ def run_on(device, opt_cls, kwargs, policy, steps=4):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize(
-    "cls,kwargs", [(optim.SGD, k) for k in SGD_CASES] + [(c, k) for c, k, _ in ADAM_CASES]
-)
+@pytest.mark.parametrize("cls,kwargs", [(optim.SGD, k) for k in SGD_CASES] + [(c, k) for c, k, _ in ADAM_CASES])
 def test_optimizer_on_backend_matches_the_cpu(cls, kwargs, policy, backend):
     got = run_on(backend, cls, kwargs, policy)
     want = run_on("cpu", cls, kwargs, policy)

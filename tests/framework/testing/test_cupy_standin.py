@@ -21,8 +21,7 @@ import framework.testing.cupy_standin as cp
 from framework import backend, memory
 from framework.testing.cupy_standin import cupyx
 from framework.testing.cupy_standin.cuda import memory as cmem
-from framework.testing.cupy_standin.cuda import memory_hook
-from framework.testing.cupy_standin.cuda import nccl
+from framework.testing.cupy_standin.cuda import memory_hook, nccl
 
 # --- host transfers are explicit ---------------------------------------------------------------
 

@@ -43,6 +43,7 @@ def _round_size(size: int) -> int:
 
 # --- memory and pointers ----------------------------------------------------------------------
 
+
 class Memory:
     """One device allocation ("cudaMalloc"): ``size`` host bytes at a 512-byte aligned ``ptr``."""
 
@@ -52,7 +53,7 @@ class Memory:
         if self.size:
             raw = numpy.empty(self.size + _ALIGNMENT, numpy.uint8)
             start = -raw.ctypes.data % _ALIGNMENT
-            self._buf = raw[start:start + self.size]
+            self._buf = raw[start : start + self.size]
             self.ptr = self._buf.ctypes.data
         else:  # CuPy's zero-size allocation: pointer 0, no memory
             self._buf = numpy.empty(0, numpy.uint8)
@@ -166,8 +167,9 @@ class SingleDeviceMemoryPool:
             mem_ptr = memptr.ptr if memptr is not None else 0
             pmem_id = id(memptr.mem) if memptr is not None else 0
             for hook in hooks:
-                hook.malloc_postprocess(device_id=self._device_id, size=size, mem_size=rounded,
-                                        mem_ptr=mem_ptr, pmem_id=pmem_id)
+                hook.malloc_postprocess(
+                    device_id=self._device_id, size=size, mem_size=rounded, mem_ptr=mem_ptr, pmem_id=pmem_id
+                )
         return memptr
 
     def _malloc(self, rounded: int) -> MemoryPointer:
@@ -193,8 +195,9 @@ class SingleDeviceMemoryPool:
             mem = Memory(rounded, self._device_id)
         finally:
             for hook in hooks:
-                hook.alloc_postprocess(device_id=self._device_id, mem_size=rounded,
-                                       mem_ptr=mem.ptr if mem is not None else 0)
+                hook.alloc_postprocess(
+                    device_id=self._device_id, mem_size=rounded, mem_ptr=mem.ptr if mem is not None else 0
+                )
         with self._lock:
             self._total += rounded
         return mem
@@ -294,4 +297,3 @@ def _block_at(ptr: int, nbytes: int):
             if pmem is not None and pmem.ptr and pmem.ptr <= ptr and ptr + nbytes <= pmem.ptr + pmem.size:
                 return pmem, ptr - pmem.ptr
     return None
-

@@ -58,5 +58,3 @@ class MemoryHook:
 
 def _hooks():
     return tuple(get_memory_hooks().values()) if getattr(_hooks_local, "hooks", None) else ()
-
-

@@ -44,9 +44,15 @@ NCCL_FLOAT64 = NCCL_DOUBLE = 8
 NCCL_BFLOAT16 = 9
 
 _DTYPES = {
-    NCCL_INT8: numpy.int8, NCCL_UINT8: numpy.uint8, NCCL_INT32: numpy.int32, NCCL_UINT32: numpy.uint32,
-    NCCL_INT64: numpy.int64, NCCL_UINT64: numpy.uint64, NCCL_FLOAT16: numpy.float16,
-    NCCL_FLOAT32: numpy.float32, NCCL_FLOAT64: numpy.float64,
+    NCCL_INT8: numpy.int8,
+    NCCL_UINT8: numpy.uint8,
+    NCCL_INT32: numpy.int32,
+    NCCL_UINT32: numpy.uint32,
+    NCCL_INT64: numpy.int64,
+    NCCL_UINT64: numpy.uint64,
+    NCCL_FLOAT16: numpy.float16,
+    NCCL_FLOAT32: numpy.float32,
+    NCCL_FLOAT64: numpy.float64,
 }
 
 _ERRORS = {
@@ -110,8 +116,9 @@ class NcclCommunicator:
         for other, where in enumerate(placed):
             if other != rank and where == placed[rank]:
                 self._comm.Free()
-                raise NcclError(5, f"Duplicate GPU detected : rank {rank} and rank {other} "
-                                   f"both on CUDA device {self._device}")
+                raise NcclError(
+                    5, f"Duplicate GPU detected : rank {rank} and rank {other} both on CUDA device {self._device}"
+                )
         self._rank, self._size = int(rank), int(ndev)
         self._ops = {NCCL_SUM: MPI.SUM, NCCL_PROD: MPI.PROD, NCCL_MAX: MPI.MAX, NCCL_MIN: MPI.MIN}
 
@@ -143,8 +150,7 @@ class NcclCommunicator:
         send = recv if sendbuf == recvbuf else self._buffer(sendbuf, count, datatype)
         self._reduce_into(send, recv, op, root=None)
 
-    def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int,
-               stream: int) -> None:
+    def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int, stream: int) -> None:
         self._check_stream(stream)
         self._check_root(root)
         recv = self._buffer(recvbuf, count, datatype) if self._rank == root else None
@@ -156,8 +162,7 @@ class NcclCommunicator:
         self._check_root(root)
         self._comm.Bcast(self._buffer(buff, count, datatype).view(numpy.uint8), root=root)
 
-    def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int,
-                  stream: int) -> None:
+    def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, stream: int) -> None:
         self._check_stream(stream)
         self._check_root(root)
         recv = self._buffer(recvbuff, count, datatype)
@@ -171,13 +176,20 @@ class NcclCommunicator:
         send = self._buffer(sendbuf, count, datatype).copy()  # may be recv's own slot (in place)
         self._comm.Allgather(send.view(numpy.uint8), recv.view(numpy.uint8))
 
-    def reduceScatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int, op: int,  # noqa: N802
-                      stream: int) -> None:
+    def reduceScatter(
+        self,
+        sendbuf: int,
+        recvbuf: int,
+        recvcount: int,
+        datatype: int,
+        op: int,  # noqa: N802
+        stream: int,
+    ) -> None:
         self._check_stream(stream)
         send = self._buffer(sendbuf, recvcount * self._size, datatype)
         total = numpy.empty_like(send)
         self._reduce_into(send.copy(), total, op, root=None)
-        self._buffer(recvbuf, recvcount, datatype)[...] = total[self._rank * recvcount:(self._rank + 1) * recvcount]
+        self._buffer(recvbuf, recvcount, datatype)[...] = total[self._rank * recvcount : (self._rank + 1) * recvcount]
 
     # -- helpers ------------------------------------------------------------------------------------
     def _buffer(self, ptr: int, count: int, datatype: int) -> numpy.ndarray:
@@ -193,8 +205,11 @@ class NcclCommunicator:
             raise NcclError(4, f"pointer 0x{int(ptr):x} is not {nbytes} bytes of live device memory")
         block, offset = found
         if block.device_id != self._device:
-            raise NcclError(4, f"pointer 0x{int(ptr):x} is memory of device {block.device_id}, "
-                               f"this communicator's device is {self._device}")
+            raise NcclError(
+                4,
+                f"pointer 0x{int(ptr):x} is memory of device {block.device_id}, "
+                f"this communicator's device is {self._device}",
+            )
         return numpy.ndarray((int(count),), dtype, buffer=block._buf, offset=offset)
 
     def _reduce_into(self, send: numpy.ndarray, recv, op: int, root) -> None:

@@ -24,8 +24,9 @@ def _check_device(device_id: int) -> int:
     if device_id == -1:
         return current
     if device_id != current:
-        raise RuntimeError(f"The device that the stream is created on ({device_id}) "
-                           f"does not match with the current device ({current})")
+        raise RuntimeError(
+            f"The device that the stream is created on ({device_id}) does not match with the current device ({current})"
+        )
     return device_id
 
 

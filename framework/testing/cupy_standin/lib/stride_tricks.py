@@ -16,6 +16,7 @@ def as_strided(x, shape=None, strides=None):
     try:
         a = _host_view(x.data, shape, x.dtype, strides)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"as_strided: shape {shape} with strides {strides} reaches outside the "
-                         f"array's memory block ({e})") from None
+        raise ValueError(
+            f"as_strided: shape {shape} with strides {strides} reaches outside the array's memory block ({e})"
+        ) from None
     return _new(a, x.data, None)
