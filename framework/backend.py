@@ -275,6 +275,41 @@ def scatter_add(array, index, values) -> None:
     _cupyx.scatter_add(array, index, values)
 
 
+_AXPY: dict = {}  # dtype -> BLAS ?axpy of SciPy, looked up on first use
+
+
+def add_scaled_(y, x, alpha) -> None:
+    """``y += alpha * x`` in place, in ONE pass over memory where BLAS can do it
+    (``?axpy`` on C-contiguous float32/float64 NumPy arrays of one dtype and shape): no
+    temporary for ``alpha * x``. Elsewhere (CuPy, other layouts), the same through ``xp``.
+
+    The optimizers' updates run through it on every policy alike, so the rounding (one
+    fused multiply-add in BLAS) is the same whether the update is in place or not.
+    """
+    if (
+        y.__class__ is np.ndarray
+        and x.__class__ is np.ndarray
+        and y.dtype == x.dtype
+        and y.shape == x.shape
+        and y.dtype.char in "fd"
+        and y.flags.c_contiguous
+        and x.flags.c_contiguous
+        and y.size
+    ):
+        axpy = _AXPY.get(y.dtype.char)
+        if axpy is None:
+            from scipy.linalg import blas  # a third-party module, loaded only when an update needs it
+
+            axpy = _AXPY[y.dtype.char] = blas.saxpy if y.dtype.char == "f" else blas.daxpy
+        flat = y.reshape(-1)
+        out = axpy(x.reshape(-1), flat, a=alpha)
+        if out is not flat and not np.shares_memory(out, y):  # BLAS wrote a copy: put it back
+            y.reshape(-1)[...] = out
+        return
+    xp = get_array_module(y)
+    xp.add(y, xp.multiply(x, alpha), out=y)
+
+
 def index_like(item, array):
     """An index item (a list, or a NumPy or CuPy array of ints or bools) on ``array``'s device.
 

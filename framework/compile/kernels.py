@@ -36,6 +36,7 @@ from .program import Ref, ScalarRef
 OUT_CAPABLE = frozenset(
     {
         E.Add,
+        E.AddScaled,
         E.Sub,
         E.Mul,
         E.Div,

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import memory
 from ..autograd.function import Function
-from ..backend import get_array_module
+from ..backend import add_scaled_, get_array_module
 from .broadcast import shape_of, sum_to
 
 
@@ -68,6 +68,24 @@ class Add(Function):
         if ctx.needs_input_grad[1]:
             gy = _grad_for(g if ctx.alpha == 1 else g * ctx.alpha, ctx.my)
         return gx, gy
+
+
+class AddScaled(Function):
+    """``x + alpha * y`` (``y`` a tensor of ``x``'s shape and dtype), for the optimizers'
+    updates: in place it is ONE pass over ``x`` (BLAS ``axpy``, no temporary for
+    ``alpha * y``); out of place a copy of ``x`` gets the same kernel, so both forms round
+    alike (``backend.add_scaled_``). Not differentiable: updates run under ``no_grad``.
+    """
+
+    inplace_name = "add_"
+    differentiable = False
+
+    def forward(ctx, x, y, alpha=1):
+        out = ctx.out if ctx.out is not None else memory.empty_like(x)
+        if out is not x:  # out of place (or into a buffer a compiled step planned): x first
+            get_array_module(x).copyto(out, x)
+        add_scaled_(out, y, alpha)
+        return out
 
 
 class Sub(Function):

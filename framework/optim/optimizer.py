@@ -30,6 +30,7 @@ from .. import inplace as _inplace
 from ..autograd.grad_mode import enable_grad, no_grad
 from ..callsite import call_site
 from ..nn.module import _zero_grad
+from ..ops.elementwise import AddScaled
 from ..tensor import Tensor, _wrap
 
 
@@ -61,6 +62,9 @@ class _Updater:
         self.inplace = inplace
 
     def add(self, t: Tensor, other, alpha=1) -> Tensor:
+        """``t + alpha * other``; a scaled tensor update is one pass over ``t`` in place."""
+        if alpha != 1 and isinstance(other, Tensor) and other.shape == t.shape and other.dtype == t.dtype:
+            return AddScaled.apply_(t, other, alpha=alpha) if self.inplace else AddScaled.apply(t, other, alpha=alpha)
         return t.add_(other, alpha=alpha) if self.inplace else t.add(other, alpha=alpha)
 
     def mul(self, t: Tensor, other) -> Tensor:

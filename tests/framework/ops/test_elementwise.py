@@ -420,3 +420,37 @@ def test_comparisons_with_ties_scalars_and_ints():
     assert (fw.tensor([1, 2]) == fw.tensor([1.0, 2.5])).tolist() == [True, False]
     for out in (a == b, a < 2, a.ge(b)):
         assert out.dtype == fw.bool and not out.requires_grad and out.grad_fn is None
+
+
+# --- the optimizers' scaled add -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_add_scaled_is_one_inplace_pass_and_matches_the_reference(dtype, layout):
+    from framework.backend import add_scaled_
+
+    rng = np.random.default_rng(0)
+    y = rng.standard_normal((64, 48)).astype(dtype)
+    x = rng.standard_normal((64, 48)).astype(dtype)
+    if layout == "transposed":  # no BLAS: the xp fallback
+        y, x = y.T, x.T
+    want = y.astype(np.float64) - 0.25 * x.astype(np.float64)
+    address = y.__array_interface__["data"][0]
+    add_scaled_(y, x, -0.25)
+    assert y.__array_interface__["data"][0] == address  # in place
+    np.testing.assert_allclose(y, want, rtol=1e-6 if dtype == np.float32 else 1e-14)
+
+
+def test_add_scaled_op_in_place_and_out_of_place_give_the_same_bits():
+    from framework.ops.elementwise import AddScaled
+
+    rng = np.random.default_rng(1)
+    p = fw.tensor(rng.standard_normal(1000).astype(np.float32))
+    g = fw.tensor(rng.standard_normal(1000).astype(np.float32))
+    out = AddScaled.apply(p, g, alpha=-0.1)
+    assert out is not p and p._version == 0
+    before = fw.memory.allocated_bytes()
+    same = AddScaled.apply_(p, g, alpha=-0.1)
+    assert same is p and p._version == 1 and fw.memory.allocated_bytes() == before
+    np.testing.assert_array_equal(out.numpy(), p.numpy())
