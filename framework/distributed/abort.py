@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import traceback
+
+# MPI_Abort does not wait for the launcher to forward what this rank wrote to stderr
+# (MPICH's hydra lost the report about once in 25 aborts from a thread): give it a moment.
+_FORWARD_SECONDS = 0.25
 
 
 def flush_std_streams() -> None:
@@ -31,6 +36,7 @@ def _report(rank: int, exc_type, exc_value, exc_tb, thread_name: str | None = No
     except Exception:  # noqa: BLE001
         pass
     flush_std_streams()
+    time.sleep(_FORWARD_SECONDS)
 
 
 def install(comm) -> None:
