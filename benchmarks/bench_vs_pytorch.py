@@ -13,13 +13,22 @@ the ratio is taken round by round and its median reported with the spread:
 Our side runs under the default inplace policy (``auto``) unless ``--policy`` says
 otherwise. Needs ``pip install torch==2.13.0``.
 
-Run:  OMP_NUM_THREADS=1 python -m benchmarks.bench_vs_pytorch [--rounds 9] [--quick] [--json PATH] [--only mlp ...]
+``--rss`` also measures the peak resident memory a ResNet-20 training process adds once
+its model and batch exist (``ru_maxrss`` after 5 steps minus before the first), each
+framework in processes of its own, alternating.
+
+Run:  OMP_NUM_THREADS=1 python -m benchmarks.bench_vs_pytorch [--repeats 9] [--quick] [--json PATH]
+          [--only mlp resnet20 tiny] [--rss]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -152,12 +161,50 @@ def measure(workload: str, rounds: int, batch: int, policy: str, steps_per_round
     return out
 
 
+def rss_child(which: str, batch: int, steps: int = 5) -> dict:
+    """In this process: ResNet-20 set up, then ``steps`` training steps; peak RSS growth."""
+    if which == "pytorch":
+        import torch  # noqa: PLC0415  (only the PyTorch child loads it)
+
+        torch.set_num_threads(1)
+        step = theirs("resnet20", batch)
+    else:
+        step = ours("resnet20", batch)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(steps):
+        step()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"before_kb": before, "after_kb": after, "growth_mb": (after - before) / 1024}
+
+
+def measure_rss(rounds: int, batch: int) -> dict:
+    """Peak RSS growth of a ResNet-20 training process, each framework in its own processes."""
+    growth = {"ours": [], "pytorch": []}
+    for r in range(rounds):
+        for which in ("ours", "pytorch") if r % 2 == 0 else ("pytorch", "ours"):
+            out = subprocess.run(
+                [sys.executable, "-m", "benchmarks.bench_vs_pytorch", "--rss-child", which, "--batch", str(batch)],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=str(Path(__file__).resolve().parents[1]),
+            )
+            growth[which].append(json.loads(out.stdout.strip().splitlines()[-1])["growth_mb"])
+    med = {k: statistics.median(v) for k, v in growth.items()}
+    return {"growth_mb": growth, "median_mb": med, "ratio": med["ours"] / med["pytorch"]}
+
+
 def main(argv=None):
     p = common.parser(__doc__.splitlines()[0], default_repeats=9)
     p.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     p.add_argument("--policy", choices=fw.inplace.POLICIES, default=fw.inplace.DEFAULT_POLICY)
     p.add_argument("--batch", type=int, default=BATCH)
+    p.add_argument("--rss", action="store_true", help="also measure ResNet-20's peak RSS growth (subprocesses)")
+    p.add_argument("--rss-child", choices=("ours", "pytorch"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.rss_child:
+        print(json.dumps(rss_child(args.rss_child, args.batch)))
+        return None
     rounds = common.repeats_of(args, 9)
     try:
         import torch  # noqa: PLC0415
@@ -200,6 +247,13 @@ def main(argv=None):
     print(
         common.markdown_table(["workload", "ours vs PyTorch (median)", "speed ratio", "spread", "target", "met"], rows)
     )
+    if args.rss:
+        rss = results["rss"] = measure_rss(3 if args.quick else 5, args.batch)
+        print(
+            f"ResNet-20 peak RSS growth over 5 steps (batch {args.batch}), median of {len(rss['growth_mb']['ours'])}: "
+            f"ours {rss['median_mb']['ours']:.1f} MB, PyTorch {rss['median_mb']['pytorch']:.1f} MB, "
+            f"ratio {rss['ratio']:.2f} (target <= 1)"
+        )
     if args.json:
         common.write_json(args.json, results)
     return results

@@ -134,3 +134,31 @@ def test_bench_auto_rewrites_temporaries_and_rebound_names_not_kept_ones(tmp_pat
         "named_chain/auto": 0,
     }
     assert (tmp_path / "auto.json").exists()
+
+
+def test_consumed_check_quick(capsys, tmp_path):
+    from benchmarks import bench_consumed_check
+
+    path = tmp_path / "consumed.json"
+    bench_consumed_check.main(["--quick", "--repeats", "2", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert [r[0] for r in _table_rows(out)][1:] == ["forward", "fwd+bwd"]
+    assert "budget 0.3 us per op" in out
+    saved = json.loads(path.read_text())
+    for what in ("forward", "fwd+bwd"):
+        assert {"checked_us_per_op", "unchecked_us_per_op", "check_us_per_op_median"} <= set(saved[what])
+    from framework.autograd import function
+
+    assert function._read_inputs is bench_consumed_check._checked  # the real one is back
+
+
+def test_vs_pytorch_quick(capsys, tmp_path):
+    pytest.importorskip("torch")
+    from benchmarks import bench_vs_pytorch
+
+    path = tmp_path / "vs.json"
+    bench_vs_pytorch.main(["--quick", "--repeats", "1", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert [r[0] for r in _table_rows(out)][1:] == ["mlp", "resnet20", "tiny"]
+    saved = json.loads(path.read_text())
+    assert set(saved["workloads"]) == {"mlp", "resnet20", "tiny"} and saved["policy"] == "auto"
