@@ -14,8 +14,8 @@ Our side runs under the default inplace policy (``auto``) unless ``--policy`` sa
 otherwise. Needs ``pip install torch==2.13.0``.
 
 ``--rss`` also measures the peak resident memory a ResNet-20 training process adds once
-its model and batch exist (``ru_maxrss`` after 5 steps minus before the first), each
-framework in processes of its own, alternating.
+its model and batch exist (the kernel's high-water mark over 5 steps minus the resident
+memory before the first; Linux), each framework in processes of its own, alternating.
 
 Run:  OMP_NUM_THREADS=1 python -m benchmarks.bench_vs_pytorch [--repeats 9] [--quick] [--json PATH]
           [--only mlp resnet20 tiny] [--rss]
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -161,8 +160,22 @@ def measure(workload: str, rounds: int, batch: int, policy: str, steps_per_round
     return out
 
 
+def _status_kb(field: str) -> int:
+    """A ``VmRSS``/``VmHWM`` line of /proc/self/status, in kB (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def rss_child(which: str, batch: int, steps: int = 5) -> dict:
-    """In this process: ResNet-20 set up, then ``steps`` training steps; peak RSS growth."""
+    """In this process: ResNet-20 set up, then ``steps`` training steps; peak RSS growth.
+
+    The peak is the kernel's high-water mark of this process's resident memory, reset
+    once the model and the batch exist (``/proc/self/clear_refs``); ``ru_maxrss`` would not
+    do, a process started by a larger one inherits its parent's.
+    """
     if which == "pytorch":
         import torch  # noqa: PLC0415  (only the PyTorch child loads it)
 
@@ -170,10 +183,12 @@ def rss_child(which: str, batch: int, steps: int = 5) -> dict:
         step = theirs("resnet20", batch)
     else:
         step = ours("resnet20", batch)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS
+    before = _status_kb("VmRSS")
     for _ in range(steps):
         step()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = _status_kb("VmHWM")
     return {"before_kb": before, "after_kb": after, "growth_mb": (after - before) / 1024}
 
 
