@@ -59,7 +59,44 @@ def main(argv=None):
     repeats = common.repeats_of(args, 50)
     # The point is the proof's own cost: prove every tensor, however small (by default
     # auto skips tensors below fw.inplace.auto_min_bytes(), where it does not pay).
-    fw.inplace.set_auto_min_bytes(0)
+    prev = fw.inplace.set_auto_min_bytes(0)
+    try:
+        return _measure(args, repeats)
+    finally:
+        fw.inplace.set_auto_min_bytes(prev)
+
+
+SWEEP_FLOATS = (10, 1024, 4096, 16384, 32768, 49152, 65536)
+
+
+def size_sweep(repeats: int, sizes=SWEEP_FLOATS) -> list[dict]:
+    """Where the proof pays: a no_grad chain of 200 tiny-kernel ops (the op mix of the
+    temporary chain) per tensor size, under on and auto (proving every tensor), alternating.
+    From a few hundred KiB on, running in place also saves the new buffer's page faults."""
+    rows = []
+    for n in sizes:
+        x, c = fw.randn(n), fw.rand(n) * 0.2 + 0.9
+
+        def chain(x=x, c=c):
+            h = x
+            for _ in range(N // 5):
+                h = ((h * 0.5 + c).tanh() * c) - 0.1
+            return h
+
+        best = {"on": float("inf"), "auto": float("inf")}
+        for r in range(repeats):
+            for policy in ("on", "auto") if r % 2 else ("auto", "on"):
+                with fw.inplace.policy(policy), fw.no_grad():
+                    t0 = time.perf_counter()
+                    chain()
+                    best[policy] = min(best[policy], time.perf_counter() - t0)
+        rows.append(
+            {"floats": n, "kib": n * 4 / 1024, "on_us": best["on"] / N * 1e6, "auto_us": best["auto"] / N * 1e6}
+        )
+    return rows
+
+
+def _measure(args, repeats):
     x = fw.randn(64, requires_grad=True)
     best = {}
     rewritten = {}
@@ -85,6 +122,11 @@ def main(argv=None):
                 f"| {chain.replace('_chain', '')} | {policy} | {us:.2f} | "
                 f"{'' if policy == 'on' else f'{us - on:+.2f}'} | {rewritten[(chain, policy)]} |"
             )
+    sweep = size_sweep(max(3, repeats // 5), SWEEP_FLOATS[:2] if args.quick else SWEEP_FLOATS)
+    print("\n| tensor | on µs/op | auto µs/op (every tensor proved) | auto / on |")
+    print("|---:|---:|---:|---:|")
+    for r in sweep:
+        print(f"| {r['kib']:.1f} KiB | {r['on_us']:.2f} | {r['auto_us']:.2f} | {r['auto_us'] / r['on_us']:.2f} |")
     info = common.machine_info()
     print(f"\n{repeats} repeats, min. Machine: {common.machine_line(info)}")
     payload = {
@@ -94,6 +136,7 @@ def main(argv=None):
         "repeats": repeats,
         "us_per_op": {f"{c}/{p}": best[(c, p)] / N * 1e6 for c, p in best},
         "rewritten": {f"{c}/{p}": n for (c, p), n in rewritten.items()},
+        "size_sweep": sweep,
     }
     if args.json:
         common.write_json(args.json, payload)
