@@ -160,6 +160,26 @@ def _emit_sum(node, g):
     return g.call(node, node.outputs[0], "np_add_reduce", [g.s(node.inputs[0])], f"axis={axes!r}, keepdims={keep!r}")
 
 
+def _emit_linear(node, g):
+    # x @ weight.T, then the bias added into the product (the op's add_bias_inplace form);
+    # 2-D inputs only: other shapes go through the op's own reshapes
+    shapes = node.info["in_shapes"]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    out_dtype = g.program.values[node.outputs[0]].dtype
+    if len(shapes[0]) != 2:
+        return False
+    if bias is not None:
+        if not node.params.get("add_bias_inplace", True) or _meta_of(bias, g.program)[1] != out_dtype:
+            return False
+    x, w = g.s(node.inputs[0]), g.s(node.inputs[1])
+    if not g.call(node, node.outputs[0], "np.matmul", [x, f"{w}.T"]):
+        return False
+    if bias is not None:
+        o = g.a(node.outputs[0])
+        g.line(f"np.add({o}, {g.s(bias)}, out={o})")
+    return True
+
+
 # Div has a direct forward only: with a backward (which reads its result and divides
 # again) the pair runs through the op's own code.
 FORWARD_ONLY = frozenset({E.Div})
@@ -174,6 +194,7 @@ FORWARD = {
     E.Relu: _emit_unary("np.maximum", "0"),
     E.Sigmoid: _emit_sigmoid,
     L.Matmul: _emit_unary("np.matmul"),
+    L.Linear: _emit_linear,
     R.Sum: _emit_sum,
 }
 # Mul, Div and Matmul are binary, but their operands need no alpha: _emit_unary passes both.
@@ -344,6 +365,28 @@ def _emit_matmul_backward(node, g):
     return True
 
 
+def _emit_linear_backward(node, g):
+    # grad @ weight, grad.T @ x (in the weight's layout) and grad summed over the rows,
+    # as the op's backward for a 2-D input; its casts are no-ops when every dtype matches
+    fnode = g.fnode(node)
+    gv = g.program.values[node.info["grad"]]
+    if len(fnode.info["in_shapes"][0]) != 2 or len(gv.shape) != 2:
+        return False
+    for o in node.outputs:
+        if o is not None and g.program.values[o].dtype != gv.dtype:
+            return False
+    saved = fnode.info.get("saved", {})
+    ox, ow, ob = (list(node.outputs) + [None, None, None])[:3]
+    gname = g.a(gv.id)
+    if ox is not None and ("weight" not in saved or not g.call(node, ox, "np.matmul", [gname, g.a(saved["weight"])])):
+        return False
+    if ow is not None and ("x" not in saved or not g.call(node, ow, "np.matmul", [f"{gname}.T", g.a(saved["x"])])):
+        return False
+    if ob is not None and not g.call(node, ob, "np_add_reduce", [gname], "axis=0"):
+        return False
+    return True
+
+
 def _emit_neg_backward(node, g):
     o = node.outputs[0]
     return o is not None and g.call(node, o, "np.negative", [g.a(node.info["grad"])])
@@ -362,6 +405,7 @@ BACKWARD = {
     Permute: _emit_view_backward,
     R.Sum: _emit_sum_backward,
     L.Matmul: _emit_matmul_backward,
+    L.Linear: _emit_linear_backward,
 }
 
 

@@ -46,6 +46,12 @@ CASES = {
     "sigmoid": (lambda a: a.sigmoid(), [lambda: _t(3, 4)]),
     "matmul": (lambda a, b: a @ b, [lambda: _t(3, 4), lambda: _t(4, 5)]),
     "matmul_transposed": (lambda a, b: a @ b.t(), [lambda: _t(3, 4), lambda: _t(5, 4)]),
+    "linear": (lambda a, w, b: fw.nn.functional.linear(a, w, b), [lambda: _t(3, 4), lambda: _t(5, 4), lambda: _t(5)]),
+    "linear_no_bias": (lambda a, w: fw.nn.functional.linear(a, w), [lambda: _t(3, 4), lambda: _t(5, 4)]),
+    "linear_3d": (
+        lambda a, w, b: fw.nn.functional.linear(a, w, b),
+        [lambda: _t(2, 3, 4), lambda: _t(5, 4), lambda: _t(5)],
+    ),
     "sum_all": (lambda a: a.sum() * 1.0, [lambda: _t(3, 4)]),
     "sum_dim": (lambda a: a.sum(dim=1), [lambda: _t(3, 4)]),
     "sum_keepdim": (lambda a: a.sum(dim=0, keepdim=True), [lambda: _t(3, 4)]),
@@ -82,6 +88,8 @@ LOWERED = {
     "sigmoid",
     "matmul",
     "matmul_transposed",
+    "linear",
+    "linear_no_bias",
     "sum_all",
     "sum_dim",
     "sum_keepdim",
@@ -143,7 +151,7 @@ def test_tables_are_consistent():
         assert op in kernels.BACKWARD or op in kernels.FORWARD_ONLY, f"{op.__name__}: no backward kernel"
     for op in (View, Permute):
         assert op in kernels.BACKWARD
-    assert {E.Add, E.Mul, L.Matmul, R.Sum} <= set(kernels.FORWARD)
+    assert {E.Add, E.Mul, L.Matmul, L.Linear, R.Sum} <= set(kernels.FORWARD)
 
 
 def test_an_op_outside_the_tables_allocates_its_own_output_and_the_plan_says_so():
