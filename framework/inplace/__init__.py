@@ -215,11 +215,10 @@ def auto_target(cls, inputs, params):
     frame = proof.dead_at(x, sys._getframe(2), "apply")
     if frame is None:
         return None
-    where = (frame.f_code.co_filename, frame.f_lineno)
+    where = frame_site(frame)
     del frame
-    stats = memory._stats
-    stats[_stat_keys.get(cls) or _stat_keys.setdefault(cls, "auto_inplace_ops." + cls.__name__)] += 1
-    stats["auto_inplace_bytes"] += nbytes
+    memory.count(_stat_keys.get(cls) or _stat_keys.setdefault(cls, "auto_inplace_ops." + cls.__name__))
+    memory.count("auto_inplace_bytes", nbytes)
     return where
 
 
