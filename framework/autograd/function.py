@@ -18,7 +18,11 @@ grad-mode check, leaf and overlap checks BEFORE the kernel touches anything, cop
 inputs that backward needs but the kernel would overwrite (counted as memory inplace did
 not save), the kernel, the version bump with the call site of the inplace op, the
 history (including the rebase of a view's base, PyTorch's CopySlices), and the saved
-tensors with their versions.
+tensors with their versions; each step is a small function below.
+
+This module works on tensors: it sits beside the ops, above the Tensor class. What it
+builds on, and what the engine runs, is in :mod:`.node` (versions, saved tensors, the
+node base), below the Tensor class (docs/DESIGN.md, "Layers").
 """
 
 from __future__ import annotations
