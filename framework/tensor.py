@@ -19,6 +19,7 @@ from .autograd import node as _node
 from .autograd.grad_mode import InferenceVersionCounter, no_grad, state
 from .autograd.node import VersionCounter as _VersionCounter
 from .autograd.node import _HookHandle
+from .autograd.view_meta import UntrackedView, rebase_message
 from .inplace.consumed import ConsumedData
 from .inplace.proof import passes_ownership as _hands_over
 
@@ -186,6 +187,16 @@ class Tensor:
     def grad_fn(self):
         base = self._base
         if base is not None and self._view_fn is not None:
+            view_fn = self._view_fn
+            if view_fn.__class__ is UntrackedView:
+                # Made without history and written since (through itself, its base or
+                # another view): which history it should have is ambiguous, and PyTorch
+                # refuses to guess while the base requires grad.
+                if view_fn.stale(self) and base.requires_grad:
+                    fn = self._grad_fn
+                    name, nr = view_fn.describe(fn.name() if fn is not None else None)
+                    raise RuntimeError(rebase_message(view_fn.creation, name, nr, indirect=True))
+                return self._grad_fn
             base_fn = base._grad_fn
             if base_fn is not self._view_base_fn and base_fn is not None:
                 # The base's history changed (an inplace op on it or on another view of

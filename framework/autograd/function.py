@@ -49,7 +49,7 @@ from .node import (  # noqa: F401  (SavedTensor, VersionCounter, _FREED: the op 
     _backward_twice_message,
     _HookHandle,
 )
-from .view_meta import rebase_message
+from .view_meta import UntrackedView, rebase_message
 
 
 class Function(Node):
@@ -187,8 +187,8 @@ before_write = None
 
 def _check_view_rewrite(cls, target) -> None:
     """Raises where an inplace op may not rewrite the history of the view ``target``:
-    made under no_grad, one of several views an op returned, or made by a custom
-    Function (see ``framework.autograd.view_meta``)."""
+    made without history (no_grad, inference mode), one of several views an op
+    returned, or made by a custom Function (see ``framework.autograd.view_meta``)."""
     view_fn = target._view_fn
     if view_fn is None:
         creation, marker = "no_grad", None
@@ -377,6 +377,8 @@ def _new_output(cls, inputs, params, result, grad_on):
         if grad_on:
             out._view_fn = _compose_view_fn(src, cls, inputs[1:], params)
             out._view_base_fn = base._grad_fn
+        elif src._vc.__class__ is not InferenceVersionCounter:  # (a view of an inference tensor is none)
+            out._view_fn = UntrackedView("inference_mode" if state.inference else "no_grad", src._vc.value)
     else:
         memory.track(result, None, "activations")
     return out
@@ -435,7 +437,11 @@ def _compose_view_fn(src, cls, rest, params):
     """A function that replays the chain of view ops from the base to this view."""
     prev = src._view_fn
     if src._base is not None and prev is None:
-        return None  # the source view was made under no_grad: its chain is unknown
+        return None  # a view of an inference tensor: not a view for autograd
+    if prev.__class__ is UntrackedView:
+        # the source view was made without history: its chain is unknown, and this view
+        # is untracked too, as of the storage's version now
+        return UntrackedView(prev.creation, src._vc.value)
     if getattr(prev, "creation", None) is not None:
         return prev  # a view of a view that forbids rewriting its history forbids it too
     if prev is None:

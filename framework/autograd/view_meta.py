@@ -5,8 +5,11 @@ A view tensor records how to replay it from its base in ``_view_fn`` (see
 its base, rebuilds history from that replay (PyTorch's CopySlices). Some views cannot
 be replayed, and PyTorch refuses to write through them while autograd is recording:
 
-- ``_view_fn is None``: the view was made under ``no_grad`` (or is a view of such a
-  view), so its chain was never recorded;
+- :class:`UntrackedView`: the view was made while autograd was not recording (under
+  ``no_grad`` or ``inference_mode``), or is a view of such a view, so its chain was never
+  recorded. It also remembers the storage's version when it was made: once the view or
+  its base has been written since, reading its ``grad_fn`` (which every op that records
+  history does) raises while the base requires grad, as PyTorch's version check does;
 - :class:`ForbiddenReplay` with ``creation="multi_output"``: one of several views a
   single op returned (``unbind``, ``split``, ``chunk``, ``split_with_sizes``);
 - :class:`ForbiddenReplay` with ``creation="custom_function"``: a view returned by a
@@ -31,6 +34,12 @@ _SUFFIX = {
         " inside the no_grad block (if you don't want the inplace to be tracked) or both outside (if you want"
         " the inplace to be tracked)."
     ),
+    "inference_mode": (
+        " Given that this use case is ambiguous and error-prone, it is forbidden."
+        " You can clarify your code by moving both the view and the inplace either both"
+        " inside the inference_mode block (if you don't want the inplace to be tracked) or both outside (if you"
+        " want the inplace to be tracked)."
+    ),
     "custom_function": (
         " This view was created inside a custom Function (or because an input was returned as-is) and the"
         " autograd logic to handle view+inplace would override the custom backward associated with the custom"
@@ -44,20 +53,23 @@ def rebase_message(creation: str, grad_fn_name: str | None, output_nr: int = 0, 
     """PyTorch's error for rewriting the history of a view that forbids it.
 
     Args:
-        creation: ``"no_grad"``, ``"multi_output"`` or ``"custom_function"``.
+        creation: ``"no_grad"``, ``"inference_mode"``, ``"multi_output"`` or ``"custom_function"``.
         grad_fn_name: the name of the view's own grad_fn, or None when it has none.
         output_nr: which output of that node the view is.
         indirect: the write went to the base or to another view of it (the view's
             history is being rebuilt), not to this view.
     """
     modified = "its base or another view of its base has been" if indirect else "is being"
-    if creation == "no_grad" or grad_fn_name is None:
+    if creation in ("no_grad", "inference_mode") or grad_fn_name is None:
         prefix = (
             f"Output {output_nr} of {grad_fn_name} is a view of a view which was created in"
             if grad_fn_name is not None
             else "A view was created in"
         )
-        msg = f"{prefix} no_grad mode and {modified} modified inplace with grad mode enabled."
+        if creation == "inference_mode":
+            msg = f"{prefix} inference mode and {modified} modified inplace in normal mode."
+        else:
+            msg = f"{prefix} no_grad mode and {modified} modified inplace with grad mode enabled."
     else:
         msg = f"Output {output_nr} of {grad_fn_name} is a view and {modified} modified inplace."
     return msg + _SUFFIX[creation]
@@ -87,3 +99,23 @@ class ForbiddenReplay:
         if grad_fn_name is None or grad_fn_name == self.node_name:
             return self.node_name if grad_fn_name is not None else None, self.output_nr
         return grad_fn_name, 0
+
+
+class UntrackedView(ForbiddenReplay):
+    """The ``_view_fn`` of a view made while autograd was not recording (``creation``:
+    ``"no_grad"`` or ``"inference_mode"``), or of a view of such a view.
+
+    ``version`` is the storage's version when the view was made (PyTorch's
+    ``attr_version``): :meth:`stale` says whether the view or its base has been written
+    since, which makes its history ambiguous.
+    """
+
+    __slots__ = ("version",)
+
+    def __init__(self, creation: str, version: int):
+        super().__init__(creation, None)
+        self.version = version
+
+    def stale(self, view) -> bool:
+        """Whether ``view`` (or its base) was written since the view was made."""
+        return view._vc.value != self.version

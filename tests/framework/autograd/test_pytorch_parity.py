@@ -34,20 +34,13 @@ Left out, with the reason (outside this framework's scope or API):
   ``GradientEdge``, ``_will_engine_execute_node``, ``output_nr``, ``DelayedError``):
   test_next_functions, test_grad_to_node_*, test_copy_slices_graph_task_updates,
   test_save_output_nr, test_tensor_grad_warnings.
-- Views made in inference mode are treated as views made under no_grad (they raise the
-  no_grad message, not PyTorch's inference-mode one), and a view of an inference tensor
-  made outside inference mode records history: the second half of
-  test_autograd_inplace_view_of_view, TestAutogradInferenceMode
-  .test_inference_mode_handle_direct/indirect_view_on_rebase,
-  test_normal_tensor_view_output_in_normal_mode,
+- A view of an inference tensor made outside inference mode records history:
   test_inference_mode_inf_tensor_in_normal_mode_view_op.
-- Reading ``grad_fn`` of a view made under no_grad after its base was modified in place
-  does not raise here (PyTorch checks the view's version): the ``grad_fn=<Invalid>``
-  case of test_autograd_print_tensor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 
@@ -822,6 +815,81 @@ def test_autograd_inplace_view_of_view():  # test_autograd_inplace_view_of_view 
     with pytest.raises(RuntimeError, match="a view of a view .* is being .* inside the no_grad block"):
         z /= 2
     assert x.tolist() == [0.0, 0.0]
+
+    x = fw.zeros(2)
+    with fw.inference_mode():
+        y = x.view(2)
+    y.requires_grad_(True)
+    z = y.view(2)
+    with pytest.raises(RuntimeError, match="a view of a view .* is being .* inside the inference_mode block"):
+        z /= 2
+    assert x.tolist() == [0.0, 0.0]
+
+
+def test_autograd_print_tensor():  # test_autograd_print_tensor
+    a = fw.ones(1, requires_grad=True)
+    assert repr(a) == "tensor([1.], requires_grad=True)"
+    assert repr(a.clone()) == "tensor([1.], grad_fn=<CloneBackward>)"
+    with fw.no_grad():
+        b = a[:]
+        b *= 2
+    # a view made under no_grad and written since: its history is ambiguous
+    assert repr(b) == "tensor([2.], grad_fn=<Invalid>)"
+
+
+# PyTorch's version check on views made under no_grad (VariableHooks::grad_fn, then
+# handle_view_on_rebase): once the view, its base or another view of it has been
+# written, reading the view's grad_fn raises while the base requires grad, so no op can
+# record history through it. Each case below was run on PyTorch 2.13 first.
+@pytest.mark.parametrize("write_under_no_grad", [True, False], ids=["written_under_no_grad", "written_with_grad"])
+@pytest.mark.parametrize("written", ["base", "view", "other_view"])
+def test_no_grad_view_after_write_refuses_history(written, write_under_no_grad):
+    a = fw.randn(3, requires_grad=True).clone()
+    with fw.no_grad():
+        v = a[:2]
+    other = a[1:]  # a view with history
+    targets = {"base": a, "view": v, "other_view": other}
+    if written == "view" and not write_under_no_grad:
+        with pytest.raises(RuntimeError, match="A view was created in no_grad mode and is being modified"):
+            v.mul_(2)
+        return
+    with fw.no_grad() if write_under_no_grad else contextlib.nullcontext():
+        targets[written].mul_(2)
+    indirect = "A view was created in no_grad mode and its base or another view of its base has been modified"
+    with pytest.raises(RuntimeError, match=indirect):
+        v.grad_fn  # noqa: B018
+    with pytest.raises(RuntimeError, match=indirect):
+        v * 3  # records history: reads v's grad_fn
+    with pytest.raises(RuntimeError, match=indirect):
+        v.is_leaf  # noqa: B018
+    assert v.requires_grad  # as in PyTorch: reading requires_grad does not check
+    with fw.no_grad():
+        assert (v + 1).grad_fn is None  # nothing recorded, nothing checked
+    assert v.detach().tolist() == a.detach()[:2].tolist()
+
+
+def test_no_grad_view_unwritten_or_without_grad_is_fine():
+    a = fw.randn(3, requires_grad=True)
+    with fw.no_grad():
+        v = a[:2]
+    assert v.grad_fn is None  # unwritten: no history, and nothing ambiguous
+    (v * 3).sum().backward()
+    assert a.grad is None  # as in PyTorch: a view made under no_grad carries no gradient
+    b = fw.randn(3)  # a base that does not require grad
+    with fw.no_grad():
+        w = b[:2]
+    b.mul_(2)
+    assert w.grad_fn is None
+    c = fw.ones(3, requires_grad=True).clone()
+    with fw.no_grad():
+        u = c.view(-1)
+    t = u[:2]  # a view of it made with grad on: untracked too, as of now
+    assert t.grad_fn is not None
+    c.mul_(2)
+    with pytest.raises(
+        RuntimeError, match="Output 0 of GetItemBackward is a view of a view which was created in no_grad"
+    ):
+        t.grad_fn  # noqa: B018
 
 
 def test_inplace_on_view_backprop_base():  # TestAutogradDeviceType.test_inplace_on_view_backprop_base

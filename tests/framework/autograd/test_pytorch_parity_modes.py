@@ -1,9 +1,10 @@
 """PyTorch's tests of inference mode and allow_mutation_on_saved_tensors, ported.
 
 From ``test/test_autograd.py``: ``TestAutogradInferenceMode`` and
-``TestAllowMutationOnSaved``. Left out: see ``test_pytorch_parity.py`` (views made in
-inference mode, double backward, complex math views, out= variants, foreach ops,
-inplace view ops such as ``transpose_``).
+``TestAllowMutationOnSaved``. Left out: see ``test_pytorch_parity.py`` (double
+backward, complex math views, out= variants, foreach ops, inplace view ops such as
+``transpose_``, which is why the ``transpose_`` halves of the view-on-rebase tests are
+not here).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import framework as fw
 from framework.autograd.graph import allow_mutation_on_saved_tensors
 
 VERSION_MSG = "one of the variables needed for gradient computation has been modified by an inplace operation"
+DIRECT_MSG = "A view was created in inference mode and is being modified inplace"
+INDIRECT_MSG = "A view was created in inference mode and its base or another view "
 
 
 # --- TestAutogradInferenceMode -----------------------------------------------------------------
@@ -150,6 +153,59 @@ def test_normal_tensor_view_output_in_inference_mode():  # test_normal_tensor_vi
             tmp.add_(2)  # view -> view -> inplace
             assert not fw.is_inference(tmp) and tmp.requires_grad == requires_grad
             assert a._version == tmp._version
+            # PyTorch's comment: "Accessing is_leaf in python tries to update grad_fn and raises"
+            if requires_grad:
+                with pytest.raises(RuntimeError, match=INDIRECT_MSG):
+                    tmp.is_leaf  # noqa: B018
+            else:
+                assert tmp.is_leaf
+
+
+def test_normal_tensor_view_output_in_normal_mode():  # test_normal_tensor_view_output_in_normal_mode
+    for requires_grad in (True, False):
+        s = fw.ones(1, 2, 3, requires_grad=requires_grad)
+        a = s.clone()
+        with fw.inference_mode():
+            out = a.view(-1)
+            assert not fw.is_inference(out) and out.requires_grad == requires_grad
+            assert out._base is a and out.is_leaf
+        tmp = out * out
+        assert not fw.is_inference(tmp) and tmp.requires_grad == requires_grad
+        if requires_grad:
+            with pytest.raises(RuntimeError, match=DIRECT_MSG):
+                out.add_(2)
+        else:
+            out.add_(2)
+        tmp = out.view(2, 3)
+        assert not fw.is_inference(tmp) and tmp.requires_grad == requires_grad
+
+
+def test_inference_mode_handle_direct_view_on_rebase():  # test_inference_mode_handle_direct_view_on_rebase (add_)
+    for requires_grad in (True, False):
+        s = fw.ones(1, 2, 3, requires_grad=requires_grad)
+        a = s.clone()
+        with fw.inference_mode():
+            view_out = a.view_as(a)
+        if requires_grad:
+            with pytest.raises(RuntimeError, match=DIRECT_MSG):
+                view_out.add_(2)
+            assert a.tolist() == s.tolist()  # refused before anything was written
+        else:
+            view_out.add_(2)
+
+
+def test_inference_mode_handle_indirect_view_on_rebase():  # test_inference_mode_handle_indirect_view_on_rebase (add_)
+    for requires_grad in (True, False):
+        s = fw.ones(1, 2, 3, requires_grad=requires_grad)
+        a = s.clone()
+        with fw.inference_mode():
+            view_out = a.view(-1)
+        a.add_(2)
+        if requires_grad:
+            with pytest.raises(RuntimeError, match=INDIRECT_MSG):
+                view_out.grad_fn  # noqa: B018
+        else:
+            assert view_out.grad_fn is None
 
 
 def test_mix_inference_and_normal_tensor_functional_op():  # test_mix_inference_and_normal_tensor_functional_op
