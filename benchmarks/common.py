@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from threadpoolctl import threadpool_info
 
 
 def summarize(seconds: list[float]) -> dict:
@@ -105,16 +106,32 @@ def machine_info() -> dict:
         "cores": cores,
         "python": platform.python_version(),
         "numpy": np.__version__,
+        "blas": blas_kernels(),
         "platform": platform.platform(),
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "load_average_1min": load,
     }
 
 
+def blas_kernels() -> str:
+    """NumPy's BLAS and the kernels it runs on this CPU, e.g. ``openblas 0.3.31, Haswell
+    kernels``: OpenBLAS picks them from what it recognizes of the CPU, which can be older
+    than the CPU (docs/BENCHMARKS.md measures what that costs), so every result says it."""
+    for lib in threadpool_info():
+        if lib.get("user_api") == "blas":
+            arch = lib.get("architecture")
+            return f"{lib.get('internal_api')} {lib.get('version')}" + (f", {arch} kernels" if arch else "")
+    return "unknown"
+
+
 def machine_line(info: dict | None = None) -> str:
     info = info or machine_info()
     load = "" if info.get("load_average_1min") is None else f", load average {info['load_average_1min']}"
-    return f"{info['cpu']}, {info['cores']} cores, Python {info['python']}, NumPy {info['numpy']}, {info['date']}{load}"
+    blas = f" ({info['blas']})" if info.get("blas") else ""
+    return (
+        f"{info['cpu']}, {info['cores']} cores, Python {info['python']}, NumPy {info['numpy']}{blas}, "
+        f"{info['date']}{load}"
+    )
 
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:

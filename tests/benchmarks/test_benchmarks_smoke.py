@@ -92,6 +92,7 @@ def test_common_helpers():
     assert table.splitlines() == ["| x | y |", "|---|---|", "| 1 | 2 |"]
     info = common.machine_info()
     assert info["cores"] >= 1 and info["cpu"]
+    assert info["blas"] != "unknown" and f"NumPy {info['numpy']} ({info['blas']})" in common.machine_line(info)
 
 
 def test_repeats_must_be_positive():
@@ -162,3 +163,39 @@ def test_vs_pytorch_quick(capsys, tmp_path):
     assert [r[0] for r in _table_rows(out)][1:] == ["mlp", "resnet20", "tiny"]
     saved = json.loads(path.read_text())
     assert set(saved["workloads"]) == {"mlp", "resnet20", "tiny"} and saved["policy"] == "auto"
+
+
+def test_resnet_breakdown_times_every_layer_and_restores_the_functions():
+    """Runs without PyTorch: our side of the breakdown, on a small batch."""
+    import collections
+
+    from benchmarks import bench_resnet_breakdown as B
+    from framework.ops import norm
+    from framework.ops.conv_algorithms import ALGORITHMS
+
+    before = {name: dict(vars(a)) for name, a in ALGORITHMS.items()}
+    bn = (norm.BatchNorm.forward, norm.BatchNorm.backward)
+    step = B.ours("resnet20", 4)
+    acc = collections.defaultdict(float)
+    with B.timed_ours(acc):
+        step()
+    layers = {"3->16 32x32", "16->16 32x32", "16->32 32x32 s2", "32->32 16x16", "32->64 16x16 s2", "64->64 8x8"}
+    assert {k[0] for k in acc} == layers | {"batch norm"}
+    for layer in layers:
+        passes = {p for (name, p) in acc if name == layer}
+        # the stem's input (the batch) needs no gradient
+        assert passes == ({"forward", "grad_weight"} if layer.startswith("3->") else set(B.PASSES))
+    assert all(t > 0 for t in acc.values())
+    assert {name: dict(vars(a)) for name, a in ALGORITHMS.items()} == before
+    assert (norm.BatchNorm.forward, norm.BatchNorm.backward) == bn
+
+
+def test_resnet_breakdown_quick(capsys):
+    pytest.importorskip("torch")
+    from benchmarks import bench_resnet_breakdown
+
+    bench_resnet_breakdown.main(["--quick"])
+    rows = _table_rows(capsys.readouterr().out)
+    names = [r[0] for r in rows][1:]
+    assert names[0] == "3->16 32x32" and names[-1] == "**whole step**"
+    assert {"**all convolutions**", "batch norm (19 layers)", "everything else"} <= set(names)
