@@ -116,12 +116,14 @@ def machine_info() -> dict:
 def blas_kernels() -> str:
     """NumPy's BLAS and the kernels it runs on this CPU, e.g. ``openblas 0.3.31, Haswell
     kernels``: OpenBLAS picks them from what it recognizes of the CPU, which can be older
-    than the CPU (docs/BENCHMARKS.md measures what that costs), so every result says it."""
-    for lib in threadpool_info():
-        if lib.get("user_api") == "blas":
-            arch = lib.get("architecture")
-            return f"{lib.get('internal_api')} {lib.get('version')}" + (f", {arch} kernels" if arch else "")
-    return "unknown"
+    than the CPU (docs/BENCHMARKS.md measures what that costs), so every result says it.
+    (SciPy, loaded for the optimizers' axpy, brings an OpenBLAS of its own.)"""
+    libs = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    if not libs:
+        return "unknown"
+    libs.sort(key=lambda lib: os.sep + "numpy" not in lib.get("filepath", ""))  # NumPy's own first
+    arch = libs[0].get("architecture")
+    return f"{libs[0].get('internal_api')} {libs[0].get('version')}" + (f", {arch} kernels" if arch else "")
 
 
 def machine_line(info: dict | None = None) -> str:
