@@ -190,18 +190,11 @@ def _check_view_rewrite(cls, target) -> None:
     made without history (no_grad, inference mode), one of several views an op
     returned, or made by a custom Function (see ``framework.autograd.view_meta``)."""
     view_fn = target._view_fn
-    if view_fn is None:
-        creation, marker = "no_grad", None
-    else:
-        creation = getattr(view_fn, "creation", None)
-        if creation is None:
-            return
-        marker = view_fn
+    creation = getattr(view_fn, "creation", None)
+    if creation is None:
+        return  # a view whose chain can be replayed: its base's history is rewritten
     fn = target._grad_fn
-    name = fn.name() if fn is not None else None
-    nr = 0
-    if marker is not None:
-        name, nr = marker.describe(name)
+    name, nr = view_fn.describe(fn.name() if fn is not None else None)
     raise RuntimeError(f"{rebase_message(creation, name, nr)} (inplace op: {cls.inplace_name})")
 
 
@@ -276,7 +269,10 @@ def _apply(cls, inputs, params, inplace):
                 inputs[0]._consume(cls.inplace_name[:-1] + " (run in place by policy auto)", where, "auto"),
             ) + inputs[1:]
             inplace = True
-    grad_on = state.enabled
+    # A view of an inference tensor is an inference tensor with no history, even with
+    # grad on (PyTorch's rule: its storage's writes are not counted, so no view chain on
+    # it could be checked).
+    grad_on = state.enabled and not (cls.is_view and inputs[0]._vc.__class__ is InferenceVersionCounter)
     arrays, needs, any_needs = _read_inputs(cls, inputs, grad_on)
     ctx = cls.__new__(cls)
     ctx.needs_input_grad = needs
@@ -372,12 +368,14 @@ def _new_output(cls, inputs, params, result, grad_on):
     if cls.is_view:
         src = inputs[0]
         out._vc = src._vc
+        if src._vc.__class__ is InferenceVersionCounter:
+            return out  # an inference tensor: not a view for autograd (PyTorch)
         base = src._base if src._base is not None else src
         out._base = base
         if grad_on:
             out._view_fn = _compose_view_fn(src, cls, inputs[1:], params)
             out._view_base_fn = base._grad_fn
-        elif src._vc.__class__ is not InferenceVersionCounter:  # (a view of an inference tensor is none)
+        else:
             out._view_fn = UntrackedView("inference_mode" if state.inference else "no_grad", src._vc.value)
     else:
         memory.track(result, None, "activations")
@@ -436,8 +434,6 @@ def _refused_inplace(error, arrays) -> str:
 def _compose_view_fn(src, cls, rest, params):
     """A function that replays the chain of view ops from the base to this view."""
     prev = src._view_fn
-    if src._base is not None and prev is None:
-        return None  # a view of an inference tensor: not a view for autograd
     if prev.__class__ is UntrackedView:
         # the source view was made without history: its chain is unknown, and this view
         # is untracked too, as of the storage's version now

@@ -34,8 +34,6 @@ Left out, with the reason (outside this framework's scope or API):
   ``GradientEdge``, ``_will_engine_execute_node``, ``output_nr``, ``DelayedError``):
   test_next_functions, test_grad_to_node_*, test_copy_slices_graph_task_updates,
   test_save_output_nr, test_tensor_grad_warnings.
-- A view of an inference tensor made outside inference mode records history:
-  test_inference_mode_inf_tensor_in_normal_mode_view_op.
 """
 
 from __future__ import annotations

@@ -107,6 +107,18 @@ def test_inference_mode_inf_tensor_in_inf_mode_view_op():  # test_inference_mode
             assert fw.is_inference(view_out) and not view_out.requires_grad
 
 
+def test_inference_mode_inf_tensor_in_normal_mode_view_op():  # test_inference_mode_inf_tensor_in_normal_mode_view_op
+    for requires_grad in (True, False):
+        with fw.inference_mode():
+            c = fw.ones(1, 2, 3, requires_grad=requires_grad)
+        out = c.view(-1)
+        assert fw.is_inference(out) and not out.requires_grad
+        assert out._base is None and out.is_leaf  # not a view for autograd (PyTorch: not _is_view())
+        assert out.grad_fn is None
+        for other in (c[0], c.transpose(0, 2), c.unsqueeze(0)):  # any view op, the same
+            assert fw.is_inference(other) and not other.requires_grad and other._base is None
+
+
 # PyTorch: test_inference_mode_inf_tensor_in_normal_mode_functional_op
 def test_inference_mode_inf_tensor_in_normal_mode_functional_op():
     for requires_grad in (True, False):
