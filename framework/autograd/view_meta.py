@@ -113,7 +113,10 @@ class UntrackedView(ForbiddenReplay):
     __slots__ = ("version",)
 
     def __init__(self, creation: str, version: int):
-        super().__init__(creation, None)
+        # Made for every view under no_grad: the fields are set here, without super().
+        self.creation = creation
+        self.node_name = None
+        self.output_nr = 0
         self.version = version
 
     def stale(self, view) -> bool:
