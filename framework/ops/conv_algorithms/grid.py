@@ -31,7 +31,7 @@ partial weight gradient of a chunk, or a contiguous copy of a strided weight).
 from __future__ import annotations
 
 from ... import memory
-from .workspace import chunks, contiguous, reshaped, strided
+from .workspace import ChunkSum, chunks, contiguous, reshaped, strided
 
 
 class _Chunked:
@@ -153,17 +153,12 @@ class Grid:
             return gw.reshape(geom.w_shape)
         # The output gradient on the grid; the straddling columns are never written: 0.
         bufs = _Chunked(x, geom, parts[0].stop, co, xp, zero_grid=True)
-        part = None
+        acc = ChunkSum(gw, xp)
         for sl in parts:
             cols, ggrid = bufs.columns(x, sl)
             xp.copyto(bufs.grid_valid[: sl.stop - sl.start], g[sl])
-            if sl.start == 0:
-                xp.matmul(ggrid, cols.T, out=gw)
-            else:
-                if part is None:
-                    part = memory.empty(gw.shape, gw.dtype, xp, "workspace")
-                xp.matmul(ggrid, cols.T, out=part)
-                gw += part
+            xp.matmul(ggrid, cols.T, out=acc.out())
+            acc.add()
         return gw.reshape(geom.w_shape)
 
     def grad_input(self, g, w, geom, limit, xp, overwrite):

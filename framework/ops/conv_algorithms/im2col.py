@@ -33,7 +33,7 @@ chunking bounds those copies as well (their chunk size is reckoned as if they bu
 from __future__ import annotations
 
 from ... import memory
-from .workspace import chunks, contiguous, pad, padded_image_bytes, reaches, windows
+from .workspace import ChunkSum, chunks, contiguous, pad, padded_image_bytes, reaches, windows
 
 # Each contraction works on one chunk of the batch:
 #   forward(view, w2, out, xp): view (n, C, kh, kw, Ho, Wo) windows, w2 (Co, C*kh*kw)
@@ -234,17 +234,12 @@ class Im2col:
         )
         make = memory.empty if n else memory.zeros  # the first chunk writes all of gw
         gw = make((co, c * kernel[0] * kernel[1]), g.dtype, xp, "gradients")
-        part = None
+        acc = ChunkSum(gw, xp)
         for sl in chunks(n, per_image, limit):
             xpad = pad(x[sl], geom.padding, 0, xp)
             view = windows(xpad, kernel, geom.stride, geom.out_hw)
-            if sl.start == 0:
-                impl.grad_weight(g[sl], view, gw, xp)
-            else:
-                if part is None:
-                    part = memory.empty(gw.shape, gw.dtype, xp, "workspace")
-                impl.grad_weight(g[sl], view, part, xp)
-                gw += part
+            impl.grad_weight(g[sl], view, acc.out(), xp)
+            acc.add()
             del view, xpad
         return gw.reshape(geom.w_shape)
 

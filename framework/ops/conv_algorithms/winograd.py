@@ -55,7 +55,7 @@ import numpy as np
 
 from ... import memory
 from ...backend import device_of, to_device
-from .workspace import chunks, reshaped, strided
+from .workspace import ChunkSum, chunks, reshaped, strided
 
 # F(2x2, 3x3) and F(4x4, 3x3) of Lavin and Gray (2016), section 4.1 and 4.2.
 _MATRICES = {
@@ -381,21 +381,16 @@ class Winograd:
         if parts:
             ws = _Workspace(tiles, parts[0].stop, c, co, g.dtype, xp, _transforms(m, g), with_grad_tiles=True)
             a_of_g = ws.tf.at2.T  # kron(A, A): (a*a, m*m)
-            part = None
+            acc = ChunkSum(du, xp)
             for sl in parts:
                 v = ws.views(sl.stop - sl.start)
                 _input_transform(x, sl, geom, ws, v, xp)
                 tiles.gather(g[sl], v.g_stage, v.gt, xp)
                 xp.matmul(a_of_g, v.gt_flat, out=v.mg_flat)  # Mg = kron(A, A) @ g tiles
                 mg = v.mg.transpose(0, 2, 1)  # (a*a, Co, T)
-                if sl.start == 0:
-                    xp.matmul(mg, v.v, out=du)
-                else:
-                    if part is None:
-                        part = memory.empty(du.shape, du.dtype, xp, "workspace")
-                    xp.matmul(mg, v.v, out=part)
-                    du += part
-            del part, ws, v, mg  # free the chunk buffers before dw is made
+                xp.matmul(mg, v.v, out=acc.out())
+                acc.add()
+            del acc, ws, v, mg  # free the chunk buffers (and the partial sum) before dw is made
         # dw[(i, j), o, c] = sum_k G[k, (i, j)] du[k, o, c], then (Co, C, 3, 3)
         dw = memory.empty((9, co, c), g.dtype, xp, "workspace")
         xp.matmul(_transforms(m, g).g2.T, du.reshape(a2, co * c), out=dw.reshape(9, co * c))

@@ -85,6 +85,40 @@ def chunks(n: int, per_image: int, limit) -> list[slice]:
     return [slice(s, min(s + step, n)) for s in range(0, n, step)]
 
 
+class ChunkSum:
+    """The sum of one product per chunk, the way every weight gradient here is made.
+
+    The first chunk's product is written into ``total`` itself; each later one into one
+    counted ``partial`` buffer of ``total``'s shape (allocated at the second chunk, reused
+    after) and added::
+
+        acc = ChunkSum(gw, xp)
+        for sl in parts:
+            xp.matmul(a, b, out=acc.out())
+            acc.add()
+    """
+
+    def __init__(self, total, xp):
+        self.total, self.xp = total, xp
+        self.partial = None
+        self._first = True
+
+    def out(self):
+        """Where the next chunk's product goes."""
+        if self._first:
+            return self.total
+        if self.partial is None:
+            self.partial = memory.empty(self.total.shape, self.total.dtype, self.xp, "workspace")
+        return self.partial
+
+    def add(self) -> None:
+        """Adds the product just written (the first one is already in ``total``)."""
+        if self._first:
+            self._first = False
+        else:
+            self.total += self.partial
+
+
 # --- counted buffers and window views -------------------------------------------------------
 
 
