@@ -159,7 +159,8 @@ def _median_ms(rounds: list[dict], keys) -> float:
 
 def report(result: dict) -> tuple[list[str], list[list]]:
     ours_r, torch_r = result["split"]["ours"], result["split"]["pytorch"]
-    layers = sorted({k[0] for r in ours_r for k in r if k[0] != "batch norm"}, key=_layer_order)
+    # in the order the forward pass first reaches them (the split dicts fill in call order)
+    layers = list(dict.fromkeys(k[0] for r in ours_r for k in r if k[0] != "batch norm"))
     rows = []
     conv_ours, conv_torch = [], []
     for layer in layers:
@@ -191,12 +192,6 @@ def report(result: dict) -> tuple[list[str], list[list]]:
 
 def _ratio(ours_ms, torch_ms):
     return f"{ours_ms / torch_ms:.2f}" if torch_ms > 0 else "-"
-
-
-def _layer_order(name):
-    c_in, rest = name.split("->")
-    c_out, size = rest.split()[:2]
-    return -int(size.split("x")[0]), int(c_in), int(c_out), name
 
 
 def main(argv=None):
