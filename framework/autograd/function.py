@@ -321,6 +321,7 @@ def _read_inputs(cls, inputs, grad_on):
             if d.__class__ is _Consumed:
                 raise d.error()
             arrays.append(d)
+            # Tensor.requires_grad, spelled out: the property call costs on every input
             r = a._grad_fn is not None or a._requires_grad or (a._base is not None and a.requires_grad)
             any_needs = any_needs or r
             needs.append(r)
