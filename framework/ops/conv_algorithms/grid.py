@@ -14,7 +14,8 @@ straddle the right border and are thrown away (6% of the product at 32x32, 12% a
 * forward: ``out(Co, n*L) = w(Co, C*kh*kw) @ cols``, then the valid columns are copied
   into the NCHW output;
 * weight gradient: the output gradient is laid out on the same grid (zeros in the
-  straddling columns, so they add nothing) and ``gw = g_grid @ cols.T``;
+  straddling columns, so they add nothing) and ``gw = g_grid @ cols.T``, computed as its
+  transpose ``cols @ g_grid.T`` (the orientation BLAS runs faster);
 * input gradient: ``grad_x = conv2d(g padded by kh-1-ph, w flipped and transposed)``, a
   stride-1 convolution of the output gradient, computed by the forward above: no col2im,
   no per-offset products, no scatter-adds. Under policy ``on`` (the engine proved the
@@ -146,19 +147,25 @@ class Grid:
     def grad_weight(self, x, g, geom, limit, xp):
         n, c = geom.x_shape[:2]
         co = geom.w_shape[0]
-        kh, kw = geom.kernel
-        gw = memory.zeros((co, c * kh * kw), g.dtype, xp, "gradients")
+        k = c * geom.kernel[0] * geom.kernel[1]
         parts = chunks(n, _Chunked.per_image_bytes(x, geom, co), limit)
         if not parts:
-            return gw.reshape(geom.w_shape)
+            return memory.zeros(geom.w_shape, g.dtype, xp, "gradients")
+        gw = memory.empty((co, k), g.dtype, xp, "gradients")
+        # The product is made transposed, gw.T = cols @ g_grid.T: BLAS runs a product with
+        # a long inner dimension and few rows (Co) 1.1x (AVX2 kernels) to 2x (AVX-512)
+        # slower than its transpose (docs/BENCHMARKS.md). gw's own buffer, viewed (k, Co),
+        # holds the later chunks' partial sums until the total is copied over it.
+        total = memory.empty((k, co), g.dtype, xp, "workspace")
+        acc = ChunkSum(total, xp, partial=reshaped(gw, (k, co)))
         # The output gradient on the grid; the straddling columns are never written: 0.
         bufs = _Chunked(x, geom, parts[0].stop, co, xp, zero_grid=True)
-        acc = ChunkSum(gw, xp)
         for sl in parts:
             cols, ggrid = bufs.columns(x, sl)
             xp.copyto(bufs.grid_valid[: sl.stop - sl.start], g[sl])
-            xp.matmul(ggrid, cols.T, out=acc.out())
+            xp.matmul(cols, ggrid.T, out=acc.out())
             acc.add()
+        xp.copyto(gw, total.T)
         return gw.reshape(geom.w_shape)
 
     def grad_input(self, g, w, geom, limit, xp, overwrite):

@@ -9,7 +9,7 @@ How it computes (the same code runs on NumPy and CuPy), chunk by chunk (see
   chunk's slice of the output. Which product is the **contraction** (the classes below).
 * weight gradient: rebuilds ``cols`` chunk by chunk from the saved input (rather than
   keeping a 9x larger buffer alive between forward and backward) and accumulates
-  ``gw += g_chunk @ cols_chunk.T``.
+  ``gw += g_chunk @ cols_chunk.T`` (``gemm`` computes its transpose, ``cols_chunk @ g_chunk.T``).
 * input gradient: a col2im fused with the product: for each chunk and each of the kh*kw
   kernel offsets one matrix product ``w[:, :, i, j].T @ g_chunk`` into one reused
   ``(n, C, Ho, Wo)`` workspace, added into the part of the input gradient that offset
@@ -33,13 +33,14 @@ chunking bounds those copies as well (their chunk size is reckoned as if they bu
 from __future__ import annotations
 
 from ... import memory
-from .workspace import ChunkSum, chunks, contiguous, pad, padded_image_bytes, reaches, windows
+from .workspace import ChunkSum, chunks, contiguous, pad, padded_image_bytes, reaches, reshaped, windows
 
 # Each contraction works on one chunk of the batch:
 #   forward(view, w2, out, xp): view (n, C, kh, kw, Ho, Wo) windows, w2 (Co, C*kh*kw)
 #       contiguous; writes the chunk's output into ``out`` (n, Co, Ho, Wo), contiguous.
 #   grad_weight(g, view, out, xp): writes sum over the chunk of g (x) windows into ``out``
-#       (Co, C*kh*kw), contiguous.
+#       (Co, C*kh*kw), contiguous; transposed, (C*kh*kw, Co), when the contraction's
+#       ``weight_grad_transposed`` is True.
 #   prep_input(g, xp) -> the chunk's output gradient as grad_input_offset wants it;
 #   grad_input_offset(gp, wt_ij (C, Co), tmp (n, C, Ho, Wo), xp) -> (n, C, Ho, Wo).
 #   *_bytes(k, c, co, p, itemsize, g_strided): counted (or, for tensordot / einsum, hidden)
@@ -48,6 +49,8 @@ from .workspace import ChunkSum, chunks, contiguous, pad, padded_image_bytes, re
 
 class _Batched:
     """cols ``(n, C*kh*kw, Ho*Wo)``; ``matmul(w2, cols)`` batched over n gives NCHW directly."""
+
+    weight_grad_transposed = False
 
     @staticmethod
     def forward_bytes(k, c, co, p, isz, g_strided):
@@ -97,7 +100,13 @@ class _Batched:
 
 class _Gemm:
     """cols ``(C*kh*kw, n*Ho*Wo)``: one large GEMM per chunk, then a transpose to NCHW
-    (none for a chunk of one image: the product is then that image's NCHW output)."""
+    (none for a chunk of one image: the product is then that image's NCHW output).
+
+    The weight gradient is made transposed, ``cols @ g.T``: BLAS runs a product with a
+    long inner dimension and few rows (Co) up to 2x slower than its transpose (see
+    :mod:`.grid`)."""
+
+    weight_grad_transposed = True
 
     @staticmethod
     def forward_bytes(k, c, co, p, isz, g_strided):
@@ -137,7 +146,7 @@ class _Gemm:
             gt = memory.empty((co, n, ho, wo), g.dtype, xp, "workspace")
             xp.copyto(gt, g.transpose(1, 0, 2, 3))
             gt = gt.reshape(co, n * ho * wo)
-        xp.matmul(gt, cls.cols(view, xp).T, out=out)
+        xp.matmul(cls.cols(view, xp), gt.T, out=out)
 
     # grad input: the per-offset products batched over n, as in _Batched. Measured: a
     # (C, n*Ho*Wo) product per offset needs a transposed slice-add that costs more than
@@ -148,6 +157,8 @@ class _Gemm:
 
 class _Tensordot:
     """``tensordot`` on the window view (the array module copies it internally)."""
+
+    weight_grad_transposed = False
 
     forward_bytes = grad_weight_bytes = _Gemm.forward_bytes  # the copies it makes, unseen
     grad_input_bytes = _Batched.grad_input_bytes
@@ -174,6 +185,8 @@ class _Tensordot:
 
 class _Einsum:
     """``einsum(..., optimize=True)`` on the window view."""
+
+    weight_grad_transposed = False
 
     forward_bytes = grad_weight_bytes = _Gemm.forward_bytes
     grad_input_bytes = _Batched.grad_input_bytes
@@ -232,15 +245,26 @@ class Im2col:
         per_image = padded_image_bytes(geom.x_shape, geom.padding, g.itemsize) + impl.grad_weight_bytes(
             *geom.dims(g.itemsize), g_strided
         )
-        make = memory.empty if n else memory.zeros  # the first chunk writes all of gw
-        gw = make((co, c * kernel[0] * kernel[1]), g.dtype, xp, "gradients")
-        acc = ChunkSum(gw, xp)
-        for sl in chunks(n, per_image, limit):
+        parts = chunks(n, per_image, limit)
+        if not parts:
+            return memory.zeros(geom.w_shape, g.dtype, xp, "gradients")
+        k = c * kernel[0] * kernel[1]
+        gw = memory.empty((co, k), g.dtype, xp, "gradients")  # the first chunk writes all of it
+        if impl.weight_grad_transposed:
+            # the sum is made as gw.T; gw's own buffer, viewed (k, Co), holds the later
+            # chunks' products until the total is copied over it
+            total = memory.empty((k, co), g.dtype, xp, "workspace")
+            acc = ChunkSum(total, xp, partial=reshaped(gw, (k, co)))
+        else:
+            acc = ChunkSum(gw, xp)
+        for sl in parts:
             xpad = pad(x[sl], geom.padding, 0, xp)
             view = windows(xpad, kernel, geom.stride, geom.out_hw)
             impl.grad_weight(g[sl], view, acc.out(), xp)
             acc.add()
             del view, xpad
+        if impl.weight_grad_transposed:
+            xp.copyto(gw, total.T)
         return gw.reshape(geom.w_shape)
 
     def grad_input(self, g, w, geom, limit, xp, overwrite):

@@ -96,11 +96,14 @@ class ChunkSum:
         for sl in parts:
             xp.matmul(a, b, out=acc.out())
             acc.add()
+
+    ``partial``: a buffer of ``total``'s shape the caller lends for the later chunks
+    instead (one it overwrites after the sum, so nothing more is allocated).
     """
 
-    def __init__(self, total, xp):
+    def __init__(self, total, xp, partial=None):
         self.total, self.xp = total, xp
-        self.partial = None
+        self.partial = partial
         self._first = True
 
     def out(self):
