@@ -10,7 +10,7 @@ conv2d:
   Winograd F(2x2, 3x3) for 3x3 stride-1 layers with >= 32 channels, im2col over the
   padded grid (``"grid"``) for other stride-1 layers, im2col ``"gemm"`` for strided ones;
   all of them round like im2col. ``"fast"`` takes Winograd F(4x4, 3x3) from 32 channels
-  instead: faster, with ~10x the float32 rounding. Any one algorithm can be forced for
+  instead: faster, with 3-6x the float32 rounding. Any one algorithm can be forced for
   every pass: the im2col contractions :data:`CONTRACTIONS` (``"batched"``, ``"gemm"``,
   ``"tensordot"``, ``"einsum"``: every geometry) or one of :data:`STRIDE1_ALGORITHMS`
   (``"grid"``, ``"winograd2"``, ``"winograd4"``; forcing one on a layer it cannot run

@@ -15,8 +15,8 @@ strided                                                 gemm         gemm       
 ======================================================  ===========  ===========  ===========
 
 ``"fast"``: trades float32 precision for speed: Winograd F(4x4, 3x3) (4x fewer
-multiplications; its transforms scale by up to 8 and 1/24, so its float32 results carry
-~10x the rounding of im2col: a few 1e-6 of the largest output instead of a few 1e-7)
+multiplications; its transforms scale by up to 8 and 1/15, so its float32 results carry
+3-6x the rounding of im2col: 1-2e-6 of the largest value instead of 2-6e-7)
 
 ======================================================  ===========  ===========  ===========
 3x3, stride 1, >= 32 input and output channels          winograd4    winograd4    winograd4

@@ -34,9 +34,9 @@ Backward:
   ``Mg = kron(A, A) @ (output-gradient tiles)``; then ``dw = G^T dU G``, one small product.
 
 Precision: the transforms add rounding. Against a float64 reference, float32 results of
-F(2x2) carry about the error of im2col, those of F(4x4) about 10x more (a few 1e-6
-relative to the largest output on ResNet-20's layers; ``tests/framework/ops/test_conv.py``
-holds both to their bounds).
+F(2x2) carry about the error of im2col (2-6e-7 relative to the largest value on a
+ResNet-20 layer), those of F(4x4) 3-6x more (1-2e-6 with the points above, 2.5-5e-6 with
+Lavin and Gray's); ``tests/framework/ops/test_conv.py`` holds each to its bound.
 
 Workspace per image (counted, ``workspace``, allocated once per call at the chunk size):
 the padded channels-last image ``Hq*Wq*C``, two buffers of ``a*a*P*max(C, Co)`` elements
@@ -57,7 +57,12 @@ from ... import memory
 from ...backend import device_of, to_device
 from .workspace import ChunkSum, chunks, reshaped, strided
 
-# F(2x2, 3x3) and F(4x4, 3x3) of Lavin and Gray (2016), section 4.1 and 4.2.
+# F(2x2, 3x3) of Lavin and Gray (2016), section 4.1 (interpolation points 0, 1, -1, inf).
+# F(4x4, 3x3) from the points 0, 1, -1, 2, -1/2, inf rather than their 0, +-1, +-2, inf:
+# the same algebra (Toom-Cook; B^T solved from A^T and G, the identity checked exactly in
+# tests/framework/ops/test_conv.py), but A^T's largest entry meets 1/8 where it met 8, and
+# float32 results carry about 3x less error at the largest output and 1.5x less on
+# average (ResNet-20's 32- and 64-channel layers against float64; docs/BENCHMARKS.md).
 _MATRICES = {
     2: dict(
         BT=[[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
@@ -66,22 +71,22 @@ _MATRICES = {
     ),
     4: dict(
         BT=[
-            [4, 0, -5, 0, 1, 0],
-            [0, -4, -4, 1, 1, 0],
-            [0, 4, -4, -1, 1, 0],
-            [0, -2, -1, 2, 1, 0],
+            [1, 3 / 2, -2, -3 / 2, 1, 0],
+            [0, -1, -5 / 2, -1 / 2, 1, 0],
+            [0, 1, 1 / 2, -5 / 2, 1, 0],
+            [0, -1 / 2, -1, 1 / 2, 1, 0],
             [0, 2, -1, -2, 1, 0],
-            [0, 4, 0, -5, 0, 1],
+            [0, 1, 3 / 2, -2, -3 / 2, 1],
         ],
         G=[
-            [1 / 4, 0, 0],
-            [-1 / 6, -1 / 6, -1 / 6],
-            [-1 / 6, 1 / 6, -1 / 6],
-            [1 / 24, 1 / 12, 1 / 6],
-            [1 / 24, -1 / 12, 1 / 6],
+            [1, 0, 0],
+            [-1 / 3, -1 / 3, -1 / 3],
+            [1 / 3, -1 / 3, 1 / 3],
+            [1 / 15, 2 / 15, 4 / 15],
+            [-16 / 15, 8 / 15, -4 / 15],
             [0, 0, 1],
         ],
-        AT=[[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
+        AT=[[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -1 / 2, 0], [0, 1, 1, 4, 1 / 4, 0], [0, 1, -1, 8, -1 / 8, 1]],
     ),
 }
 
