@@ -114,16 +114,22 @@ def machine_info() -> dict:
 
 
 def blas_kernels() -> str:
-    """NumPy's BLAS and the kernels it runs on this CPU, e.g. ``openblas 0.3.31, Haswell
-    kernels``: OpenBLAS picks them from what it recognizes of the CPU, which can be older
-    than the CPU (docs/BENCHMARKS.md measures what that costs), so every result says it.
-    (SciPy, loaded for the optimizers' axpy, brings an OpenBLAS of its own.)"""
+    """NumPy's BLAS and the kernels it runs on this CPU, e.g. ``openblas 0.3.31, SkylakeX
+    kernels``. OpenBLAS picks them from the CPU when it loads, unless the environment
+    variable ``OPENBLAS_CORETYPE`` names them, and float32 products run up to 2x faster
+    on one than on another (docs/BENCHMARKS.md, "Which BLAS kernels"), so every result
+    says which ran and who chose them. (SciPy, loaded for the optimizers' axpy, brings an
+    OpenBLAS of its own; it reads the same variable.)"""
     libs = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
     if not libs:
         return "unknown"
     libs.sort(key=lambda lib: os.sep + "numpy" not in lib.get("filepath", ""))  # NumPy's own first
     arch = libs[0].get("architecture")
-    return f"{libs[0].get('internal_api')} {libs[0].get('version')}" + (f", {arch} kernels" if arch else "")
+    line = f"{libs[0].get('internal_api')} {libs[0].get('version')}" + (f", {arch} kernels" if arch else "")
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    if forced and libs[0].get("internal_api") == "openblas":
+        line += f" set by OPENBLAS_CORETYPE={forced}"
+    return line
 
 
 def machine_line(info: dict | None = None) -> str:
