@@ -10,7 +10,8 @@ timed on raw arrays, beside PyTorch's kernels for the same pass
 asked for), under the default workspace limit:
 
 * ``batched``, ``gemm``, ``tensordot``, ``einsum``: im2col with each contraction;
-* ``grid``: stride 1, im2col over the padded grid, one GEMM per chunk;
+* ``grid``: im2col over the padded grid (strided: over the input's phases), one GEMM per
+  chunk; its strided input gradient is ``gemm``'s;
 * ``winograd2`` / ``winograd4``: 3x3 stride 1, Winograd F(2x2, 3x3) / F(4x4, 3x3).
 
 The ``chosen`` column says which row conv2d's choosing modes take (``auto``, the default,

@@ -8,13 +8,14 @@ conv2d:
   ``"auto"`` (the default) picks one per layer and pass by a fixed rule on the shapes
   (:mod:`.conv_algorithms.choice`; :func:`explain` shows the choice for a layer):
   Winograd F(2x2, 3x3) for 3x3 stride-1 layers with >= 32 channels, im2col over the
-  padded grid (``"grid"``) for other stride-1 layers, im2col ``"gemm"`` for strided ones;
-  all of them round like im2col. ``"fast"`` takes Winograd F(4x4, 3x3) from 32 channels
+  padded grid (``"grid"``) for other stride-1 layers, and for strided ones ``"grid"``
+  over the input's phases with im2col ``"gemm"``'s input gradient; all of them round
+  like im2col. ``"fast"`` takes Winograd F(4x4, 3x3) from 32 channels
   instead: faster, with 3-6x the float32 rounding. Any one algorithm can be forced for
   every pass: the im2col contractions :data:`CONTRACTIONS` (``"batched"``, ``"gemm"``,
   ``"tensordot"``, ``"einsum"``: every geometry) or one of :data:`STRIDE1_ALGORITHMS`
-  (``"grid"``, ``"winograd2"``, ``"winograd4"``; forcing one on a layer it cannot run
-  raises a ValueError).
+  (``"grid"``: every geometry, ``"winograd2"``, ``"winograd4"``: 3x3 stride 1; forcing
+  one on a layer it cannot run raises a ValueError).
 * **saved for backward**: ``x`` only when the weight needs a gradient, ``w`` only when the
   input does; nothing else (the bias gradient needs only the output gradient).
 * **workspace**: every padding, im2col, transform and temporary buffer goes through
@@ -66,7 +67,8 @@ from .conv_algorithms.workspace import resolve_limit as _resolve_limit
 
 #: The im2col contractions: every geometry (stride, padding, kernel).
 CONTRACTIONS = ("batched", "gemm", "tensordot", "einsum")
-#: Faster algorithms for stride-1 layers (Winograd: 3x3 kernels only).
+#: Faster algorithms built for stride-1 layers (Winograd: 3x3 stride 1 only; grid runs
+#: strided layers too, over the input's phases, with im2col's input gradient).
 STRIDE1_ALGORITHMS = ("grid", "winograd2", "winograd4")
 #: Modes that choose an algorithm per layer and pass (:mod:`.conv_algorithms.choice`).
 CHOOSING = _choice.MODES  # ("auto", "fast")

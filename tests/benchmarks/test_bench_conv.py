@@ -33,10 +33,10 @@ def test_bench_conv_quick(capsys, tmp_path):
     out = capsys.readouterr().out
     per_layer, chosen, totals, model = _tables(out)
     per_pass = {(r[0], r[1], r[2]): r for r in per_layer[1:]}
-    # every layer and pass has gemm; stride-1 layers also grid and Winograd; strided ones not
+    # every layer and pass has gemm and grid; stride-1 layers also Winograd, strided ones not
     for name, _c, _co, _hw, stride, _count, _ in bench_conv.LAYERS:
         for pass_ in ("forward", "grad weight", "grad input"):
-            assert (name, pass_, "gemm") in per_pass
+            assert (name, pass_, "gemm") in per_pass and (name, pass_, "grid") in per_pass
             assert ((name, pass_, "winograd4") in per_pass) == (stride == 1)
     # the choosing modes' picks are marked, exactly one row per mode and pass
     for mode in ("auto", "fast"):
@@ -44,7 +44,8 @@ def test_bench_conv_quick(capsys, tmp_path):
         assert len(marked) == 3 * len(bench_conv.LAYERS)
     assert per_pass[("64->64 8x8", "forward", "winograd2")][3] == "auto"
     assert per_pass[("64->64 8x8", "forward", "winograd4")][3] == "fast"
-    assert per_pass[("16->32 32x32 s2", "forward", "gemm")][3] == "auto, fast"
+    assert per_pass[("16->32 32x32 s2", "forward", "grid")][3] == "auto, fast"
+    assert per_pass[("16->32 32x32 s2", "grad input", "gemm")][3] == "auto, fast"
     # the summary of the picks: one row per layer and pass, naming the same algorithms
     assert len(chosen) == 1 + 3 * len(bench_conv.LAYERS)
     picks = {(r[0], r[1]): (r[4], r[6]) for r in chosen[1:]}

@@ -121,7 +121,7 @@ def test_conv2d_backward(case, backend):
 
 
 @pytest.mark.parametrize("limit", [None, 0], ids=["whole-batch", "one-image-chunks"])
-@pytest.mark.parametrize("name", C.CONTRACTIONS)
+@pytest.mark.parametrize("name", C.CONTRACTIONS + ("grid",))  # grid runs every geometry too
 @pytest.mark.parametrize("stride,padding", [(1, 0), (2, 1), ((1, 2), (0, 1)), (3, 2)])
 def test_every_contraction_matches_reference_and_gradcheck(name, stride, padding, limit):
     # Stride 3 with padding 2: some input columns are in no window (their gradient is 0)
@@ -776,7 +776,7 @@ def test_winograd_transforms_compute_the_correlation_exactly(m):
 @pytest.mark.parametrize(
     "name,xshape,wshape,stride,match",
     [
-        ("grid", (1, 2, 6, 6), (3, 2, 3, 3), 2, r"contraction 'grid' needs stride 1, this conv has stride \(2, 2\)"),
+        ("winograd2", (1, 2, 6, 6), (3, 2, 3, 3), 2, r"contraction 'winograd2' needs a 3x3 kernel and stride 1"),
         ("winograd4", (1, 2, 6, 6), (3, 2, 3, 3), (1, 2), "'winograd4' needs a 3x3 kernel and stride 1"),
         ("winograd2", (1, 2, 6, 6), (3, 2, 5, 5), 1, r"kernel \(5, 5\)"),
     ],
@@ -800,7 +800,7 @@ def test_auto_and_fast_choose_per_layer_by_the_documented_rules():
     assert C.explain(*stage2, 1, 1)[:3] == ("winograd2",) * 3
     assert C.explain(*stage1, 1, 1)[:3] == ("grid",) * 3  # < 32 channels
     assert C.explain((64, 64, 8, 8), (64, 64, 1, 1), 1, 0)[:3] == ("grid",) * 3  # not 3x3
-    assert C.explain((64, 16, 32, 32), (32, 16, 3, 3), 2, 1)[:3] == ("gemm",) * 3  # strided
+    assert C.explain((64, 16, 32, 32), (32, 16, 3, 3), 2, 1)[:3] == ("grid", "grid", "gemm")  # strided
     assert C.explain(*stage3, 1, 1, name="fast")[:3] == ("winograd4",) * 3
     assert C.explain(*stage2, 1, 1, name="fast")[:3] == ("winograd4",) * 3
     assert C.explain(*stage1, 1, 1, name="fast")[:3] == ("grid",) * 3
@@ -847,6 +847,28 @@ def test_stride1_algorithm_results_do_not_depend_on_the_limit(name):
         for a, e, what in zip(got, want, ("output", "grad x", "grad w"), strict=True):
             scale = float(np.abs(e.detach().numpy()).max())
             assert_close(a, e, rtol=1e-5, atol=rel * scale, msg=f"{what}, limit {limit}")
+
+
+@pytest.mark.parametrize("stride,padding", [(2, 1), ((2, 3), (0, 2))])
+def test_strided_grid_workspace_stays_within_the_limit(stride, padding):
+    """Strided, grid holds its input's phases, cols and the product per image, chunked
+    like stride 1; the input gradient is im2col's (its own bound)."""
+    n, c, hw = 64, 8, 16
+    x, w = _conv_case(n, c, hw, c, seed=72)
+    with C.contraction("grid"), C.workspace_limit(LIMIT):
+        y, peak, allocs, _ = _workspace_during(lambda: conv2d(x, w, stride=stride, padding=padding))
+        assert peak <= LIMIT + w.nbytes, (peak, LIMIT)
+        assert peak > LIMIT // 2  # chunks fill the budget rather than take one image each
+        g = _t(_rand(y.shape, 73, np.float32))
+        (gx, gw), peak, allocs, by_cat = _workspace_during(lambda: fw.autograd.grad(y, [x, w], g))
+    assert peak <= LIMIT + w.nbytes, (peak, LIMIT)
+    assert sorted(by_cat["gradients"]) == sorted([x.nbytes, w.nbytes])
+    with C.contraction("gemm"), C.workspace_limit(None):
+        y0 = conv2d(x, w, stride=stride, padding=padding)
+        gx0, gw0 = fw.autograd.grad(y0, [x, w], g)
+    assert_close(y, y0, rtol=1e-4, atol=1e-4)
+    assert_close(gx, gx0, rtol=1e-4, atol=1e-4)
+    assert_close(gw, gw0, rtol=1e-4, atol=1e-3)
 
 
 def _stride1_extra_bytes(name, w):
