@@ -11,7 +11,9 @@ the ratio is taken round by round and its median reported with the spread:
   sub a scalar) then ``sum().backward()``: the per-op cost of each framework.
 
 Our side runs under the default inplace policy (``auto``) unless ``--policy`` says
-otherwise. Needs ``pip install torch==2.13.0``.
+otherwise, and with conv2d's default choice of algorithms (``auto``) unless ``--conv fast``
+(Winograd F(4x4, 3x3), faster, with 3-6x the float32 rounding; see
+``framework/ops/conv_algorithms/choice.py``). Needs ``pip install torch==2.13.0``.
 
 ``--rss`` also measures the peak resident memory a ResNet-20 training process adds once
 its model and batch exist (the kernel's high-water mark over 5 steps minus the resident
@@ -43,6 +45,7 @@ else:
 import framework as fw
 from framework import nn, optim
 from framework.nn import functional as F
+from framework.ops import conv as conv_ops
 from models import build_model
 
 WORKLOADS = ("mlp", "resnet20", "tiny")
@@ -125,11 +128,11 @@ def theirs(workload: str, batch: int):
     return step
 
 
-def measure(workload: str, rounds: int, batch: int, policy: str, steps_per_round: int) -> dict:
+def measure(workload: str, rounds: int, batch: int, policy: str, steps_per_round: int, conv: str = "auto") -> dict:
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(1)
-    with fw.inplace.policy(policy):
+    with fw.inplace.policy(policy), conv_ops.contraction(conv):
         a, b = ours(workload, batch), theirs(workload, batch)
         for fn in (a, b, a, b):  # warm up (caches, allocators, first-touch pages)
             fn()
@@ -214,6 +217,7 @@ def main(argv=None):
     p.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     p.add_argument("--policy", choices=fw.inplace.POLICIES, default=fw.inplace.DEFAULT_POLICY)
     p.add_argument("--batch", type=int, default=BATCH)
+    p.add_argument("--conv", choices=conv_ops.CHOOSING, default=conv_ops.AUTO, help="conv2d's choosing mode")
     p.add_argument("--rss", action="store_true", help="also measure ResNet-20's peak RSS growth (subprocesses)")
     p.add_argument("--rss-child", choices=("ours", "pytorch"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -232,6 +236,7 @@ def main(argv=None):
         "command": common.command_line(),
         "torch": torch.__version__,
         "policy": args.policy,
+        "conv": args.conv,
         "batch": args.batch,
         "workloads": {},
     }
@@ -240,7 +245,7 @@ def main(argv=None):
         steps = 1 if w != "tiny" else 5
         if args.quick:
             steps = 1
-        r = measure(w, rounds, args.batch if not args.quick else 8, args.policy, steps)
+        r = measure(w, rounds, args.batch if not args.quick else 8, args.policy, steps, args.conv)
         results["workloads"][w] = r
         target = TARGETS[w]
         if w == "tiny":
@@ -258,7 +263,10 @@ def main(argv=None):
                 "yes" if met else "no",
             ]
         )
-    print(common.machine_line(results["machine"]) + f", PyTorch {torch.__version__}, policy {args.policy}")
+    print(
+        common.machine_line(results["machine"])
+        + f", PyTorch {torch.__version__}, policy {args.policy}, conv2d {args.conv}"
+    )
     print(
         common.markdown_table(["workload", "ours vs PyTorch (median)", "speed ratio", "spread", "target", "met"], rows)
     )

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from benchmarks import bench_elementwise, bench_op_overhead, common
+from benchmarks import bench_blas, bench_elementwise, bench_op_overhead, common
 
 
 def _table_rows(text: str) -> list[list[str]]:
@@ -163,6 +163,9 @@ def test_vs_pytorch_quick(capsys, tmp_path):
     assert [r[0] for r in _table_rows(out)][1:] == ["mlp", "resnet20", "tiny"]
     saved = json.loads(path.read_text())
     assert set(saved["workloads"]) == {"mlp", "resnet20", "tiny"} and saved["policy"] == "auto"
+    assert saved["conv"] == "auto" and "conv2d auto" in out
+    bench_vs_pytorch.main(["--quick", "--repeats", "1", "--only", "resnet20", "--conv", "fast"])
+    assert "conv2d fast" in capsys.readouterr().out
 
 
 def test_resnet_breakdown_times_every_layer_and_restores_the_functions():
@@ -199,3 +202,15 @@ def test_resnet_breakdown_quick(capsys):
     names = [r[0] for r in rows][1:]
     assert names[0] == "3->16 32x32" and names[-2:] == ["whole step, split as above", "**whole step as it runs**"]
     assert {"**all convolutions**", "batch norm (19 layers)", "everything else"} <= set(names)
+
+
+def test_blas_quick(capsys, tmp_path):
+    path = tmp_path / "blas.json"
+    bench_blas.main(["--quick", "--json", str(path)])
+    out = capsys.readouterr().out
+    rows = _table_rows(out)
+    assert rows[0] == ["product", "shape", "ms (min)", "GFLOP/s"]
+    assert [r[0] for r in rows[1:]] == [what for what, *_ in bench_blas.QUICK_SHAPES]
+    assert common.blas_kernels() in out  # the kernels that ran are on the record
+    saved = json.loads(path.read_text())
+    assert saved["repeats"] == 3 and all(r["gflops"] > 0 for r in saved["results"])
