@@ -9,11 +9,10 @@ them. The kernels cannot change inside a process, so compare two runs::
     OPENBLAS_CORETYPE=Haswell python -m benchmarks.bench_blas
     OPENBLAS_CORETYPE=SkylakeX python -m benchmarks.bench_blas   # needs AVX-512
 
-(the first line of the output says which kernels ran and who chose them). Each product
-is timed in the orientation conv2d uses and in its transpose, interleaved, because the
-same arithmetic runs at different speeds: a weight gradient ``(Co, K) = g @ cols.T`` with
-a long inner dimension and few rows is what made ``grid`` and ``gemm`` compute
-``cols @ g.T`` instead.
+(the first line of the output says which kernels ran and who chose them). The weight
+gradient is timed in both orientations, interleaved, because the same arithmetic runs at
+different speeds: ``(Co, K) = g @ cols.T``, with a long inner dimension and few rows, is
+what made ``grid`` and ``gemm`` compute ``cols @ g.T`` instead.
 """
 
 from __future__ import annotations
@@ -29,47 +28,55 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 else:
     from . import common
 
-# (what, batch, M, K, N): C (batch, M, N) = A (batch, M, K) @ B (batch, K, N), as conv2d
-# makes them at batch 64 under the default workspace limit (per chunk)
+# (what, batch, M, K, N, b_transposed): C (batch, M, N) = A (batch, M, K) @ B (batch, K, N)
+# as conv2d makes them at batch 64 under the default workspace limit (one chunk's
+# product); b_transposed: B is the transposed view of a C-contiguous (N, K) array, as
+# ``cols.T`` and ``g.T`` are in the weight gradients
 SHAPES = [
-    ("grid forward, 16 ch 32x32", 1, 16, 144, 2172),
-    ("grid weight grad, 16 ch 32x32: g @ cols.T", 1, 16, 2172, 144),
-    ("grid weight grad, 16 ch 32x32: cols @ g.T", 1, 144, 2172, 16),
-    ("Winograd F(2x2) GEMMs, 32 ch 16x16", 16, 192, 32, 32),
-    ("Winograd F(2x2) GEMMs, 64 ch 8x8", 16, 48, 64, 64),
-    ("im2col, 64 ch 8x8, one large GEMM", 1, 64, 576, 4096),
+    ("grid forward, 16 ch 32x32: w @ cols", 1, 16, 144, 2172, False),
+    ("grid weight grad, 16 ch 32x32: g @ cols.T", 1, 16, 2172, 144, True),
+    ("grid weight grad, 16 ch 32x32: cols @ g.T", 1, 144, 2172, 16, True),
+    ("Winograd F(2x2), 32 ch 16x16: V @ U", 16, 192, 32, 32, False),
+    ("Winograd F(2x2), 64 ch 8x8: V @ U", 16, 48, 64, 64, False),
+    ("im2col gemm, 32->64 16x16 s2: w @ cols", 1, 64, 288, 384, False),
 ]
-QUICK_SHAPES = [("small", 1, 8, 16, 32), ("small, transposed", 1, 32, 16, 8)]
+QUICK_SHAPES = [("small", 1, 8, 16, 32, False), ("small, b transposed", 1, 32, 16, 8, True)]
+CALLS_PER_ROUND = 20  # a product is timed as a block of calls, warm, as conv2d calls it chunk after chunk
 
 
-def _operands(batch, m, k, n, rng):
+def _product(batch, m, k, n, b_transposed, rng):
     a = rng.standard_normal((batch, m, k), dtype=np.float32)
-    b = rng.standard_normal((batch, k, n), dtype=np.float32)
-    return a, b, np.empty((batch, m, n), np.float32)
+    if b_transposed:
+        b = rng.standard_normal((batch, n, k), dtype=np.float32).transpose(0, 2, 1)
+    else:
+        b = rng.standard_normal((batch, k, n), dtype=np.float32)
+    c = np.empty((batch, m, n), np.float32)
+
+    def run():
+        for _ in range(CALLS_PER_ROUND):
+            np.matmul(a, b, out=c)
+
+    return run
 
 
 def main(argv=None) -> dict:
-    p = common.parser(__doc__.splitlines()[0], default_repeats=50)
+    p = common.parser(__doc__.splitlines()[0], default_repeats=15)
     args = p.parse_args(argv)
-    repeats = common.repeats_of(args, 50)
+    repeats = common.repeats_of(args, 15)
     rng = np.random.default_rng(0)
     shapes = QUICK_SHAPES if args.quick else SHAPES
-    variants, flops = {}, {}
-    for what, batch, m, k, n in shapes:
-        a, b, c = _operands(batch, m, k, n, rng)
-        variants[what] = lambda a=a, b=b, c=c: np.matmul(a, b, out=c)
-        flops[what] = 2 * batch * m * k * n
+    variants = {what: _product(*dims, rng) for what, *dims in shapes}
     times = common.interleaved(variants, repeats)
     info = common.machine_info()
-    print(common.machine_line(info))
+    print(common.machine_line(info) + f", {repeats} rounds of {CALLS_PER_ROUND} calls per product")
     rows, results = [], []
-    for what, batch, m, k, n in shapes:
-        best = min(times[what])
-        gflops = flops[what] / best / 1e9
-        shape = f"{batch} x ({m} x {k}) @ ({k} x {n})" if batch > 1 else f"({m} x {k}) @ ({k} x {n})"
-        rows.append([what, shape, f"{best * 1e3:.3f}", f"{gflops:.0f}"])
+    for what, batch, m, k, n, b_transposed in shapes:
+        best = min(times[what]) / CALLS_PER_ROUND
+        gflops = 2 * batch * m * k * n / best / 1e9
+        shape = f"({m} x {k}) @ ({k} x {n}{', transposed' if b_transposed else ''})"
+        rows.append([what, (f"{batch} x " if batch > 1 else "") + shape, f"{best * 1e3:.3f}", f"{gflops:.0f}"])
         results.append({"what": what, "shape": [batch, m, k, n], "min_seconds": best, "gflops": gflops})
-    print(common.markdown_table(["product", "shape", "ms (min)", "GFLOP/s"], rows))
+    print(common.markdown_table(["product", "shape", "ms per call (min)", "GFLOP/s"], rows))
     payload = {"machine": info, "command": common.command_line(), "repeats": repeats, "results": results}
     if args.json:
         common.write_json(args.json, payload)

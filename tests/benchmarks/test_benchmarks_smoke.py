@@ -209,7 +209,7 @@ def test_blas_quick(capsys, tmp_path):
     bench_blas.main(["--quick", "--json", str(path)])
     out = capsys.readouterr().out
     rows = _table_rows(out)
-    assert rows[0] == ["product", "shape", "ms (min)", "GFLOP/s"]
+    assert rows[0] == ["product", "shape", "ms per call (min)", "GFLOP/s"]
     assert [r[0] for r in rows[1:]] == [what for what, *_ in bench_blas.QUICK_SHAPES]
     assert common.blas_kernels() in out  # the kernels that ran are on the record
     saved = json.loads(path.read_text())
