@@ -162,6 +162,13 @@ def report(result: dict) -> tuple[list[str], list[list]]:
     # in the order the forward pass first reaches them (the split dicts fill in call order)
     layers = list(dict.fromkeys(k[0] for r in ours_r for k in r if k[0] != "batch norm"))
     rows = []
+
+    def row(name, torch_ms, ours_ms, torch_split=None, ours_split=None):
+        """A table row: the forward and backward columns only for rows split that way."""
+        split = [f"{v:.1f}" for v in torch_split] if torch_split else ["", ""]
+        split_ours = [f"{v:.1f}" for v in ours_split] if ours_split else ["", ""]
+        return [name, *split, f"{torch_ms:.1f}", *split_ours, f"{ours_ms:.1f}", _ratio(ours_ms, torch_ms)]
+
     conv_ours, conv_torch = [], []
     for layer in layers:
         ours_keys = [(layer, p) for p in PASSES]
@@ -171,22 +178,21 @@ def report(result: dict) -> tuple[list[str], list[list]]:
         t_b = _median_ms(torch_r, [(layer, "backward")])
         conv_ours += ours_keys
         conv_torch += [(layer, "forward"), (layer, "backward")]
-        rows.append([layer, f"{t_f:.1f}", f"{t_b:.1f}", f"{o_f:.1f}", f"{o_b:.1f}", _ratio(o_f + o_b, t_f + t_b)])
+        rows.append(row(layer, t_f + t_b, o_f + o_b, (t_f, t_b), (o_f, o_b)))
     bn = [("batch norm", "forward"), ("batch norm", "backward")]
     o_conv, t_conv = _median_ms(ours_r, conv_ours), _median_ms(torch_r, conv_torch)
-    rows.append(["**all convolutions**", "", f"{t_conv:.1f}", "", f"{o_conv:.1f}", _ratio(o_conv, t_conv)])
+    rows.append(row("**all convolutions**", t_conv, o_conv))
     o_bn, t_bn = _median_ms(ours_r, bn), _median_ms(torch_r, bn)
-    fwd_bwd = [f"{_median_ms(r, [k]):.1f}" for r in (torch_r, ours_r) for k in bn]
-    rows.append(["batch norm (19 layers)", *fwd_bwd, _ratio(o_bn, t_bn)])
+    bn_split = [[_median_ms(r, [k]) for k in bn] for r in (torch_r, ours_r)]
+    rows.append(row("batch norm (19 layers)", t_bn, o_bn, *bn_split))
     o_split = statistics.median(result["split_steps"]["ours"]) * 1e3
     t_split = statistics.median(result["split_steps"]["pytorch"]) * 1e3
-    o_rest, t_rest = o_split - o_conv - o_bn, t_split - t_conv - t_bn
-    rows.append(["everything else", "", f"{t_rest:.1f}", "", f"{o_rest:.1f}", _ratio(o_rest, t_rest)])
-    rows.append(["whole step, split as above", "", f"{t_split:.1f}", "", f"{o_split:.1f}", _ratio(o_split, t_split)])
+    rows.append(row("everything else", t_split - t_conv - t_bn, o_split - o_conv - o_bn))
+    rows.append(row("whole step, split as above", t_split, o_split))
     o_step = statistics.median(result["steps"]["ours"]) * 1e3
     t_step = statistics.median(result["steps"]["pytorch"]) * 1e3
-    rows.append(["**whole step as it runs**", "", f"{t_step:.1f}", "", f"{o_step:.1f}", _ratio(o_step, t_step)])
-    headers = ["layer", "PyTorch fwd ms", "PyTorch bwd ms", "ours fwd ms", "ours bwd ms", "time ours / PyTorch"]
+    rows.append(row("**whole step as it runs**", t_step, o_step))
+    headers = ["layer", "PyTorch fwd", "PyTorch bwd", "PyTorch ms", "ours fwd", "ours bwd", "ours ms", "ours / PyTorch"]
     return headers, rows
 
 
