@@ -25,6 +25,7 @@ import pytest
 from framework import backend as fw_backend
 from framework import inplace
 from framework.autograd.grad_mode import state as _grad_state
+from framework.ops import conv as conv_ops
 
 
 def _choose_cupy() -> str:
@@ -99,8 +100,11 @@ def without_cupy(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _restore_global_state():
-    """Grad mode, anomaly mode and the inplace policy are process-global: restore them."""
+    """Grad mode, anomaly mode, the inplace policy and conv2d's algorithm setting are
+    process-global (a Trainer sets the last two): restore them."""
     enabled, anomaly, policy = _grad_state.enabled, _grad_state.anomaly, inplace.get_policy()
+    conv_mode = conv_ops.get_contraction()
     yield
     _grad_state.enabled, _grad_state.anomaly = enabled, anomaly
     inplace.set_policy(policy)
+    conv_ops.set_contraction(conv_mode)

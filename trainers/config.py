@@ -114,6 +114,14 @@ SCHEMA: dict[str, Any] = {
         "while the first steps run, then replayed with inplace decisions and a memory plan made on "
         "the whole step; the run name gets `_compiled`. CPU only; not with train.grad_clip",
     ),
+    "conv2d": Field(
+        "str",
+        "auto",
+        "How conv2d picks its algorithm per layer: `auto` (the ones that round like im2col) or "
+        "`fast` (Winograd F(4x4, 3x3) on 3x3 stride-1 layers of >= 32 channels: faster, 3-6x "
+        "the float32 rounding; docs/BENCHMARKS.md); the run name gets `_conv-fast`",
+        choices=("auto", "fast"),
+    ),
     "threads": Field(
         "int",
         0,

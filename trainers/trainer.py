@@ -31,6 +31,7 @@ from framework.distributed.comm import for_device, get_world
 from framework.distributed.data_parallel import DataParallel
 from framework.distributed.sampler import DistributedSampler
 from framework.distributed.sync_batchnorm import SyncBatchNorm
+from framework.ops import conv as conv_ops
 from models import build_model, model_signature
 
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -117,6 +118,18 @@ def compiled(cfg: Config) -> bool | None:
     """The config's ``compile`` switch; None where this version's config has no such key."""
     value = cfg["compile"] if "compile" in cfg else None
     return value if isinstance(value, bool) else None
+
+
+def conv2d_mode(cfg: Config) -> str:
+    """The config's conv2d choosing mode (``"auto"`` where the config has no such key)."""
+    return cfg["conv2d"] if "conv2d" in cfg else conv_ops.AUTO
+
+
+def apply_run_settings(cfg: Config) -> None:
+    """Sets the process-wide settings a run's numbers depend on: the inplace policy and
+    conv2d's choosing mode (trainers of several configs can take turns in one process)."""
+    fw.inplace.set_policy(cfg.inplace)
+    conv_ops.set_contraction(conv2d_mode(cfg))
 
 
 def build_optimizer(cfg: Config, params):
@@ -321,7 +334,7 @@ class Trainer:
         self.label = label or "train"
         self.comm = comm or get_world()
         limit_threads(cfg.threads, self.comm)
-        fw.inplace.set_policy(cfg.inplace)
+        apply_run_settings(cfg)
         # The GPU first: CuPy allocates on its current device, and the pool hook must be
         # registered before the model reaches the GPU for memory/* to be the GPU's.
         self.device = select_device(cfg.device, self.comm.local_rank)
@@ -395,6 +408,7 @@ class Trainer:
                 self.comm.size,
                 "inplace_abn" if self.inplace_abn else None,
                 "compiled" if compiled(cfg) else None,
+                "conv-fast" if conv2d_mode(cfg) == "fast" else None,
             )
         )
         self.run_dir = run_dir(cfg.logging.logdir, cfg.experiment, self.run_name)
@@ -748,6 +762,8 @@ class Trainer:
         hp = {"run": self.run_name, "inplace": cfg.inplace, "inplace_abn": self.inplace_abn}
         if compiled(cfg) is not None:
             hp["compiled"] = compiled(cfg)
+        if "conv2d" in cfg:
+            hp["conv2d"] = conv2d_mode(cfg)
         hp.update(
             {
                 "processes": self.comm.size,
@@ -762,11 +778,12 @@ class Trainer:
     def time_steps(self, steps: int) -> float:
         """Samples per second of ``steps`` more training steps, not logged or saved.
 
-        Sets this trainer's inplace policy first, so that trainers of several policies
-        can take turns in one process (``scripts/compare_inplace.py`` alternates them to
-        measure throughput as a distribution). Training goes on from where it is.
+        Sets this trainer's inplace policy and conv2d mode first, so that trainers of
+        several configs can take turns in one process (``scripts/compare_inplace.py``
+        alternates them to measure throughput as a distribution). Training goes on from
+        where it is.
         """
-        fw.inplace.set_policy(self.cfg.inplace)
+        apply_run_settings(self.cfg)
         lr = learning_rate(self.cfg, max(self.total_steps - 1, 0), self.total_steps)
         batches = iter(self.loader)
         seconds, samples = 0.0, 0

@@ -312,13 +312,14 @@ def test_hparams_tell_policies_and_inplace_abn_apart(tmp_path):
             "inplace",
             "inplace_abn",
             "compiled",
+            "conv2d",
             "processes",
             "model",
             "batch_size",
             "optimizer",
             "lr",
         }
-        assert hp["compiled"] is False
+        assert hp["compiled"] is False and hp["conv2d"] == "auto"
         assert hp["processes"] == 1 and hp["model"] == "mlp" and hp["batch_size"] == 32
     assert [(hp["inplace"], hp["inplace_abn"]) for hp in hps] == [("on", False), ("on", True), ("off", True)]
 
@@ -337,6 +338,25 @@ def test_a_compile_switch_in_the_config_shows_in_hparams_and_the_run_name(tmp_pa
     assert Trainer(cfg).hparams()["compiled"] is False
     no_key = {k: v for k, v in cfg.to_dict().items() if k != "compile"}  # a config from before the key
     assert compiled(Config(no_key)) is None
+
+
+def test_the_conv2d_setting_chooses_the_algorithms_and_names_the_run(tmp_path):
+    from framework.ops import conv as conv_ops
+    from trainers.config import Config
+    from trainers.trainer import conv2d_mode
+
+    cfg = tiny_config(tmp_path, "inplace=on", "train.max_steps=2")
+    assert conv2d_mode(cfg) == "auto"  # the schema's default
+    fast = tiny_config(tmp_path, "inplace=on", "train.max_steps=2", "conv2d=fast")
+    trainer = Trainer(fast)
+    assert conv_ops.get_contraction() == "fast"
+    assert trainer.run_name == "inplace-on_np1_conv-fast" and trainer.hparams()["conv2d"] == "fast"
+    plain = Trainer(cfg)
+    assert conv_ops.get_contraction() == "auto" and plain.run_name == "inplace-on_np1"
+    trainer.time_steps(1)  # trainers taking turns in one process each run under their own setting
+    assert conv_ops.get_contraction() == "fast"
+    no_key = {k: v for k, v in cfg.to_dict().items() if k != "conv2d"}  # a config from before the key
+    assert conv2d_mode(Config(no_key)) == "auto"
 
 
 def test_checking_the_model_against_the_data_leaves_nothing_allocated(tmp_path):
