@@ -117,7 +117,7 @@ def blas_kernels() -> str:
     """NumPy's BLAS and the kernels it runs on this CPU, e.g. ``openblas 0.3.31, SkylakeX
     kernels``. OpenBLAS picks them from the CPU when it loads, unless the environment
     variable ``OPENBLAS_CORETYPE`` names them, and float32 products run up to 2x faster
-    on one than on another (docs/BENCHMARKS.md, "Which BLAS kernels"), so every result
+    on one than on another (docs/BENCHMARKS.md, "2026-11-24: which BLAS kernels ran"), so every result
     says which ran and who chose them. (SciPy, loaded for the optimizers' axpy, brings an
     OpenBLAS of its own; it reads the same variable.)"""
     libs = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]

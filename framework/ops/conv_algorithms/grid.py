@@ -17,8 +17,8 @@ Kernel offset ``(i, j)`` reads phase ``(i % sh, j % sw)`` shifted by
 ``(i // sh, j // sw)`` with stride 1, so the same construction holds on the phases'
 grid: ``cols[(c, i, j), q] = phase_flat[i % sh, j % sw][c, q + (i // sh)*Wq + j // sw]``
 with ``L = (Ho-1)*Wq + Wo``. The phase split reads the input once with stride ``s``;
-every copy into ``cols`` then moves runs of ``L`` (measured 2.2x faster than im2col's
-``gemm`` on ResNet-20's 16->32 strided forward).
+every copy into ``cols`` then moves runs of ``L`` (ResNet-20's 16->32 strided forward
+measured 1.3-2.2x faster than with im2col's ``gemm``; docs/BENCHMARKS.md).
 
 * forward: ``out(Co, n*L) = w(Co, C*kh*kw) @ cols``, then the valid columns are copied
   into the NCHW output;
