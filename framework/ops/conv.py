@@ -13,7 +13,7 @@ conv2d:
   like im2col. ``"fast"`` takes Winograd F(4x4, 3x3) from 32 channels
   instead: faster, with 3-6x the float32 rounding. Any one algorithm can be forced for
   every pass: the im2col contractions :data:`CONTRACTIONS` (``"batched"``, ``"gemm"``,
-  ``"tensordot"``, ``"einsum"``: every geometry) or one of :data:`STRIDE1_ALGORITHMS`
+  ``"tensordot"``, ``"einsum"``: every geometry) or one of :data:`GRID_AND_WINOGRAD`
   (``"grid"``: every geometry, ``"winograd2"``, ``"winograd4"``: 3x3 stride 1; forcing
   one on a layer it cannot run raises a ValueError).
 * **saved for backward**: ``x`` only when the weight needs a gradient, ``w`` only when the
@@ -67,9 +67,9 @@ from .conv_algorithms.workspace import resolve_limit as _resolve_limit
 
 #: The im2col contractions: every geometry (stride, padding, kernel).
 CONTRACTIONS = ("batched", "gemm", "tensordot", "einsum")
-#: Faster algorithms built for stride-1 layers (Winograd: 3x3 stride 1 only; grid runs
-#: strided layers too, over the input's phases, with im2col's input gradient).
-STRIDE1_ALGORITHMS = ("grid", "winograd2", "winograd4")
+#: The algorithms beyond im2col: grid (every geometry; strided layers over the input's
+#: phases, with im2col's input gradient) and Winograd (3x3 stride 1 only).
+GRID_AND_WINOGRAD = ("grid", "winograd2", "winograd4")
 #: Modes that choose an algorithm per layer and pass (:mod:`.conv_algorithms.choice`).
 CHOOSING = _choice.MODES  # ("auto", "fast")
 AUTO = "auto"
@@ -78,7 +78,7 @@ _default = [AUTO]
 
 def get_contraction() -> str:
     """The algorithm conv2d uses now: a choosing mode (:data:`CHOOSING`) or one of
-    :data:`CONTRACTIONS` and :data:`STRIDE1_ALGORITHMS`."""
+    :data:`CONTRACTIONS` and :data:`GRID_AND_WINOGRAD`."""
     return _default[-1]
 
 
@@ -98,8 +98,8 @@ def contraction(name: str):
 
 
 def _check_contraction(name):
-    if name not in CHOOSING + CONTRACTIONS + STRIDE1_ALGORITHMS:
-        names = ", ".join(CHOOSING + CONTRACTIONS + STRIDE1_ALGORITHMS)
+    if name not in CHOOSING + CONTRACTIONS + GRID_AND_WINOGRAD:
+        names = ", ".join(CHOOSING + CONTRACTIONS + GRID_AND_WINOGRAD)
         raise ValueError(f"unknown conv2d contraction {name!r}; use one of {names}")
     return name
 

@@ -677,7 +677,7 @@ def test_input_gradient_overwrites_a_dead_output_gradient_under_policy_on(stride
 
 # --- the stride-1 algorithms (grid, Winograd) and the per-layer choice ---------------------
 
-STRIDE1 = C.STRIDE1_ALGORITHMS
+STRIDE1 = C.GRID_AND_WINOGRAD
 
 
 def _forced(name, **args):
