@@ -185,13 +185,10 @@ class Grid:
         parts = chunks(n, _Chunked.per_image_bytes(x, geom, co), limit)
         if not parts:
             return memory.zeros(geom.w_shape, g.dtype, xp, "gradients")
-        gw = memory.empty((co, k), g.dtype, xp, "gradients")
         # The product is made transposed, gw.T = cols @ g_grid.T: BLAS runs a product with
         # a long inner dimension and few rows (Co) 1.1x (AVX2 kernels) to 2x (AVX-512)
-        # slower than its transpose (docs/BENCHMARKS.md). gw's own buffer, viewed (k, Co),
-        # holds the later chunks' partial sums until the total is copied over it.
-        total = memory.empty((k, co), g.dtype, xp, "workspace")
-        acc = ChunkSum(total, xp, partial=reshaped(gw, (k, co)))
+        # slower than its transpose (docs/BENCHMARKS.md).
+        acc = ChunkSum(memory.empty((co, k), g.dtype, xp, "gradients"), xp, transposed=True)
         # The output gradient on the grid; the straddling columns are never written: 0.
         bufs = _Chunked(x, geom, parts[0].stop, co, xp, zero_grid=True)
         for sl in parts:
@@ -199,8 +196,7 @@ class Grid:
             xp.copyto(bufs.grid_valid[: sl.stop - sl.start], g[sl])
             xp.matmul(cols, ggrid.T, out=acc.out())
             acc.add()
-        xp.copyto(gw, total.T)
-        return gw.reshape(geom.w_shape)
+        return acc.finish().reshape(geom.w_shape)
 
     def grad_input(self, g, w, geom, limit, xp, overwrite):
         if geom.stride != (1, 1):

@@ -33,7 +33,7 @@ chunking bounds those copies as well (their chunk size is reckoned as if they bu
 from __future__ import annotations
 
 from ... import memory
-from .workspace import ChunkSum, chunks, contiguous, pad, padded_image_bytes, reaches, reshaped, windows
+from .workspace import ChunkSum, chunks, contiguous, pad, padded_image_bytes, reaches, windows
 
 # Each contraction works on one chunk of the batch:
 #   forward(view, w2, out, xp): view (n, C, kh, kw, Ho, Wo) windows, w2 (Co, C*kh*kw)
@@ -250,22 +250,14 @@ class Im2col:
             return memory.zeros(geom.w_shape, g.dtype, xp, "gradients")
         k = c * kernel[0] * kernel[1]
         gw = memory.empty((co, k), g.dtype, xp, "gradients")  # the first chunk writes all of it
-        if impl.weight_grad_transposed:
-            # the sum is made as gw.T; gw's own buffer, viewed (k, Co), holds the later
-            # chunks' products until the total is copied over it
-            total = memory.empty((k, co), g.dtype, xp, "workspace")
-            acc = ChunkSum(total, xp, partial=reshaped(gw, (k, co)))
-        else:
-            acc = ChunkSum(gw, xp)
+        acc = ChunkSum(gw, xp, transposed=impl.weight_grad_transposed)
         for sl in parts:
             xpad = pad(x[sl], geom.padding, 0, xp)
             view = windows(xpad, kernel, geom.stride, geom.out_hw)
             impl.grad_weight(g[sl], view, acc.out(), xp)
             acc.add()
             del view, xpad
-        if impl.weight_grad_transposed:
-            xp.copyto(gw, total.T)
-        return gw.reshape(geom.w_shape)
+        return acc.finish().reshape(geom.w_shape)
 
     def grad_input(self, g, w, geom, limit, xp, overwrite):
         impl = self.impl

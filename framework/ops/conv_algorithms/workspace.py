@@ -88,22 +88,31 @@ def chunks(n: int, per_image: int, limit) -> list[slice]:
 class ChunkSum:
     """The sum of one product per chunk, the way every weight gradient here is made.
 
-    The first chunk's product is written into ``total`` itself; each later one into one
-    counted ``partial`` buffer of ``total``'s shape (allocated at the second chunk, reused
-    after) and added::
+    The first chunk's product is written into the sum's buffer itself; each later one
+    into one counted ``partial`` buffer of its shape (allocated at the second chunk,
+    reused after) and added::
 
         acc = ChunkSum(gw, xp)
         for sl in parts:
             xp.matmul(a, b, out=acc.out())
             acc.add()
+        gw = acc.finish()
 
-    ``partial``: a buffer of ``total``'s shape the caller lends for the later chunks
-    instead (one it overwrites after the sum, so nothing more is allocated).
+    ``transposed``: the products are ``result.T``'s, ``(k, Co)`` for a ``(Co, k)`` weight
+    gradient (the orientation BLAS runs faster, see :mod:`.grid`). The sum then builds in
+    one counted ``(k, Co)`` buffer, ``result``'s own buffer (viewed ``(k, Co)``) holds the
+    later chunks' products, and :meth:`finish` copies the sum over it: one weight-sized
+    workspace buffer either way.
     """
 
-    def __init__(self, total, xp, partial=None):
-        self.total, self.xp = total, xp
-        self.partial = partial
+    def __init__(self, result, xp, transposed=False):
+        self.result, self.xp, self.transposed = result, xp, transposed
+        if transposed:
+            shape = result.shape[::-1]
+            self.total = memory.empty(shape, result.dtype, xp, "workspace")
+            self.partial = reshaped(result, shape)
+        else:
+            self.total, self.partial = result, None
         self._first = True
 
     def out(self):
@@ -115,11 +124,17 @@ class ChunkSum:
         return self.partial
 
     def add(self) -> None:
-        """Adds the product just written (the first one is already in ``total``)."""
+        """Adds the product just written (the first one is already in the sum)."""
         if self._first:
             self._first = False
         else:
             self.total += self.partial
+
+    def finish(self):
+        """The sum, in ``result``."""
+        if self.transposed:
+            self.xp.copyto(self.result, self.total.T)
+        return self.result
 
 
 # --- counted buffers and window views -------------------------------------------------------
