@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from ... import memory
 from .im2col import GEMM
-from .workspace import ChunkSum, chunks, contiguous, reshaped, strided
+from .workspace import ChunkSum, chunks, contiguous, reach_1d, reshaped, strided
 
 
 class _Chunked:
@@ -78,11 +78,16 @@ class _Chunked:
                 shape = (c, -(-(kh - a) // sh), -(-(kw - b) // sw), src.shape[0], length)
                 window = strided(xp, src, shape, (sc, wq, 1, sn, 1))
                 self.phases.append((window, self.cols5[:, a::sh, b::sw]))
-        # per phase, where the chunk's images land in it: (phase rows, phase cols, image rows, image cols)
+        # per phase, where the chunk's images land in it: phase[y] = xpad[s*y + a] =
+        # x[s*y + a - pad], the map of output to input of kernel offset a (reach_1d)
         ph, pw = geom.padding
-        self.fills = [
-            (a, b, _phase_span(a, ph, sh, h), _phase_span(b, pw, sw, w)) for a in range(sh) for b in range(sw)
-        ]
+        self.fills = []
+        for a in range(sh):
+            span_h = reach_1d(a, ph, sh, hq, h)
+            for b in range(sw):
+                span_w = reach_1d(b, pw, sw, wq, w)
+                if span_h is not None and span_w is not None:  # else the image misses this phase
+                    self.fills.append((a, b, span_h, span_w))
         self.grid_valid = strided(xp, self.grid, (rows, grid_rows) + tuple(geom.out_hw), (length, rows * length, wq, 1))
         self._flat = {}
 
@@ -125,15 +130,6 @@ class _Chunked:
             window, dst = self.phases[0]
             self.xp.copyto(dst[:, :, :, :k], window[:, :, :, sl])
         return self.flat(k)
-
-
-def _phase_span(a, pad, stride, size):
-    """Where the unpadded input lands in phase ``a`` along one axis: ``(phase slice, input
-    slice)`` with ``phase[y] = xpad[stride*y + a] = x[stride*y + a - pad]``."""
-    first = -((a - pad) // stride)  # first y with stride*y + a - pad >= 0
-    start = stride * first + a - pad
-    count = max(0, -(-(size - start) // stride))
-    return slice(first, first + count), slice(start, start + stride * (count - 1) + 1 if count else start, stride)
 
 
 def _grid(geom):

@@ -187,9 +187,11 @@ def offset(i, j, stride, out_hw):
     )
 
 
-def _reach_1d(i, pad, stride, out_len, in_len):
+def reach_1d(i, pad, stride, out_len, in_len):
     """(output slice, input slice): the outputs whose kernel offset ``i`` falls inside the
-    unpadded input, and the input positions they touch; None when there are none."""
+    unpadded input, and the input positions they touch; None when there are none.
+    (Output ``r`` reads input ``stride*r + i - pad``: the same map places the input in
+    phase ``i`` of a strided padded image, :mod:`.grid`.)"""
     lo = max(0, -((i - pad) // stride))  # first r with i - pad + stride*r >= 0
     hi = min(out_len - 1, (in_len - 1 - i + pad) // stride)  # last r with it <= in_len - 1
     if hi < lo:
@@ -203,11 +205,11 @@ def reaches(kernel, stride, padding, out_hw, in_hw):
     ``(k, output index, input index)``, for a scatter-add without a padded buffer."""
     out = []
     for i in range(kernel[0]):
-        rows = _reach_1d(i, padding[0], stride[0], out_hw[0], in_hw[0])
+        rows = reach_1d(i, padding[0], stride[0], out_hw[0], in_hw[0])
         if rows is None:
             continue
         for j in range(kernel[1]):
-            cols = _reach_1d(j, padding[1], stride[1], out_hw[1], in_hw[1])
+            cols = reach_1d(j, padding[1], stride[1], out_hw[1], in_hw[1])
             if cols is None:
                 continue
             out.append((i * kernel[1] + j, (Ellipsis, rows[0], cols[0]), (Ellipsis, rows[1], cols[1])))
