@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from benchmarks import bench_blas, bench_elementwise, bench_op_overhead, common
+from benchmarks import bench_blas, bench_elementwise, bench_op_overhead, bench_winograd_stages, common
 
 
 def _table_rows(text: str) -> list[list[str]]:
@@ -214,3 +214,18 @@ def test_blas_quick(capsys, tmp_path):
     assert common.blas_kernels() in out  # the kernels that ran are on the record
     saved = json.loads(path.read_text())
     assert saved["repeats"] == 3 and all(r["gflops"] > 0 for r in saved["results"])
+
+
+def test_winograd_stages_quick(capsys, tmp_path):
+    path = tmp_path / "stages.json"
+    bench_winograd_stages.main(["--quick", "--json", str(path)])  # raises if its steps are not conv2d's forward
+    out = capsys.readouterr().out
+    rows = _table_rows(out)
+    assert rows[0][:2] == ["layer", "algorithm"] and rows[0][-3:] == ["total ms", "products GFLOP/s", "PyTorch ms"]
+    assert [r[1] for r in rows[1:]] == ["winograd2", "winograd4"] * len(bench_winograd_stages.QUICK_LAYERS)
+    assert common.blas_kernels() in out
+    saved = json.loads(path.read_text())
+    for r in saved["results"]:
+        assert set(r["ms"]) == set(bench_winograd_stages.STEPS)
+        assert r["total_ms"] == pytest.approx(sum(r["ms"].values()))
+        assert r["chunks"] >= 1
