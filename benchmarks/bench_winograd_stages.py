@@ -31,8 +31,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 else:
     from . import common
 
+import framework as fw
 from framework.ops.conv_algorithms import ConvGeometry, winograd
-from framework.ops.conv_algorithms.workspace import AUTO_WORKSPACE_CAP, chunks
+from framework.ops.conv_algorithms.workspace import chunks, get_workspace_limit, resolve_limit
 
 try:
     import torch
@@ -55,7 +56,7 @@ class _Forward:
         n, c, h, wd = x.shape
         self.x, self.m = x, m
         self.geom = ConvGeometry(x.shape, w.shape, (1, 1), (1, 1), (h, wd))
-        self.limit = min(AUTO_WORKSPACE_CAP, x.nbytes // 2)  # the default limit, "auto"
+        self.limit = resolve_limit(get_workspace_limit(), fw.from_numpy(x))  # conv2d's, for this input
         self.u = winograd._weight_transform(w, m, np)
         self.tiles = winograd._Tiles(self.geom, m)
         per_image = winograd._Workspace.per_image_bytes(self.tiles, c, w.shape[0], x.itemsize)
