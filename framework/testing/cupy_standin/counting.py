@@ -1,0 +1,108 @@
+"""What costs time on a GPU, counted: kernel launches and host synchronizations.
+
+A CuPy call from Python costs 7-10 µs whatever it does (a reduction about 28 µs), and a
+host synchronization stalls the Python thread until the GPU drains its queue, so a step's
+GPU speed is bounded by how many of each it makes. The stand-in cannot time a GPU, but
+it can count these exactly: every routine that would launch a kernel on a real GPU calls
+:func:`launch`, every call that would wait for the device calls :func:`host_sync`.
+
+This module is the stand-in's own (real CuPy has none): tests and benchmarks use it to
+hold launch and host-sync budgets, per op and per training step::
+
+    from framework.testing.cupy_standin import counting
+
+    with counting.count() as c:
+        step()
+    assert c.launches <= 400 and c.host_syncs == 0
+    print(c.by_kind())
+
+Kinds name what a real GPU would run: ``"elementwise"`` (ufuncs, fills, casts),
+``"reduction"``, ``"copy"``, ``"matmul"``, ``"kernel"`` (``ElementwiseKernel``,
+``ReductionKernel``, ``RawKernel``), ``"cudnn"`` (library calls), ``"nccl"``...; host
+synchronizations: ``"get"``, ``"item"``, ``"bool"``, ``"float"``, ``"int"``,
+``"synchronize"``...
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import sys
+
+_STANDIN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class Counts:
+    """Launches and host synchronizations made while a :func:`count` block ran.
+
+    Attributes:
+        launch_sites: Counter of ``(kind, "file:line")`` -> launches.
+        sync_sites: Counter of ``(kind, "file:line")`` -> host synchronizations.
+    """
+
+    def __init__(self) -> None:
+        self.launch_sites: collections.Counter = collections.Counter()
+        self.sync_sites: collections.Counter = collections.Counter()
+
+    @property
+    def launches(self) -> int:
+        return sum(self.launch_sites.values())
+
+    @property
+    def host_syncs(self) -> int:
+        return sum(self.sync_sites.values())
+
+    def by_kind(self, syncs: bool = False) -> dict:
+        """``{kind: count}`` of the launches (or, with ``syncs``, of the host synchronizations)."""
+        out: collections.Counter = collections.Counter()
+        for (kind, _site), n in (self.sync_sites if syncs else self.launch_sites).items():
+            out[kind] += n
+        return dict(out)
+
+    def by_site(self, syncs: bool = False) -> dict:
+        """``{"file:line": count}``: where in the caller's code the launches (or syncs) came from."""
+        out: collections.Counter = collections.Counter()
+        for (_kind, site), n in (self.sync_sites if syncs else self.launch_sites).items():
+            out[site] += n
+        return dict(out)
+
+
+_active: list[Counts] = []
+
+
+def _call_site() -> str:
+    """``file:line`` of the first frame outside the stand-in (the code that made the call)."""
+    frame = sys._getframe(2)
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)).startswith(_STANDIN_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def launch(kind: str, n: int = 1) -> None:
+    """Records ``n`` kernel launches of ``kind`` (a no-op unless a :func:`count` block is open)."""
+    if _active:
+        site = _call_site()
+        for c in _active:
+            c.launch_sites[(kind, site)] += n
+
+
+def host_sync(kind: str) -> None:
+    """Records one host synchronization of ``kind`` (a no-op unless a :func:`count` block is open)."""
+    if _active:
+        site = _call_site()
+        for c in _active:
+            c.sync_sites[(kind, site)] += 1
+
+
+@contextlib.contextmanager
+def count():
+    """Counts the launches and host synchronizations made inside the block (blocks nest)."""
+    c = Counts()
+    _active.append(c)
+    try:
+        yield c
+    finally:
+        _active.remove(c)
