@@ -58,6 +58,7 @@ from numpy import (  # noqa: F401  (CuPy re-exports NumPy's scalar types and con
 
 from . import cuda, lib, random  # noqa: F401
 from ._core import ndarray, ufunc  # noqa: F401
+from ._kernels import ElementwiseKernel, ReductionKernel  # noqa: F401
 from ._routines import *  # noqa: F401,F403
 from ._ufuncs import UFUNCS as _UFUNCS
 
