@@ -7,6 +7,9 @@ relu, leaky_relu, div) or nothing (add, sub, neg, mul by a constant) are free in
 ops whose backward reads the overwritten input (sin, cos, log, abs, pow, clamp, mul by a
 tensor that needs a gradient) get a copy of it from the apply path, counted as
 ``inplace_copies``.
+
+On a GPU the activations (relu, leaky_relu, sigmoid, tanh) run as ONE fused kernel each
+way (:mod:`.kernels`), in place through the same ``ctx.out`` / reused gradient.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import numpy as np
 from .. import memory
 from ..autograd.function import Function
 from ..backend import add_scaled_, get_array_module
+from . import kernels as K
 from .broadcast import shape_of, sum_to
+from .kernels import on_gpu
 
 
 def _xp(*arrays):
@@ -295,10 +300,14 @@ class Tanh(Function):
     saves = ("result",)
 
     def forward(ctx, x):
+        if on_gpu(x):
+            return K.launch(K.tanh, x, out=ctx.out)
         return _xp(x).tanh(x, out=ctx.out)
 
     def backward(ctx, g):
         y = ctx.result
+        if on_gpu(g):
+            return K.launch(K.tanh_backward, g, y, out=_into(ctx, g))
         xp = _xp(g)
         d = xp.multiply(y, y, out=xp.empty_like(y))  # y * y would be a scalar for 0-d y
         xp.subtract(1, d, out=d)
@@ -311,6 +320,8 @@ class Sigmoid(Function):
     saves = ("result",)
 
     def forward(ctx, x):
+        if on_gpu(x):
+            return K.launch(K.sigmoid, x, out=ctx.out)
         xp = _xp(x)
         # 1 / (1 + exp(-x)) written through one buffer: the inplace form allocates nothing.
         # (An explicit buffer also when out of place: for 0-d x, NumPy would return a scalar.)
@@ -321,6 +332,8 @@ class Sigmoid(Function):
 
     def backward(ctx, g):
         y = ctx.result
+        if on_gpu(g):
+            return K.launch(K.sigmoid_backward, g, y, out=_into(ctx, g))
         xp = _xp(g)
         d = xp.subtract(1, y, out=xp.empty_like(y))  # 1 - y would be a scalar for 0-d y
         d *= y
@@ -333,9 +346,13 @@ class Relu(Function):
     saves = ("result",)
 
     def forward(ctx, x):
+        if on_gpu(x):
+            return K.launch(K.relu, x, out=ctx.out)
         return _xp(x).maximum(x, 0, out=ctx.out)
 
     def backward(ctx, g):
+        if on_gpu(g):
+            return K.launch(K.relu_backward, g, ctx.result, out=_into(ctx, g))
         return _xp(g).multiply(g, ctx.result > 0, out=_into(ctx, g))
 
 
@@ -354,6 +371,8 @@ class LeakyRelu(Function):
                 "use a slope >= 0 for the inplace form"
             )
         ctx.slope = negative_slope
+        if on_gpu(x):
+            return K.launch(K.leaky_relu, x, negative_slope, out=ctx.out)
         xp = _xp(x)
         # y = max(x, slope*x) for slope <= 1 (min for slope > 1): one counted temporary,
         # where a mask-and-multiply would need three.
@@ -363,6 +382,8 @@ class LeakyRelu(Function):
         return pick(x, scaled, out=ctx.out)
 
     def backward(ctx, g):
+        if on_gpu(g):
+            return K.launch(K.leaky_relu_backward, g, ctx.result, ctx.slope, out=_into(ctx, g))
         xp = _xp(g)
         if ctx.reuse_grad:
             scale = xp.where(ctx.result > 0, 1, ctx.slope).astype(g.dtype)

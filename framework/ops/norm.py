@@ -31,6 +31,15 @@ in PyTorch); the output is normalized with the BIASED variance.
 Per-channel reductions use ``einsum`` over an (N, C, rest) view: no full-size temporary
 (3x faster than ``(d * d).sum(axes)`` on NumPy, and as accurate as pairwise sums).
 Full-size temporaries go through :mod:`framework.memory` (category ``workspace``).
+
+On a GPU (:func:`.kernels.on_gpu`) each Function runs its fused kernels instead
+(:mod:`.kernels`): in training one reduction for the per-channel sums (``(sum x,
+sum x^2)`` in one pass, in double precision) and one elementwise kernel each way, the
+statistics derived inside the kernels; in eval one tiny kernel makes a private copy of
+the running statistics as ``(mean, invstd)``. What each Function saves and its inplace
+rules do not change; the per-channel statistics it keeps are then that one complex
+array (``stats``) instead of ``mean``/``invstd``. SyncBatchNorm (``comm``) keeps the
+general path, which its host-side reduction needs anyway.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..backend import get_array_module
 from ..tensor import Tensor
+from . import kernels as K
+from .kernels import on_gpu
 
 __all__ = ["batch_norm", "inplace_abn", "BatchNorm", "BatchNormEval", "InPlaceABN"]
 
@@ -144,6 +155,37 @@ def _global_sums(comm, *per_channel):
     return [xp.asarray(buf[k * c : (k + 1) * c]) for k in range(len(per_channel))]
 
 
+def _caxes(ndim) -> tuple:
+    """The axes a per-channel reduction sums over: all but axis 1."""
+    return (0,) + tuple(range(2, ndim))
+
+
+def _gpu_param(a, dtype, cs, default):
+    """A (C,) parameter as the fused kernels take it: broadcast to ``cs``, or a scalar."""
+    return default if a is None else _channel(a, dtype).reshape(cs)
+
+
+def _gpu_moments(x, xp):
+    """The batch's per-channel ``sum x + 1j * sum x^2`` (complex128, C values): ONE launch."""
+    s = memory.empty((x.shape[1],), np.complex128, xp, "workspace")
+    K.bn_moments(x, s, axis=_caxes(x.ndim))
+    return s
+
+
+def _gpu_eval_stats(mean, var, eps, xp):
+    """``mean + 1j * invstd`` of given statistics (a private copy: ONE launch over C values)."""
+    s = memory.empty(mean.shape, np.complex128, xp, "workspace")
+    K.bn_eval_stats(mean, var.astype(mean.dtype, copy=False), eps, s)
+    return s
+
+
+def _gpu_grad_sums(g, x, s, inv_m, eps, xp):
+    """Per-channel ``sum g + 1j * sum g * x_hat`` in g's precision: ONE launch."""
+    r = memory.empty((g.shape[1],), np.result_type(g.dtype, np.complex64), xp)
+    K.bn_grad_sums(g, x, s.reshape(_cshape(g.shape)), inv_m, eps, r, axis=_caxes(g.ndim))
+    return r
+
+
 def _leaky_relu_inplace(z, slope, xp):
     """``z = leaky_relu(z)`` for ``slope > 0``: max(z, slope * z) (min when slope > 1).
 
@@ -176,6 +218,16 @@ class BatchNorm(Function):
         xp = get_array_module(x)
         cs = _cshape(x.shape)
         out = ctx.out if ctx.out is not None else memory.empty(x.shape, x.dtype, xp, "activations")
+        ctx.m, ctx.comm, ctx.eps = _count(x.shape), comm, eps
+        if comm is None and on_gpu(x):
+            s = _gpu_moments(x, xp)
+            t = x.dtype.type
+            w, b = _gpu_param(weight, x.dtype, cs, t(1)), _gpu_param(bias, x.dtype, cs, t(0))
+            K.bn_forward(x, s.reshape(cs), 1.0 / ctx.m, eps, w, b, out)
+            if stats is not None:
+                stats["moments"], stats["count"] = s, ctx.m
+            ctx.keep(stats=s)
+            return out
         if comm is None:
             mean, var = _normalize_into(out, x, stats, xp)
             m = _count(x.shape)
@@ -188,7 +240,7 @@ class BatchNorm(Function):
         out *= scale.reshape(cs)
         if bias is not None:
             out += _channel(bias, x.dtype).reshape(cs)
-        ctx.m, ctx.comm = m, comm
+        ctx.m = m
         ctx.keep(mean=mean, invstd=invstd)
         return out
 
@@ -197,6 +249,14 @@ class BatchNorm(Function):
         xp = get_array_module(g)
         x = ctx.x
         cs = _cshape(x.shape)
+        if on_gpu(g) and ctx.comm is None:
+            r = _gpu_grad_sums(g, x, ctx.stats, 1.0 / ctx.m, ctx.eps, xp)
+            gx = None
+            if need_x:
+                gx = memory.empty(x.shape, x.dtype, xp)
+                w = _gpu_param(ctx.weight, x.dtype, cs, x.dtype.type(1))
+                K.bn_backward(g, x, ctx.stats.reshape(cs), 1.0 / ctx.m, ctx.eps, w, r.reshape(cs), gx)
+            return gx, r.imag if need_w else None, r.real if need_b else None
         mean, invstd = ctx.mean, ctx.invstd
         xhat = memory.empty(x.shape, x.dtype, xp)  # becomes the input's gradient
         xp.subtract(x, mean.reshape(cs), out=xhat)
@@ -227,6 +287,15 @@ class BatchNormEval(Function):
     def forward(ctx, x, weight, bias, mean=None, var=None, eps=1e-5):
         xp = get_array_module(x)
         cs = _cshape(x.shape)
+        ctx.eps = eps
+        if on_gpu(x):
+            s = _gpu_eval_stats(mean, var, eps, xp)
+            t = x.dtype.type
+            w, b = _gpu_param(weight, x.dtype, cs, t(1)), _gpu_param(bias, x.dtype, cs, t(0))
+            out = ctx.out if ctx.out is not None else memory.empty(x.shape, x.dtype, xp, "activations")
+            K.bn_forward(x, s.reshape(cs), 0.0, eps, w, b, out)
+            ctx.keep(stats=s)
+            return out
         mean = mean.astype(x.dtype, copy=True)  # private: running buffers change in place later
         invstd = 1.0 / xp.sqrt(var.astype(x.dtype, copy=False) + eps)
         scale = invstd if weight is None else invstd * _channel(weight, x.dtype)
@@ -243,6 +312,8 @@ class BatchNormEval(Function):
         need_x, need_w, need_b = ctx.needs_input_grad
         xp = get_array_module(g)
         cs = _cshape(g.shape)
+        if on_gpu(g):
+            return ctx.gpu_backward(g, need_x, need_w, need_b, xp, cs)
         invstd = ctx.invstd
         gx = gw = gb = None
         if need_w:
@@ -259,6 +330,19 @@ class BatchNormEval(Function):
             scale = invstd if w is None else invstd * _channel(w, g.dtype)
             gx = memory.empty(g.shape, g.dtype, xp)
             xp.multiply(g, scale.reshape(cs), out=gx)
+        return gx, gw, gb
+
+    def gpu_backward(ctx, g, need_x, need_w, need_b, xp, cs):
+        s = ctx.stats
+        gx = gw = gb = None
+        if need_w:  # one reduction gives both sums (x is saved only when weight needs a gradient)
+            r = _gpu_grad_sums(g, ctx.x, s, 0.0, ctx.eps, xp)
+            gw, gb = r.imag, r.real if need_b else None
+        elif need_b:
+            gb = g.sum(axis=_caxes(g.ndim))
+        if need_x:
+            gx = memory.empty(g.shape, g.dtype, xp)
+            K.bn_scale(g, s.reshape(cs), 0.0, ctx.eps, _gpu_param(ctx.weight, g.dtype, cs, g.dtype.type(1)), gx)
         return gx, gw, gb
 
 
@@ -410,6 +494,9 @@ class RunningStatUpdate(Function):
         if w == 0:
             xp.multiply(r, 1.0 - momentum, out=out)
             return out
+        if on_gpu(r):  # one kernel
+            K.running_stat_update(r, batch, 1.0 - momentum, w, out)
+            return out
         xp.multiply(r, (1.0 - momentum) / w, out=out)
         xp.add(out, batch, out=out, casting="same_kind")
         xp.multiply(out, w, out=out)
@@ -420,6 +507,14 @@ def _update_running(running_mean, running_var, stats, momentum):
     """Moves the running statistics toward the batch mean and UNBIASED variance, in place
     under no_grad: one inplace op per buffer, so its version bumps once per call (PyTorch)."""
     m = stats["count"]
+    if running_mean is None and running_var is None:
+        return
+    if "mean" not in stats:  # the GPU path keeps the sums: one kernel makes mean and variance
+        s = stats["moments"]
+        xp = get_array_module(s)
+        dtype = (running_mean if running_mean is not None else running_var).dtype
+        stats["mean"], stats["var"] = memory.empty(s.shape, dtype, xp), memory.empty(s.shape, dtype, xp)
+        K.bn_batch_stats(s, 1.0 / m, stats["mean"], stats["var"])
     with no_grad():
         if running_mean is not None:
             RunningStatUpdate.apply_(running_mean, stats["mean"], momentum=momentum)

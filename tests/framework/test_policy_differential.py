@@ -13,11 +13,15 @@ Each program runs under ``off``, ``auto`` and ``on`` from the same state:
   bit-for-bit what ``off`` gives;
 - ``on``: the same, or a :class:`ConsumedTensorError` (a value read after a site wrote
   over it): never another number.
+
+The same holds on the GPU (its fused kernels in place of the CPU's), checked on fewer
+programs.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +30,7 @@ from framework import inplace, memory, nn
 from framework.inplace import ConsumedTensorError
 from framework.nn import functional as F
 from models.layers import ABN
+from tests.conftest import requires_gpu
 
 N, C = 4, 3
 
@@ -189,14 +194,14 @@ class Model(nn.Module):
         return self.abn_(t)
 
 
-def run(source, policy):
-    """Runs the program under ``policy``; returns what the user can observe."""
+def run(source, policy, device="cpu"):
+    """Runs the program under ``policy`` on ``device``; returns what the user can observe."""
     scope = {"fw": fw, "F": F}
     exec(compile(source, "<generated program>", "exec"), scope)  # noqa: S102
     rng = np.random.default_rng(0)
-    x = fw.tensor(rng.standard_normal((N, C)).astype(np.float32), requires_grad=True)
-    c = fw.tensor(rng.standard_normal((N, C)).astype(np.float32))
-    m = Model()
+    x = fw.tensor(rng.standard_normal((N, C)).astype(np.float32), requires_grad=True, device=device)
+    c = fw.tensor(rng.standard_normal((N, C)).astype(np.float32), device=device)
+    m = Model().to(device)
     fw.manual_seed(1)  # dropout masks: the same draws under every policy
     prev = inplace.set_auto_min_bytes(0)  # tiny tensors: prove every one
     try:
@@ -258,12 +263,23 @@ def same(a, b) -> bool:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(block, min_size=1, max_size=6))
 def test_no_policy_changes_a_number(blocks):
-    source = Writer().source(blocks)
-    ref = run(source, "off")
+    _check_policies(Writer().source(blocks), "cpu")
+
+
+@pytest.mark.gpu
+@requires_gpu
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(block, min_size=1, max_size=6))
+def test_no_policy_changes_a_number_on_the_gpu(blocks):
+    _check_policies(Writer().source(blocks), "cuda")
+
+
+def _check_policies(source, device):
+    ref = run(source, "off", device)
     assert ref != "consumed", source  # off never writes over a site's input
-    auto = run(source, "auto")
+    auto = run(source, "auto", device)
     assert same(auto, ref), source
-    on = run(source, "on")
+    on = run(source, "on", device)
     assert on == "consumed" or same(on, ref), source
 
 

@@ -86,8 +86,11 @@ class OpSpec:
         domain: ``(low, high)`` of the uniform values of each input; the last repeats.
         inplace: ``inplace(target, *others) -> Tensor``, the inplace form (writes into
             the first input and must return it), or None.
-        memory: what the inplace form may allocate: ``"free"`` (nothing) or ``"copy"``
-            (one copy of the overwritten input, counted as ``inplace_copies``).
+        memory: what the inplace form may allocate: ``"free"`` (nothing), ``"copy"``
+            (one copy of the overwritten input, counted as ``inplace_copies``) or
+            ``"workspace"`` (one counted temporary of the input's size while it runs).
+        gpu_memory: the same on a GPU where it differs (a fused kernel needs no
+            temporary: ``"free"``), else None.
         grad: False for ops without a gradient (comparisons).
         view: True for view ops (output shares memory and version with input 0), False
             for ops that return new memory, None to leave it to a dedicated test.
@@ -102,6 +105,7 @@ class OpSpec:
     domain: tuple = ((-2.0, 2.0),)
     inplace: Callable | None = None
     memory: str | None = None
+    gpu_memory: str | None = None
     grad: bool = True
     view: bool | None = False
     layouts: tuple = LAYOUTS
@@ -110,6 +114,8 @@ class OpSpec:
 
     def __post_init__(self):
         assert self.memory in (None, "free", "copy", "workspace"), self.memory
+        assert self.gpu_memory in (None, "free", "copy", "workspace"), self.gpu_memory
+        assert self.gpu_memory is None or self.memory is not None, f"{self.name}: gpu_memory without memory"
         assert self.memory is None or self.inplace is not None, f"{self.name}: memory without inplace"
 
     def __repr__(self):
@@ -466,10 +472,11 @@ def _slack(others) -> int:
 def check_inplace_memory(case: Case, device: str = "cpu") -> None:
     """The declared cost of the inplace form, with grad; and no copy at all without grad."""
     spec = case.spec
+    cost = spec.gpu_memory if device != "cpu" and spec.gpu_memory is not None else spec.memory
     storages = case.storages(np.float32, requires_grad=True, device=device)
     target = storages[0] * 1  # a non-leaf that autograd lets us overwrite
     assert_inplace_cost(
-        lambda: spec.inplace(target, *storages[1:]), target, spec.memory, case.id, device, _slack(storages[1:])
+        lambda: spec.inplace(target, *storages[1:]), target, cost, case.id, device, _slack(storages[1:])
     )
     if len(case.shapes[0]) >= 2:
         # The same through a transposed view of a non-leaf (the base's history is rewritten).
@@ -479,11 +486,11 @@ def check_inplace_memory(case: Case, device: str = "cpu") -> None:
         target = t_case.input(0, storages[0] * 1)
         assert target._base is not None and not target.is_contiguous()
         assert_inplace_cost(
-            lambda: spec.inplace(target, *inputs[1:]), target, spec.memory, t_case.id, device, _slack(inputs[1:])
+            lambda: spec.inplace(target, *inputs[1:]), target, cost, t_case.id, device, _slack(inputs[1:])
         )
     # Nothing needs a gradient: nothing is saved, so nothing is copied.
     plain = [s.detach() for s in case.storages(np.float32, requires_grad=False, device=device)]
-    no_grad_cost = "workspace" if spec.memory == "workspace" else "free"
+    no_grad_cost = "workspace" if cost == "workspace" else "free"
     assert_inplace_cost(
         lambda: spec.inplace(plain[0], *plain[1:]),
         plain[0],

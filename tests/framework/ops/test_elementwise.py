@@ -41,8 +41,17 @@ SPECS = [
     OpSpec("tanh", fw.tanh, np.tanh, UNARY, inplace=lambda x: x.tanh_(), memory="free"),
     OpSpec("sigmoid", fw.sigmoid, _sigmoid, UNARY, inplace=lambda x: x.sigmoid_(), memory="free"),
     OpSpec("relu", fw.relu, lambda a: np.maximum(a, 0), UNARY, inplace=lambda x: x.relu_(), memory="free"),
-    # leaky_relu_ keeps nothing, but its kernel needs one counted temporary while it runs.
-    OpSpec("leaky_relu", fw.leaky_relu, _leaky(0.01), UNARY, inplace=lambda x: x.leaky_relu_(), memory="workspace"),
+    # leaky_relu_ keeps nothing, but its CPU kernel needs one counted temporary while it
+    # runs; the GPU's fused kernel needs none.
+    OpSpec(
+        "leaky_relu",
+        fw.leaky_relu,
+        _leaky(0.01),
+        UNARY,
+        inplace=lambda x: x.leaky_relu_(),
+        memory="workspace",
+        gpu_memory="free",
+    ),
     OpSpec(
         "leaky_relu(0.3)",
         lambda x: x.leaky_relu(0.3),
@@ -50,6 +59,7 @@ SPECS = [
         UNARY,
         inplace=lambda x: x.leaky_relu_(0.3),
         memory="workspace",
+        gpu_memory="free",
     ),
     OpSpec("leaky_relu(-0.5)", lambda x: fw.leaky_relu(x, -0.5), _leaky(-0.5), UNARY),
     # --- unary: backward needs the overwritten input, so inplace copies it -------------

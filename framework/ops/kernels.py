@@ -1,0 +1,281 @@
+"""The fused GPU kernels, each defined once: its CUDA source and its NumPy reference.
+
+On a GPU every call from Python costs 7-10 µs whatever it does (a reduction about
+28 µs), so the GPU paths of activations, BatchNorm and InPlace-ABN run as single
+``cupy.ElementwiseKernel`` / ``cupy.ReductionKernel`` launches instead of chains of
+ufuncs. :func:`on_gpu` is the one test an op makes to pick them; the op's ``Function``,
+what it saves and its inplace rules are the same on every device.
+
+A kernel here is a pair: CuPy's constructor arguments (the CUDA source, which real CuPy
+compiles) and a NumPy function computing the same thing, which the CuPy stand-in runs in
+place of the source (it cannot compile CUDA; see ``cupy_standin/_kernels.py``). Keep the
+two in step: same operations, same order, same dtypes.
+
+BatchNorm's per-channel statistics travel as ONE complex128 array ``s`` of C values,
+``(sum x, sum x^2)`` of the batch (with ``inv_m = 1 / count > 0``), or ``(mean, invstd)``
+given (``inv_m == 0``: eval mode); one reduction makes the former in one pass, summing in
+double precision, and every later kernel derives mean and inverse std from it per
+element (:data:`_BN_PREAMBLE`), so no kernel is spent on per-channel arithmetic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend
+
+__all__ = ["on_gpu", "launch"]
+
+
+def on_gpu(a) -> bool:
+    """True for a CuPy (or stand-in) array: its op runs the fused kernels below."""
+    return a.__class__ is not np.ndarray and backend.get_array_module(a) is not np
+
+
+class _Kernel:
+    """One kernel: CuPy's class name and constructor arguments, plus the NumPy reference.
+
+    Built on first use for the CuPy that :mod:`framework.backend` loaded, then cached.
+    """
+
+    def __init__(self, cls: str, args: tuple, kwargs: dict, reference):
+        self.cls, self.args, self.kwargs, self.reference = cls, args, kwargs, reference
+        self._built = None
+
+    def _kernel(self):
+        cp = backend.cupy_module()
+        if self._built is None or self._built[0] is not cp:
+            k = getattr(cp, self.cls)(*self.args, **self.kwargs)
+            if backend.cupy_choice() == "standin":  # the stand-in runs NumPy, not CUDA
+                k.reference = self.reference
+            self._built = (cp, k)
+        return self._built[1]
+
+    def __call__(self, *args, **kwargs):
+        return self._kernel()(*args, **kwargs)
+
+
+def elementwise(in_params, out_params, operation, name, reference, preamble=""):
+    """A ``cupy.ElementwiseKernel``; ``reference(*inputs, *outputs)`` writes the outputs."""
+    return _Kernel("ElementwiseKernel", (in_params, out_params, operation, name), {"preamble": preamble}, reference)
+
+
+def reduction(in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name, reference, **kwargs):
+    """A ``cupy.ReductionKernel``; ``reference(*inputs, axis=...)`` returns the reduced values."""
+    args = (in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name)
+    return _Kernel("ReductionKernel", args, kwargs, reference)
+
+
+def launch(kernel, *args, out=None):
+    """``kernel(*args)``, writing into ``out`` when given (an inplace op's buffer, a reused gradient)."""
+    return kernel(*args) if out is None else kernel(*args, out)
+
+
+def _put(out, value):
+    out[...] = value
+
+
+# --- activations: one launch each way ----------------------------------------------------------
+
+relu = elementwise(
+    "T x",
+    "T y",
+    "y = (x > (T)0 || x != x) ? x : (T)0;",  # NaN passes through, as cupy.maximum
+    "fused_relu",
+    lambda x, y: _put(y, np.where((x > 0) | np.isnan(x), x, x.dtype.type(0))),
+)
+relu_backward = elementwise(
+    "T g, T y",
+    "T gx",
+    "gx = y > (T)0 ? g : (T)0;",
+    "fused_relu_backward",
+    lambda g, y, gx: _put(gx, np.where(y > 0, g, g.dtype.type(0))),
+)
+leaky_relu = elementwise(
+    "T x, T slope",
+    "T y",
+    "y = x > (T)0 ? x : x * slope;",
+    "fused_leaky_relu",
+    lambda x, slope, y: _put(y, np.where(x > 0, x, x * slope)),
+)
+leaky_relu_backward = elementwise(
+    "T g, T y, T slope",
+    "T gx",
+    "gx = y > (T)0 ? g : g * slope;",
+    "fused_leaky_relu_backward",
+    lambda g, y, slope, gx: _put(gx, np.where(y > 0, g, g * slope)),
+)
+sigmoid = elementwise(
+    "T x",
+    "T y",
+    "y = (T)1 / ((T)1 + exp(-x));",
+    "fused_sigmoid",
+    lambda x, y: _put(y, x.dtype.type(1) / (x.dtype.type(1) + np.exp(-x))),
+)
+sigmoid_backward = elementwise(
+    "T g, T y",
+    "T gx",
+    "gx = g * (((T)1 - y) * y);",
+    "fused_sigmoid_backward",
+    lambda g, y, gx: _put(gx, g * ((y.dtype.type(1) - y) * y)),
+)
+tanh = elementwise("T x", "T y", "y = tanh(x);", "fused_tanh", lambda x, y: _put(y, np.tanh(x)))
+tanh_backward = elementwise(
+    "T g, T y",
+    "T gx",
+    "gx = g * ((T)1 - y * y);",
+    "fused_tanh_backward",
+    lambda g, y, gx: _put(gx, g * (y.dtype.type(1) - y * y)),
+)
+
+
+# --- BatchNorm and InPlace-ABN: one reduction + one elementwise kernel each way -----------------
+
+_BN_PREAMBLE = r"""
+__device__ void bn_stats(const complex<double>& s, double inv_m, double eps, double& mean, double& invstd) {
+    if (inv_m > 0) {
+        mean = s.real() * inv_m;
+        invstd = rsqrt(max(s.imag() * inv_m - mean * mean, 0.0) + eps);
+    } else {
+        mean = s.real();
+        invstd = s.imag();
+    }
+}
+template <typename T>
+__device__ T bn_xhat(T x, const complex<double>& s, double inv_m, double eps) {
+    double mean, invstd;
+    bn_stats(s, inv_m, eps, mean, invstd);
+    return (x - (T)mean) * (T)invstd;
+}
+"""
+
+
+def _bn_stats(s, inv_m, eps, dtype):
+    """NumPy's ``bn_stats``: (mean, invstd) in ``dtype`` from the complex statistics."""
+    if inv_m > 0:
+        mean = s.real * inv_m
+        invstd = 1.0 / np.sqrt(np.maximum(s.imag * inv_m - mean * mean, 0.0) + eps)
+    else:
+        mean, invstd = s.real, s.imag
+    return mean.astype(dtype), invstd.astype(dtype)
+
+
+def _bn_xhat(x, s, inv_m, eps):
+    mean, invstd = _bn_stats(s, inv_m, eps, x.dtype)
+    return (x - mean) * invstd
+
+
+def _moments(x, axis):
+    xd = x.astype(np.float64)
+    return xd.sum(axis) + 1j * (xd * xd).sum(axis)
+
+
+bn_moments = reduction(
+    "T x",
+    "complex128 s",
+    "complex<double>(x, (double)x * x)",
+    "a + b",
+    "s = a",
+    "0",
+    "fused_bn_moments",
+    _moments,
+    reduce_type="complex<double>",
+)
+bn_eval_stats = elementwise(
+    "T mean, T var, float64 eps",
+    "complex128 s",
+    "s = complex<double>(mean, 1.0 / sqrt((double)var + eps));",
+    "fused_bn_eval_stats",
+    lambda mean, var, eps, s: _put(s, mean + 1j * (1.0 / np.sqrt(var.astype(np.float64) + eps))),
+)
+
+
+def _batch_stats(s, inv_m, mean, var):
+    mu = s.real * inv_m
+    mean[...] = mu
+    var[...] = np.maximum(s.imag * inv_m - mu * mu, 0.0)
+
+
+bn_batch_stats = elementwise(
+    "complex128 s, float64 inv_m",
+    "T mean, T var",
+    "double mu = s.real() * inv_m; mean = (T)mu; var = (T)max(s.imag() * inv_m - mu * mu, 0.0);",
+    "fused_bn_batch_stats",
+    _batch_stats,
+)
+running_stat_update = elementwise(
+    "T r, U batch, float64 keep, float64 w",
+    "T out",
+    "out = (T)(keep * (double)r + w * (double)batch);",
+    "fused_running_stat_update",
+    lambda r, batch, keep, w, out: _put(out, keep * r.astype(np.float64) + w * batch.astype(np.float64)),
+)
+
+
+def _bn_forward(x, s, inv_m, eps, w, b, y):
+    mean, invstd = _bn_stats(s, inv_m, eps, x.dtype)
+    y[...] = (x - mean) * (invstd * w) + b
+
+
+bn_forward = elementwise(
+    "T x, complex128 s, float64 inv_m, float64 eps, T w, T b",
+    "T y",
+    "double mean, invstd; bn_stats(s, inv_m, eps, mean, invstd); y = (x - (T)mean) * ((T)invstd * w) + b;",
+    "fused_bn_forward",
+    _bn_forward,
+    preamble=_BN_PREAMBLE,
+)
+
+
+def _bn_grad_sums(g, x, s, inv_m, eps, axis):
+    gd = g.astype(np.float64)
+    return gd.sum(axis) + 1j * (gd * _bn_xhat(x, s, inv_m, eps).astype(np.float64)).sum(axis)
+
+
+bn_grad_sums = reduction(
+    "T g, T x, complex128 s, float64 inv_m, float64 eps",
+    "C r",
+    "complex<double>(g, (double)g * (double)bn_xhat(x, s, inv_m, eps))",
+    "a + b",
+    "r = C(a.real(), a.imag())",
+    "0",
+    "fused_bn_grad_sums",
+    _bn_grad_sums,
+    reduce_type="complex<double>",
+    preamble=_BN_PREAMBLE,
+)
+
+
+def _bn_backward(g, x, s, inv_m, eps, w, r, gx):
+    mean, invstd = _bn_stats(s, inv_m, eps, x.dtype)
+    xhat = (x - mean) * invstd
+    mg = (r.real * inv_m).astype(x.dtype)
+    mgx = (r.imag * inv_m).astype(x.dtype)
+    gx[...] = (invstd * w) * (g - (xhat * mgx + mg))
+
+
+bn_backward = elementwise(
+    "T g, T x, complex128 s, float64 inv_m, float64 eps, T w, C r",
+    "T gx",
+    "double mean, invstd; bn_stats(s, inv_m, eps, mean, invstd);"
+    " T xhat = (x - (T)mean) * (T)invstd;"
+    " gx = ((T)invstd * w) * (g - (xhat * (T)(r.imag() * inv_m) + (T)(r.real() * inv_m)));",
+    "fused_bn_backward",
+    _bn_backward,
+    preamble=_BN_PREAMBLE,
+)
+
+
+def _bn_scale(g, s, inv_m, eps, w, gx):
+    _, invstd = _bn_stats(s, inv_m, eps, g.dtype)
+    gx[...] = g * (invstd * w)
+
+
+bn_scale = elementwise(
+    "T g, complex128 s, float64 inv_m, float64 eps, T w",
+    "T gx",
+    "double mean, invstd; bn_stats(s, inv_m, eps, mean, invstd); gx = g * ((T)invstd * w);",
+    "fused_bn_scale",
+    _bn_scale,
+    preamble=_BN_PREAMBLE,
+)
