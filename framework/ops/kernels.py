@@ -279,3 +279,125 @@ bn_scale = elementwise(
     _bn_scale,
     preamble=_BN_PREAMBLE,
 )
+
+
+# InPlace-ABN: y = leaky_relu((x - mean) * invstd * a + b + r), a = |w| + aeps (aeps = eps, or
+# w = 1 and aeps = 0 without a weight); backward rebuilds x_hat from y (see ops/norm.py).
+
+_ABN_PREAMBLE = (
+    _BN_PREAMBLE
+    + r"""
+template <typename T>
+__device__ T abn_factor(T y, T slope) { return y > (T)0 ? (T)1 : slope; }
+template <typename T>
+__device__ T abn_xhat(T y, T f, T r, T b, T a) { return (y / f - r - b) / a; }
+template <typename T>
+__device__ complex<double> abn_sums(T y, T g, T r, T b, T a, T slope) {
+    T f = abn_factor(y, slope);
+    T dz = f * g;
+    return complex<double>(dz, (double)dz * (double)abn_xhat(y, f, r, b, a));
+}
+"""
+)
+
+
+def _abn_forward(x, s, inv_m, eps, w, aeps, b, r, slope, y):
+    mean, invstd = _bn_stats(s, inv_m, eps, x.dtype)
+    z = (x - mean) * (invstd * (np.abs(w) + aeps)) + b + r
+    y[...] = np.where(z > 0, z, z * slope)
+
+
+abn_forward = elementwise(
+    "T x, complex128 s, float64 inv_m, float64 eps, T w, T aeps, T b, T r, T slope",
+    "T y",
+    "double mean, invstd; bn_stats(s, inv_m, eps, mean, invstd);"
+    " T z = (x - (T)mean) * ((T)invstd * (abs(w) + aeps)) + b + r;"
+    " y = z > (T)0 ? z : z * slope;",
+    "fused_abn_forward",
+    _abn_forward,
+    preamble=_ABN_PREAMBLE,
+)
+
+
+def _abn_parts(y, g, r, b, w, aeps, slope):
+    """NumPy's ``abn_factor``/``abn_xhat``: (dz, x_hat, a)."""
+    f = np.where(y > 0, y.dtype.type(1), slope)
+    a = np.abs(w) + aeps
+    return f * g, (y / f - r - b) / a, a
+
+
+def _abn_grad_sums(y, g, r, b, w, aeps, slope, axis):
+    dz, xhat, _ = _abn_parts(y, g, r, b, w, aeps, slope)
+    dzd = dz.astype(np.float64)
+    return dzd.sum(axis) + 1j * (dzd * xhat.astype(np.float64)).sum(axis)
+
+
+abn_grad_sums = reduction(
+    "T y, T g, T r, T b, T w, T aeps, T slope",
+    "C sums",
+    "abn_sums(y, g, r, b, abs(w) + aeps, slope)",
+    "a + b",
+    "sums = C(a.real(), a.imag())",
+    "0",
+    "fused_abn_grad_sums",
+    _abn_grad_sums,
+    reduce_type="complex<double>",
+    preamble=_ABN_PREAMBLE,
+)
+
+
+def _abn_backward_kernel(batch: bool, with_dz: bool):
+    """x's gradient (and, ``with_dz``, the residual's: the pre-activation gradient dz).
+
+    ``batch``: batch statistics, ``dx = a * invstd * (dz - mean(dz) - x_hat * mean(dz * x_hat))``
+    with the means from ``sums``; else given statistics, ``dx = a * invstd * dz``.
+    """
+    params = "T y, T g, T r, T b, T w, T aeps, T slope, complex128 s, float64 inv_m, float64 eps"
+    op = (
+        "double mean, invstd; bn_stats(s, inv_m, eps, mean, invstd);"
+        " T f = abn_factor(y, slope); T dzv = f * g; T a = abs(w) + aeps;"
+    )
+    if batch:
+        params += ", C sums"
+        op += (
+            " T xhat = abn_xhat(y, f, r, b, a);"
+            " gx = ((T)invstd * a) * (dzv - (xhat * (T)(sums.imag() * inv_m) + (T)(sums.real() * inv_m)));"
+        )
+    else:
+        op += " gx = dzv * ((T)invstd * a);"
+    if with_dz:
+        op += " dz = dzv;"
+
+    def reference(y, g, r, b, w, aeps, slope, s, inv_m, eps, *rest):
+        sums, outs = (rest[0], rest[1:]) if batch else (None, rest)
+        _, invstd = _bn_stats(s, inv_m, eps, y.dtype)
+        dz, xhat, a = _abn_parts(y, g, r, b, w, aeps, slope)
+        if batch:
+            mga = (sums.imag * inv_m).astype(y.dtype)
+            mgb = (sums.real * inv_m).astype(y.dtype)
+            gx = (invstd * a) * (dz - (xhat * mga + mgb))
+        else:
+            gx = dz * (invstd * a)
+        if with_dz:
+            outs[1][...] = dz
+        outs[0][...] = gx
+
+    name = f"fused_abn_backward_{'batch' if batch else 'given'}{'_dz' if with_dz else ''}"
+    return elementwise(params, "T gx, T dz" if with_dz else "T gx", op, name, reference, preamble=_ABN_PREAMBLE)
+
+
+abn_backward = {(batch, dz): _abn_backward_kernel(batch, dz) for batch in (True, False) for dz in (True, False)}
+abn_dz = elementwise(
+    "T y, T g, T slope",
+    "T dz",
+    "dz = (y > (T)0 ? (T)1 : slope) * g;",
+    "fused_abn_dz",
+    lambda y, g, slope, dz: _put(dz, np.where(y > 0, y.dtype.type(1), slope) * g),
+)
+abn_weight_grad = elementwise(
+    "C sums, T w",
+    "T gw",
+    "gw = (T)sums.imag() * (w > (T)0 ? (T)1 : (w < (T)0 ? (T)-1 : (T)0));",
+    "fused_abn_weight_grad",
+    lambda sums, w, gw: _put(gw, sums.imag.astype(w.dtype) * np.sign(w)),
+)

@@ -165,6 +165,12 @@ def _gpu_param(a, dtype, cs, default):
     return default if a is None else _channel(a, dtype).reshape(cs)
 
 
+def _gpu_abs_weight(weight, dtype, cs, eps):
+    """``(w, aeps)`` with ``a = |w| + aeps`` as InPlace-ABN's kernels take it (a = 1 without a weight)."""
+    t = np.dtype(dtype).type
+    return (t(1), t(0)) if weight is None else (_channel(weight, dtype).reshape(cs), t(eps))
+
+
 def _gpu_moments(x, xp):
     """The batch's per-channel ``sum x + 1j * sum x^2`` (complex128, C values): ONE launch."""
     s = memory.empty((x.shape[1],), np.complex128, xp, "workspace")
@@ -371,6 +377,21 @@ class InPlaceABN(Function):
         cs = _cshape(x.shape)
         out = ctx.out if ctx.out is not None else memory.empty(x.shape, x.dtype, xp, "activations")
         ctx.batch = mean is None
+        ctx.eps, ctx.slope, ctx.m = eps, negative_slope, _count(x.shape)
+        if on_gpu(x):
+            if ctx.batch:
+                s = _gpu_moments(x, xp)
+                if stats is not None:
+                    stats["moments"], stats["count"] = s, ctx.m
+            else:
+                s = _gpu_eval_stats(mean, var, eps, xp)
+            t = x.dtype.type
+            w, aeps = _gpu_abs_weight(weight, x.dtype, cs, eps)
+            b = _gpu_param(bias, x.dtype, cs, t(0))
+            r = t(0) if residual is None else residual
+            K.abn_forward(x, s.reshape(cs), 1.0 / ctx.m if ctx.batch else 0.0, eps, w, aeps, b, r, negative_slope, out)
+            ctx.keep(stats=s)
+            return out
         if ctx.batch:
             _, var = _normalize_into(out, x, stats, xp)
         else:
@@ -384,7 +405,6 @@ class InPlaceABN(Function):
         if residual is not None:
             out += residual
         _leaky_relu_inplace(out, negative_slope, xp)
-        ctx.eps, ctx.slope, ctx.m = eps, negative_slope, _count(x.shape)
         ctx.keep(invstd=invstd)
         return out
 
@@ -393,6 +413,8 @@ class InPlaceABN(Function):
         xp = get_array_module(g)
         y = ctx.result
         cs = _cshape(y.shape)
+        if on_gpu(g):
+            return ctx.gpu_backward(g, y, cs, xp)
         invstd = ctx.invstd
         w, b = ctx.weight, ctx.bias
         a = None if w is None else xp.abs(_channel(w, y.dtype)) + ctx.eps
@@ -442,6 +464,35 @@ class InPlaceABN(Function):
         if need_w:
             gw = ga * xp.sign(_channel(w, ga.dtype))  # d|w|/dw = sign(w)
         return gx, gw, gb if need_b else None, dz if need_r else None
+
+    def gpu_backward(ctx, g, y, cs, xp):
+        """The fused path: one reduction (sum dz, sum dz * x_hat) and one elementwise kernel
+        for x's gradient and dz (the residual's); a tiny third one for weight's gradient."""
+        need_x, need_w, need_b, need_r = ctx.needs_input_grad
+        t = y.dtype.type
+        w, aeps = _gpu_abs_weight(ctx.weight, y.dtype, cs, ctx.eps)
+        b = _gpu_param(ctx.bias, y.dtype, cs, t(0))
+        need_xhat = need_w or (need_x and ctx.batch)
+        r = ctx.residual if need_xhat else None  # version-checked, as on the CPU
+        r = t(0) if r is None else r
+        sums = None
+        if need_b or need_xhat:
+            sums = memory.empty((y.shape[1],), np.result_type(y.dtype, np.complex64), xp)
+            K.abn_grad_sums(y, g, r, b, w, aeps, ctx.slope, sums, axis=_caxes(y.ndim))
+        gx = dz = None
+        if need_x:
+            outs = [memory.empty(y.shape, y.dtype, xp)] + ([memory.empty(y.shape, y.dtype, xp)] if need_r else [])
+            extra = (sums.reshape(cs),) if ctx.batch else ()
+            inv_m = 1.0 / ctx.m if ctx.batch else 0.0
+            s = ctx.stats.reshape(cs)
+            K.abn_backward[ctx.batch, need_r](y, g, r, b, w, aeps, ctx.slope, s, inv_m, ctx.eps, *extra, *outs)
+            gx, dz = outs[0], (outs[1] if need_r else None)
+        elif need_r:
+            dz = K.abn_dz(y, g, ctx.slope, memory.empty(y.shape, y.dtype, xp))
+        gw = None
+        if need_w:
+            gw = K.abn_weight_grad(sums, _channel(ctx.weight, y.dtype), memory.empty(sums.shape, y.dtype, xp))
+        return gx, gw, sums.real if need_b else None, dz
 
 
 # --- public functions -----------------------------------------------------------------

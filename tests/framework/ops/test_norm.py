@@ -13,8 +13,14 @@ from framework.testing import assert_close, gradcheck
 SHAPES = [(6, 3), (4, 3, 2, 3)]
 
 
-def _t(a, requires_grad=False):
-    return fw.tensor(np.asarray(a), dtype=np.asarray(a).dtype, requires_grad=requires_grad)
+def _t(a, requires_grad=False, device="cpu"):
+    return fw.tensor(np.asarray(a), dtype=np.asarray(a).dtype, requires_grad=requires_grad, device=device)
+
+
+def _on(device):
+    """``_t`` on ``device``: the tests that run on both legs start with ``_t = _on(backend)``
+    (on the GPU the fused kernels run, checked against the same references)."""
+    return lambda a, requires_grad=False: _t(a, requires_grad, device)
 
 
 def _axes(shape):
@@ -57,7 +63,8 @@ def _data(shape, seed=0, dtype=np.float64):
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("affine", [True, False])
-def test_batch_norm_training_forward_matches_reference(shape, affine):
+def test_batch_norm_training_forward_matches_reference(shape, affine, backend):
+    _t = _on(backend)
     x, w, b = _data(shape)
     if not affine:
         w = b = None
@@ -68,10 +75,11 @@ def test_batch_norm_training_forward_matches_reference(shape, affine):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_running_stats_after_several_steps(shape):
+def test_running_stats_after_several_steps(shape, backend):
+    _t = _on(backend)
     momentum = 0.3
     c = shape[1]
-    rm, rv = fw.zeros(c, dtype=fw.float64), fw.ones(c, dtype=fw.float64)
+    rm, rv = fw.zeros(c, dtype=fw.float64, device=backend), fw.ones(c, dtype=fw.float64, device=backend)
     ref_m, ref_v = np.zeros(c), np.ones(c)
     _, w, b = _data(shape)
     for step in range(4):
@@ -151,7 +159,8 @@ def test_running_stat_update_is_seen_by_a_graph_that_saved_them():
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_batch_norm_eval_uses_running_stats(shape):
+def test_batch_norm_eval_uses_running_stats(shape, backend):
+    _t = _on(backend)
     x, w, b = _data(shape)
     c = shape[1]
     rng = np.random.default_rng(7)
@@ -163,15 +172,17 @@ def test_batch_norm_eval_uses_running_stats(shape):
     assert_close(rv, v, rtol=0, atol=0)
 
 
-def test_eval_without_running_stats_uses_batch_stats():
+def test_eval_without_running_stats_uses_batch_stats(backend):
+    _t = _on(backend)
     x, w, b = _data((6, 3))
     mean, var, _ = ref_batch_stats(x)
     assert_close(batch_norm(_t(x), None, None, _t(w), _t(b)), ref_bn(x, mean, var, w, b), rtol=1e-12, atol=1e-12)
 
 
-def test_eval_backward_ignores_later_running_stat_updates():
+def test_eval_backward_ignores_later_running_stat_updates(backend):
+    _t = _on(backend)
     x, w, b = _data((6, 3))
-    rm, rv = fw.zeros(3, dtype=fw.float64), fw.ones(3, dtype=fw.float64)
+    rm, rv = fw.zeros(3, dtype=fw.float64, device=backend), fw.ones(3, dtype=fw.float64, device=backend)
     wt = _t(w, requires_grad=True)
     out = batch_norm(_t(x), rm, rv, wt, None, training=False)
     batch_norm(_t(x), rm, rv, training=True)  # moves the running stats in place
@@ -180,19 +191,22 @@ def test_eval_backward_ignores_later_running_stat_updates():
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_batch_norm_gradcheck_training(shape):
+def test_batch_norm_gradcheck_training(shape, backend):
+    _t = _on(backend)
     x, w, b = _data(shape)
     args = [_t(x, True), _t(w, True), _t(b, True)]
     assert gradcheck(lambda x, w, b: batch_norm(x, None, None, w, b, training=True), args)
 
 
-def test_batch_norm_gradcheck_training_no_affine():
+def test_batch_norm_gradcheck_training_no_affine(backend):
+    _t = _on(backend)
     x, _, _ = _data((4, 3, 2, 2))
     assert gradcheck(lambda x: batch_norm(x, None, None, training=True), [_t(x, True)])
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_batch_norm_gradcheck_eval(shape):
+def test_batch_norm_gradcheck_eval(shape, backend):
+    _t = _on(backend)
     x, w, b = _data(shape)
     c = shape[1]
     rm, rv = _t(np.linspace(-1, 1, c)), _t(np.linspace(0.5, 2, c))
@@ -201,9 +215,10 @@ def test_batch_norm_gradcheck_eval(shape):
 
 
 @pytest.mark.parametrize("training", [True, False])
-def test_batch_norm_partial_gradients_match_full(training):
+def test_batch_norm_partial_gradients_match_full(training, backend):
+    _t = _on(backend)
     x, w, b = _data((4, 3, 2, 2))
-    rm, rv = fw.zeros(3, dtype=fw.float64), fw.ones(3, dtype=fw.float64)
+    rm, rv = fw.zeros(3, dtype=fw.float64, device=backend), fw.ones(3, dtype=fw.float64, device=backend)
     g = np.random.default_rng(3).standard_normal(x.shape)
     full = [_t(x, True), _t(w, True), _t(b, True)]
     batch_norm(full[0], rm, rv, full[1], full[2], training=training).backward(_t(g))
@@ -253,8 +268,9 @@ def test_bad_arguments_raise(call, match):
 # --------------------------------------------------------------------------- inplace_abn
 
 
-def _abn_and_reference(shape, training, slope=0.01, dtype=np.float64, seed=0):
+def _abn_and_reference(shape, training, slope=0.01, dtype=np.float64, seed=0, device="cpu"):
     """Gradients of InPlace-ABN and of BN(weight=|w|+eps) + leaky_relu on the same data."""
+    _t = _on(device)
     x, w, b = _data(shape, seed=seed, dtype=dtype)
     w[0] = -abs(w[0]) - 0.5  # a negative weight: |w| and sign(w) matter
     c = shape[1]
@@ -277,16 +293,18 @@ def _abn_and_reference(shape, training, slope=0.01, dtype=np.float64, seed=0):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("slope", [0.01, 0.3])
-def test_inplace_abn_matches_bn_plus_leaky_relu(shape, training, slope):
-    fused, ref = _abn_and_reference(shape, training, slope)
+def test_inplace_abn_matches_bn_plus_leaky_relu(shape, training, slope, backend):
+    _t = _on(backend)
+    fused, ref = _abn_and_reference(shape, training, slope, device=backend)
     names = ["output", "grad x", "grad weight", "grad bias", "running_mean", "running_var"]
     for name, a, e in zip(names, fused, ref):
         # The contract is 1e-4; in float64 they agree to rounding.
         assert_close(a, e, rtol=1e-9, atol=1e-9, msg=name)
 
 
-def test_inplace_abn_float32_close_to_reference():
-    fused, ref = _abn_and_reference((8, 4, 3, 3), True, dtype=np.float32)
+def test_inplace_abn_float32_close_to_reference(backend):
+    _t = _on(backend)
+    fused, ref = _abn_and_reference((8, 4, 3, 3), True, dtype=np.float32, device=backend)
     for a, e in zip(fused, ref):
         assert a.dtype == np.float32
         assert_close(a, e, rtol=1e-4, atol=1e-4)
@@ -326,7 +344,8 @@ def test_inplace_abn_on_leaf_requiring_grad_raises_and_changes_nothing():
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("training", [True, False])
-def test_inplace_abn_gradcheck(shape, training):
+def test_inplace_abn_gradcheck(shape, training, backend):
+    _t = _on(backend)
     x, w, b = _data(shape)
     w[1] = -0.7
     c = shape[1]
@@ -335,7 +354,8 @@ def test_inplace_abn_gradcheck(shape, training):
     assert gradcheck(lambda x, w, b: inplace_abn(x * 1, rm, rv, w, b, training=training), args)
 
 
-def test_inplace_abn_gradcheck_no_affine():
+def test_inplace_abn_gradcheck_no_affine(backend):
+    _t = _on(backend)
     x, _, _ = _data((4, 3, 2, 2))
     assert gradcheck(lambda x: inplace_abn(x * 1, None, None, None, None, training=True), [_t(x, True)])
 
@@ -393,9 +413,10 @@ def test_memory_inplace_abn_keeps_one_activation_instead_of_two(inplace_act):
 # --------------------------------------------------------------------------- inplace_abn + residual
 
 
-def _abn_residual_and_reference(shape, training, slope=0.01, needs=(True, True, True, True), seed=0):
+def _abn_residual_and_reference(shape, training, slope=0.01, needs=(True, True, True, True), seed=0, device="cpu"):
     """Output, gradients (x, weight, bias, residual) and running stats of the fused op and
     of ``leaky_relu(batch_norm(x, weight=|w| + eps) + residual)`` on the same data."""
+    _t = _on(device)
     x, w, b = _data(shape, seed=seed)
     w[0] = -abs(w[0]) - 0.5  # a negative weight: |w| and sign(w) matter
     r = np.random.default_rng(seed + 5).standard_normal(shape) * 1.5
@@ -420,8 +441,9 @@ def _abn_residual_and_reference(shape, training, slope=0.01, needs=(True, True, 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("slope", [0.01, 0.3])
-def test_inplace_abn_residual_matches_bn_plus_add_plus_leaky_relu(shape, training, slope):
-    fused, ref = _abn_residual_and_reference(shape, training, slope)
+def test_inplace_abn_residual_matches_bn_plus_add_plus_leaky_relu(shape, training, slope, backend):
+    _t = _on(backend)
+    fused, ref = _abn_residual_and_reference(shape, training, slope, device=backend)
     names = ["output", "grad x", "grad weight", "grad bias", "grad residual", "running_mean", "running_var"]
     for name, a, e in zip(names, fused, ref):
         assert a is not None, name
@@ -431,10 +453,11 @@ def test_inplace_abn_residual_matches_bn_plus_add_plus_leaky_relu(shape, trainin
 
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("k", range(4))
-def test_inplace_abn_residual_partial_gradients(training, k):
+def test_inplace_abn_residual_partial_gradients(training, k, backend):
+    _t = _on(backend)
     # Only one of x, weight, bias, residual needs a gradient: that one is still right.
     needs = tuple(i == k for i in range(4))
-    fused, ref = _abn_residual_and_reference((4, 3, 2, 2), training, needs=needs)
+    fused, ref = _abn_residual_and_reference((4, 3, 2, 2), training, needs=needs, device=backend)
     for i in range(4):
         if i == k:
             assert_close(fused[1 + i], ref[1 + i], rtol=1e-9, atol=1e-9, msg=f"grad {i}")
@@ -444,7 +467,8 @@ def test_inplace_abn_residual_partial_gradients(training, k):
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("training", [True, False])
-def test_inplace_abn_residual_gradcheck(shape, training):
+def test_inplace_abn_residual_gradcheck(shape, training, backend):
+    _t = _on(backend)
     x, w, b = _data(shape)
     w[1] = -0.7
     r = np.random.default_rng(4).standard_normal(shape)
@@ -454,7 +478,8 @@ def test_inplace_abn_residual_gradcheck(shape, training):
     assert gradcheck(lambda x, w, b, r: inplace_abn(x * 1, rm, rv, w, b, training=training, residual=r), args)
 
 
-def test_inplace_abn_residual_gradcheck_no_affine_and_a_strided_residual():
+def test_inplace_abn_residual_gradcheck_no_affine_and_a_strided_residual(backend):
+    _t = _on(backend)
     # The residual is a strided view (an option-A shortcut's subsampling).
     x, _, _ = _data((4, 3, 2, 2))
     r = np.random.default_rng(4).standard_normal((4, 3, 4, 4))
