@@ -32,6 +32,7 @@ from framework.distributed.data_parallel import DataParallel
 from framework.distributed.sampler import DistributedSampler
 from framework.distributed.sync_batchnorm import SyncBatchNorm
 from framework.ops import conv as conv_ops
+from framework.ops.loss import check_targets
 from models import build_model, model_signature
 
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -541,6 +542,7 @@ class Trainer:
         if self.comm.size > 1:
             finite = self.comm.allreduce_scalar(0.0 if finite else 1.0, "max") == 0.0
         if not finite:
+            check_targets()  # an out-of-range target (a GPU's deferred check) is the better report
             raise TrainingError(
                 f"loss is not finite at step {self.step} (lr {lr:g}); a compiled step has already applied "
                 "its update. Lower optim.lr"
@@ -561,6 +563,7 @@ class Trainer:
         if self.comm.size > 1:  # every rank stops at the same step, or none does
             finite = self.comm.allreduce_scalar(0.0 if finite else 1.0, "max") == 0.0
         if not finite:
+            check_targets()  # an out-of-range target (a GPU's deferred check) is the better report
             where = f"; the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else ""
             what = f"loss is {loss_value}" if not math.isfinite(loss_value) else "another rank's loss is not finite"
             raise TrainingError(
@@ -811,6 +814,7 @@ class Trainer:
             "memory/allocated_mb": memory.allocated_bytes(self.mem_device) / MB,
             "memory/floor_mb": floor / MB,
         }
+        check_targets()  # the GPU losses' deferred target checks: read back here, not in the step
         if self.classification:
             correct = 0 if window["correct"] is None else int(to_host(window["correct"]))
             metrics["train/accuracy"] = correct / max(window["seen"], 1)

@@ -401,3 +401,80 @@ abn_weight_grad = elementwise(
     "fused_abn_weight_grad",
     lambda sums, w, gw: _put(gw, sums.imag.astype(w.dtype) * np.sign(w)),
 )
+
+
+# --- cross entropy: one kernel each way (plus the batch mean), no host synchronization ----------
+
+_CE_ROW = r"""
+T m = x[i * c];
+for (long long j = 1; j < c; ++j) m = max(m, x[i * c + j]);
+T s = 0, sx = 0;
+for (long long j = 0; j < c; ++j) { T v = x[i * c + j] - m; s += exp(v); sx += v; }
+lse = m + log(s);
+if (t < 0 || t >= c) {
+    loss = (T)NAN;  // an out-of-range target: never read outside the row (check_targets reports it)
+} else {
+    T l = -(x[i * c + t] - m);
+    if (eps != 0) { l *= (T)(1.0 - eps); l -= (T)eps * (sx / (T)c); }
+    loss = l + log(s);
+}
+"""
+
+
+def _ce_forward(x, t, c, eps, loss, lse):
+    dt = x.dtype.type
+    m = x.max(axis=1)
+    shifted = x - m[:, None]
+    e = np.exp(shifted)
+    s = e.sum(axis=1)
+    bad = (t < 0) | (t >= c)
+    l_ = -shifted[np.arange(x.shape[0]), np.where(bad, 0, t)]
+    if eps != 0:
+        l_ = l_ * dt(1.0 - eps) - dt(eps) * (shifted.sum(axis=1) / dt(c))
+    lse_ = m + np.log(s)
+    loss[...] = np.where(bad, dt(np.nan), l_ + np.log(s))
+    lse[...] = lse_
+
+
+cross_entropy = elementwise(
+    "raw T x, S t, int64 c, float64 eps",
+    "T loss, T lse",
+    _CE_ROW,
+    "fused_cross_entropy",
+    _ce_forward,
+)
+
+
+def _ce_backward(x, t, lse, g, inv_n, eps, c, gx):
+    dt = x.dtype.type
+    col = np.arange(x.shape[-1])
+    p = np.exp(x - lse)
+    hit = np.where(col == t, dt(1.0 - eps), dt(0))
+    gx[...] = (p - hit - dt(eps / c)) * (g * inv_n).astype(x.dtype)
+
+
+cross_entropy_backward = elementwise(
+    "T x, S t, T lse, T g, float64 inv_n, float64 eps, int64 c",
+    "T gx",
+    "T p = exp(x - lse);"
+    " gx = (p - ((long long)(i % c) == (long long)t ? (T)(1.0 - eps) : (T)0) - (T)(eps / c)) * (T)(g * inv_n);",
+    "fused_cross_entropy_backward",
+    _ce_backward,
+)
+
+
+def _first_bad(t, c, axis):
+    bad = t[(t < 0) | (t >= c)]
+    return np.int64(bad[0] if bad.size else 0)
+
+
+bad_target = reduction(
+    "T t, int64 c",
+    "int64 bad",
+    "(t < 0 || t >= c) ? (long long)t : 0LL",  # 0 is a valid class: it marks "no bad target"
+    "a != 0 ? a : b",
+    "bad = a",
+    "0",
+    "fused_bad_target",
+    _first_bad,
+)

@@ -6,6 +6,15 @@ the logits and the targets, both inputs that exist anyway, and recomputes the so
 backward (N*C exps) instead of keeping a new ``(N, C)`` probability buffer alive from
 forward to backward: the same bytes at the boundary, but no new allocation, and an
 inplace change of the logits after the loss is caught by the version check.
+
+On a GPU ``cross_entropy`` is one fused kernel each way (:mod:`.kernels`; forward also
+keeps the per-row logsumexp, N values, so backward is one elementwise pass) plus the
+batch mean, and nothing in a step reads a value back to the host. The target check
+(CuPy does not check indices) then runs on the device and is DEFERRED: the loss of an
+out-of-range target is NaN at once, and :func:`check_targets` raises the IndexError,
+reading every pending check in one transfer. The trainer calls it at each log point
+and before it reports a non-finite loss; it also runs by itself every
+:data:`CHECK_EVERY` loss calls. On the CPU the check raises in the call, as before.
 """
 
 from __future__ import annotations
@@ -14,8 +23,46 @@ from .. import backend, memory
 from ..autograd.function import Function
 from ..backend import get_array_module
 from ..tensor import Tensor
+from . import kernels as K
+from .kernels import on_gpu
 
 REDUCTIONS = ("mean", "sum", "none")
+
+#: The deferred target checks of the GPU path are read back at least this often (loss calls).
+CHECK_EVERY = 256
+_pending: list = []  # (loss name, number of classes, device array: a bad target or 0)
+
+
+def check_targets() -> None:
+    """Raises the IndexError of the first pending GPU loss call whose targets were out of range.
+
+    One host transfer for all pending checks (none when nothing is pending); forgets them
+    either way. A no-op on the CPU, where the losses check their targets in the call.
+    """
+    if not _pending:
+        return
+    pending = list(_pending)
+    _pending.clear()
+    found = {}
+    for dev in dict.fromkeys(backend.device_of(bad) for _, _, bad in pending):  # one transfer per device
+        flags = [bad for _, _, bad in pending if backend.device_of(bad) == dev]
+        with backend.device_context(dev):
+            values = backend.to_numpy(get_array_module(flags[0]).stack(flags))
+        found.update(zip(map(id, flags), values))
+    for fn, c, bad in pending:
+        if found[id(bad)] != 0:
+            raise IndexError(
+                f"{fn}: Target {int(found[id(bad)])} is out of bounds: class indices must be in [0, {c - 1}]"
+            )
+
+
+def _defer_target_check(fn, t, c) -> None:
+    """The GPU's target check: one reduction kernel, read back later by :func:`check_targets`."""
+    if c == 0:  # every target is out of range (and 0 could not mark one): no device read needed
+        raise IndexError(f"{fn}: Target 0 is out of bounds: class indices must be in [0, -1]")
+    _pending.append((fn, c, K.bad_target(t, c)))
+    if len(_pending) >= CHECK_EVERY:
+        check_targets()
 
 
 def _check_reduction(reduction):
@@ -59,9 +106,11 @@ def _check_class_inputs(fn, x, target, log_probs_name):
         )
     if target.shape[0] and target.device != x.device:
         raise RuntimeError(f"{fn}: input is on {x.device} but target is on {target.device}")
-    if target.shape[0]:
-        # Needed on a GPU too: CuPy wraps an out-of-range index around instead of raising.
-        # Both bounds come back in one transfer (one host sync per loss call).
+    if target.shape[0] and on_gpu(target._data):
+        # Needed on a GPU too (CuPy wraps an out-of-range index around), but not read back
+        # inside the step: deferred to check_targets().
+        _defer_target_check(fn, target._data, x.shape[1])
+    elif target.shape[0]:
         xp, t = target.xp, target._data
         lo, hi = (int(v) for v in backend.to_numpy(xp.stack((xp.min(t), xp.max(t)))))
         c = x.shape[1]
@@ -79,6 +128,11 @@ class CrossEntropy(Function):
         xp = get_array_module(x)
         n, c = x.shape
         ctx.reduction, ctx.eps = reduction, label_smoothing
+        if on_gpu(x):
+            loss, lse = memory.empty((n,), x.dtype, xp), memory.empty((n,), x.dtype, xp)
+            K.cross_entropy(x, target, c, label_smoothing, loss, lse)
+            ctx.keep(lse=lse)
+            return _reduce(loss, reduction, xp)
         shifted = memory.empty((n, c), x.dtype, xp, "workspace")
         xp.subtract(x, x.max(axis=1, keepdims=True), out=shifted)
         rows = xp.arange(n)
@@ -98,6 +152,13 @@ class CrossEntropy(Function):
         xp = get_array_module(g)
         n, c = x.shape
         p = memory.empty((n, c), x.dtype, xp, "gradients")
+        if on_gpu(g):
+            gs, inv_n = (
+                (g.reshape(-1, 1), 1.0) if ctx.reduction == "none" else (g, 1.0 / n if ctx.reduction == "mean" else 1.0)
+            )
+            lse, t = ctx.lse.reshape(-1, 1), target.reshape(-1, 1)
+            K.cross_entropy_backward(x, t, lse, gs, inv_n, ctx.eps, c, p)
+            return p, None
         xp.subtract(x, x.max(axis=1, keepdims=True), out=p)
         xp.exp(p, out=p)
         p /= p.sum(axis=1, keepdims=True)

@@ -8,15 +8,21 @@ import pytest
 
 import framework as fw
 from framework import memory
-from framework.ops.loss import cross_entropy, mse_loss, nll_loss
+from framework.ops.loss import check_targets, cross_entropy, mse_loss, nll_loss
 from framework.testing import assert_close, gradcheck
 
 REDUCTIONS = ["mean", "sum", "none"]
 
 
-def _t(a, requires_grad=False):
+def _t(a, requires_grad=False, device="cpu"):
     a = np.asarray(a)
-    return fw.tensor(a, dtype=a.dtype, requires_grad=requires_grad)
+    return fw.tensor(a, dtype=a.dtype, requires_grad=requires_grad, device=device)
+
+
+def _on(device):
+    """``_t`` on ``device``: the tests that run on both legs start with ``_t = _on(backend)``
+    (on the GPU the fused kernels run, checked against the same references)."""
+    return lambda a, requires_grad=False: _t(a, requires_grad, device)
 
 
 def _logits(n=5, c=4, seed=0, dtype=np.float64, scale=2.0):
@@ -48,7 +54,8 @@ def ref_nll(x, target, reduction="mean"):
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("smoothing", [0.0, 0.1, 1.0])
-def test_cross_entropy_forward(reduction, smoothing):
+def test_cross_entropy_forward(reduction, smoothing, backend):
+    _t = _on(backend)
     x = _logits(dtype=np.float32)
     got = cross_entropy(_t(x), _t(TARGET), reduction=reduction, label_smoothing=smoothing)
     assert got.dtype == np.float32
@@ -58,11 +65,13 @@ def test_cross_entropy_forward(reduction, smoothing):
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
-def test_cross_entropy_gradcheck(reduction, smoothing):
+def test_cross_entropy_gradcheck(reduction, smoothing, backend):
+    _t = _on(backend)
     gradcheck(lambda x: cross_entropy(x, _t(TARGET), reduction, smoothing), [_t(_logits(), True)])
 
 
-def test_cross_entropy_gradient_is_softmax_minus_onehot_over_n():
+def test_cross_entropy_gradient_is_softmax_minus_onehot_over_n(backend):
+    _t = _on(backend)
     x = _logits(seed=1)
     xt = _t(x, True)
     cross_entropy(xt, _t(TARGET)).backward()
@@ -72,7 +81,8 @@ def test_cross_entropy_gradient_is_softmax_minus_onehot_over_n():
     assert_close(xt.grad, p / 5, rtol=1e-12, atol=1e-14)
 
 
-def test_cross_entropy_is_stable_for_large_logits():
+def test_cross_entropy_is_stable_for_large_logits(backend):
+    _t = _on(backend)
     x = np.array([[1000.0, 0.0, -1000.0], [-1000.0, 1000.0, 999.0]], dtype=np.float32)
     xt = _t(x, True)
     loss = cross_entropy(xt, _t(np.array([0, 2])), reduction="none")
@@ -82,7 +92,8 @@ def test_cross_entropy_is_stable_for_large_logits():
     assert np.all(np.isfinite(xt.grad.numpy()))
 
 
-def test_cross_entropy_equals_nll_of_log_softmax():
+def test_cross_entropy_equals_nll_of_log_softmax(backend):
+    _t = _on(backend)
     x = _logits(seed=2)
     a, b = _t(x, True), _t(x, True)
     la = cross_entropy(a, _t(TARGET))
@@ -115,7 +126,8 @@ def test_cross_entropy_workspace_is_counted_and_freed():
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_nll_loss_forward_and_gradcheck(reduction):
+def test_nll_loss_forward_and_gradcheck(reduction, backend):
+    _t = _on(backend)
     x = _logits(seed=3)
     assert_close(nll_loss(_t(x), _t(TARGET), reduction), ref_nll(x, TARGET, reduction), rtol=1e-12)
     gradcheck(lambda x: nll_loss(x, _t(TARGET), reduction), [_t(x, True)])
@@ -145,11 +157,14 @@ def test_mse_loss_float32_keeps_dtype():
 @pytest.mark.parametrize("fn", [cross_entropy, nll_loss])
 @pytest.mark.parametrize("bad", [4, -1])
 def test_out_of_range_targets_raise_on_every_device(fn, bad, backend):
-    # CuPy would wrap such an index around silently: the loss checks the targets itself.
+    # CuPy would wrap such an index around silently: the loss checks the targets itself;
+    # on a GPU without a host read in the step: check_targets() raises (the CPU raises at once).
     x = fw.tensor(_logits(), device=backend, requires_grad=True)
     target = fw.tensor(np.array([0, bad, 1, 2, 3]), device=backend)
-    with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
+    with pytest.raises(IndexError, match=f"Target {bad} is out of bounds: class indices must be in \\[0, 3\\]"):
         fn(x, target)
+        check_targets()
+    check_targets()  # raised once: nothing stays pending
 
 
 @pytest.mark.parametrize("fn", [cross_entropy, nll_loss])
