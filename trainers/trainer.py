@@ -41,6 +41,26 @@ from .data import DataLoader, load_dataset
 from .logging import MB, Progress, RunLogger, default_run_name, format_summary, run_dir
 
 
+def out_of_memory_message(error: MemoryError, device, step: int, batch: int, peak: int) -> str:
+    """One line for a step that ran out of memory: what it asked for, the peak, the batch.
+
+    ``error`` is CuPy's ``OutOfMemoryError`` (its ``_size``, ``_total`` and ``_limit``: the
+    request, what the pool held, the pool's limit) or any other MemoryError (its message).
+    """
+    size = getattr(error, "_size", None)
+    if size is not None:
+        asked = f"asked for {size / MB:,.1f} MB with {getattr(error, '_total', 0) / MB:,.1f} MB allocated"
+        limit = getattr(error, "_limit", 0)
+        if limit:
+            asked += f" (pool limit {limit / MB:,.1f} MB)"
+    else:
+        asked = str(error).strip().rstrip(".") or "an allocation failed"
+    return (
+        f"out of memory on {device} at step {step} (batch {batch}): {asked}; this run's peak so far "
+        f"{peak / MB:,.1f} MB. Lower data.batch_size (or set inplace: on)"
+    )
+
+
 class TrainingError(Exception):
     """A run that cannot go on: its loss stopped being finite (exit status 3)."""
 
@@ -550,6 +570,14 @@ class Trainer:
         correct = (fw.argmax(out, dim=1) == y).sum()._data if self.classification else None
         return loss_value, correct, None
 
+    def _memory_checked_step(self, x, y, lr: float, window):
+        """:meth:`_train_step`; running out of device (or host) memory is a ConfigError (exit 2)."""
+        try:
+            return self._train_step(x, y, lr)
+        except MemoryError as e:  # CuPy's OutOfMemoryError is one
+            peak = max(window["peak"], memory.max_allocated_bytes(self.mem_device))
+            raise ConfigError(out_of_memory_message(e, self.device, self.step, len(x), peak)) from None
+
     def _train_step(self, x, y, lr: float):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -686,10 +714,10 @@ class Trainer:
                     record = cfg.logging.timeline and self.step == timeline_step and timeline is None
                     if record:
                         with memory.record_timeline(self.mem_device) as tl:
-                            loss, correct, saved = self._train_step(x, y, lr)
+                            loss, correct, saved = self._memory_checked_step(x, y, lr, window)
                         timeline = tl
                     else:
-                        loss, correct, saved = self._train_step(x, y, lr)
+                        loss, correct, saved = self._memory_checked_step(x, y, lr, window)
                     if log_now:
                         # Queued GPU work belongs to the steps being timed: wait for it
                         # before the clock closes the window (between log points, each
