@@ -173,14 +173,14 @@ def _gpu_abs_weight(weight, dtype, cs, eps):
 
 def _gpu_moments(x, xp):
     """The batch's per-channel ``sum x + 1j * sum x^2`` (complex128, C values): ONE launch."""
-    s = memory.empty((x.shape[1],), np.complex128, xp, "workspace")
+    s = memory.empty((x.shape[1],), np.complex128, xp)  # kept for backward: not a workspace
     K.bn_moments(x, s, axis=_caxes(x.ndim))
     return s
 
 
 def _gpu_eval_stats(mean, var, eps, xp):
     """``mean + 1j * invstd`` of given statistics (a private copy: ONE launch over C values)."""
-    s = memory.empty(mean.shape, np.complex128, xp, "workspace")
+    s = memory.empty(mean.shape, np.complex128, xp)  # kept for backward: not a workspace
     K.bn_eval_stats(mean, var.astype(mean.dtype, copy=False), eps, s)
     return s
 
