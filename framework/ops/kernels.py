@@ -346,30 +346,47 @@ abn_grad_sums = reduction(
 )
 
 
-def _abn_backward_kernel(batch: bool, with_dz: bool):
+def _abn_backward_kernel(batch: bool, with_dz: bool, with_gw: bool):
     """x's gradient (and, ``with_dz``, the residual's: the pre-activation gradient dz).
 
     ``batch``: batch statistics, ``dx = a * invstd * (dz - mean(dz) - x_hat * mean(dz * x_hat))``
     with the means from ``sums``; else given statistics, ``dx = a * invstd * dz``.
+    ``with_gw``: also weight's gradient ``sign(w) * sum(dz * x_hat)`` into the raw (C,)
+    output ``gw``, written by the thread of each channel's first element (``i`` is the
+    index in the loop's C order over (N, C, inner): channel ``i / inner`` when
+    ``i < C * inner``, first when ``i % inner == 0``), so no launch is spent on C values.
     """
     params = "T y, T g, T r, T b, T w, T aeps, T slope, complex128 s, float64 inv_m, float64 eps"
     op = (
         "double mean, invstd; bn_stats(s, inv_m, eps, mean, invstd);"
         " T f = abn_factor(y, slope); T dzv = f * g; T a = abs(w) + aeps;"
     )
-    if batch:
+    if batch or with_gw:
         params += ", C sums"
+    if batch:
         op += (
             " T xhat = abn_xhat(y, f, r, b, a);"
             " gx = ((T)invstd * a) * (dzv - (xhat * (T)(sums.imag() * inv_m) + (T)(sums.real() * inv_m)));"
         )
     else:
         op += " gx = dzv * ((T)invstd * a);"
+    outs = "T gx"
     if with_dz:
+        outs += ", T dz"
         op += " dz = dzv;"
+    if with_gw:
+        params += ", int64 channels, int64 inner"
+        outs += ", raw T gw"
+        op += (
+            " if (i < channels * inner && i % inner == 0)"
+            " gw[i / inner] = (T)sums.imag() * (w > (T)0 ? (T)1 : (w < (T)0 ? (T)-1 : (T)0));"
+        )
 
     def reference(y, g, r, b, w, aeps, slope, s, inv_m, eps, *rest):
-        sums, outs = (rest[0], rest[1:]) if batch else (None, rest)
+        rest = list(rest)
+        sums = rest.pop(0) if batch or with_gw else None
+        if with_gw:
+            rest = rest[2:]  # channels, inner: the C order is NumPy's own
         _, invstd = _bn_stats(s, inv_m, eps, y.dtype)
         dz, xhat, a = _abn_parts(y, g, r, b, w, aeps, slope)
         if batch:
@@ -378,15 +395,23 @@ def _abn_backward_kernel(batch: bool, with_dz: bool):
             gx = (invstd * a) * (dz - (xhat * mga + mgb))
         else:
             gx = dz * (invstd * a)
+        if with_gw:
+            first = (0, slice(None)) + (0,) * (y.ndim - 2)  # each channel's first element
+            rest[-1][...] = sums[first].imag.astype(y.dtype) * np.sign(np.broadcast_to(w, y.shape)[first])
         if with_dz:
-            outs[1][...] = dz
-        outs[0][...] = gx
+            rest[1][...] = dz
+        rest[0][...] = gx
 
-    name = f"fused_abn_backward_{'batch' if batch else 'given'}{'_dz' if with_dz else ''}"
-    return elementwise(params, "T gx, T dz" if with_dz else "T gx", op, name, reference, preamble=_ABN_PREAMBLE)
+    name = f"fused_abn_backward_{'batch' if batch else 'given'}{'_dz' if with_dz else ''}{'_gw' if with_gw else ''}"
+    return elementwise(params, outs, op, name, reference, preamble=_ABN_PREAMBLE)
 
 
-abn_backward = {(batch, dz): _abn_backward_kernel(batch, dz) for batch in (True, False) for dz in (True, False)}
+abn_backward = {
+    (batch, dz, gw): _abn_backward_kernel(batch, dz, gw)
+    for batch in (True, False)
+    for dz in (True, False)
+    for gw in (True, False)
+}
 abn_dz = elementwise(
     "T y, T g, T slope",
     "T dz",

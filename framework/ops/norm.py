@@ -467,7 +467,8 @@ class InPlaceABN(Function):
 
     def gpu_backward(ctx, g, y, cs, xp):
         """The fused path: one reduction (sum dz, sum dz * x_hat) and one elementwise kernel
-        for x's gradient and dz (the residual's); a tiny third one for weight's gradient."""
+        for the gradients of x, the residual (dz) and weight; without x's gradient, a tiny
+        kernel over C values for weight's (and one for dz when the residual needs it)."""
         need_x, need_w, need_b, need_r = ctx.needs_input_grad
         t = y.dtype.type
         w, aeps = _gpu_abs_weight(ctx.weight, y.dtype, cs, ctx.eps)
@@ -479,19 +480,25 @@ class InPlaceABN(Function):
         if need_b or need_xhat:
             sums = memory.empty((y.shape[1],), np.result_type(y.dtype, np.complex64), xp)
             K.abn_grad_sums(y, g, r, b, w, aeps, ctx.slope, sums, axis=_caxes(y.ndim))
-        gx = dz = None
-        if need_x:
+        gx = dz = gw = None
+        if need_w:
+            gw = memory.empty(sums.shape, y.dtype, xp)
+        if need_x:  # x's gradient, and in the same kernel the residual's and weight's
             outs = [memory.empty(y.shape, y.dtype, xp)] + ([memory.empty(y.shape, y.dtype, xp)] if need_r else [])
-            extra = (sums.reshape(cs),) if ctx.batch else ()
+            args = (sums.reshape(cs),) if ctx.batch or need_w else ()
+            if need_w:
+                args += (y.shape[1], _count(y.shape) // y.shape[0], *outs, gw)
+            else:
+                args += tuple(outs)
             inv_m = 1.0 / ctx.m if ctx.batch else 0.0
             s = ctx.stats.reshape(cs)
-            K.abn_backward[ctx.batch, need_r](y, g, r, b, w, aeps, ctx.slope, s, inv_m, ctx.eps, *extra, *outs)
+            K.abn_backward[ctx.batch, need_r, need_w](y, g, r, b, w, aeps, ctx.slope, s, inv_m, ctx.eps, *args)
             gx, dz = outs[0], (outs[1] if need_r else None)
-        elif need_r:
-            dz = K.abn_dz(y, g, ctx.slope, memory.empty(y.shape, y.dtype, xp))
-        gw = None
-        if need_w:
-            gw = K.abn_weight_grad(sums, _channel(ctx.weight, y.dtype), memory.empty(sums.shape, y.dtype, xp))
+        else:
+            if need_r:
+                dz = K.abn_dz(y, g, ctx.slope, memory.empty(y.shape, y.dtype, xp))
+            if need_w:
+                K.abn_weight_grad(sums, _channel(ctx.weight, y.dtype), gw)
         return gx, gw, sums.real if need_b else None, dz
 
 

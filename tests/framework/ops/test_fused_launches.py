@@ -120,14 +120,22 @@ def test_inplace_abn_two_kernels_each_way(counting, no_host_reads, training, res
     _check(fwd, 2)
     with counting.count() as bwd:
         y.backward(_t((8, 4, 3, 3), 3))
-    # the sums, x's (and the residual's) gradient in one kernel, and a C-sized kernel for
-    # weight's gradient (sign(w) * sum(dz * x_hat))
-    _check(bwd, 3)
+    _check(bwd, 2)  # the sums, then the gradients of x, weight (and the residual) in one kernel
 
 
-def test_inplace_abn_without_weight_gradient_is_two_kernels_back(counting, no_host_reads):
-    x = _t((8, 4, 3, 3), requires_grad=True)
+@pytest.mark.parametrize("shape", [(8, 4), (8, 4, 3, 3)])
+def test_inplace_abn_without_weight_gradient_is_two_kernels_back(counting, no_host_reads, shape):
+    x = _t(shape, requires_grad=True)
     y = inplace_abn(x.clone(), None, None, _t((4,), 1), _t((4,), 2), training=True)
+    with counting.count() as bwd:
+        y.backward(_t(shape, 3))
+    _check(bwd, 2)
+
+
+def test_inplace_abn_weight_gradient_without_x_gradient(counting, no_host_reads):
+    # No kernel over the input runs for x: weight's gradient is its own kernel over C values.
+    w = _t((4,), 1, requires_grad=True)
+    y = inplace_abn(_t((8, 4, 3, 3)), None, None, w, _t((4,), 2), training=True)
     with counting.count() as bwd:
         y.backward(_t((8, 4, 3, 3), 3))
     _check(bwd, 2)
