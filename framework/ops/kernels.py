@@ -437,7 +437,7 @@ T s = 0, sx = 0;
 for (long long j = 0; j < c; ++j) { T v = x[i * c + j] - m; s += exp(v); sx += v; }
 lse = m + log(s);
 if (t < 0 || t >= c) {
-    loss = (T)NAN;  // an out-of-range target: never read outside the row (check_targets reports it)
+    loss = (T)nan("");  // an out-of-range target: never read outside the row (check_targets reports it)
 } else {
     T l = -(x[i * c + t] - m);
     if (eps != 0) { l *= (T)(1.0 - eps); l -= (T)eps * (sx / (T)c); }
