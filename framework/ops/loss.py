@@ -59,7 +59,7 @@ def check_targets() -> None:
 def _defer_target_check(fn, t, c) -> None:
     """The GPU's target check: one reduction kernel, read back later by :func:`check_targets`."""
     if c == 0:  # every target is out of range (and 0 could not mark one): no device read needed
-        raise IndexError(f"{fn}: Target 0 is out of bounds: class indices must be in [0, -1]")
+        raise IndexError(f"{fn}: every target is out of bounds: the input has 0 classes")
     _pending.append((fn, c, K.bad_target(t, c)))
     if len(_pending) >= CHECK_EVERY:
         check_targets()
