@@ -193,3 +193,30 @@ def test_cross_entropy_bad_targets_give_nan_at_once_and_raise_at_the_check(count
         IndexError, match=r"cross_entropy: Target 7 is out of bounds: class indices must be in \[0, 2\]"
     ):
         check_targets()
+
+
+def test_target_checks_are_read_back_every_check_every_calls(monkeypatch):
+    from framework.ops import loss as loss_module
+
+    check_targets()
+    monkeypatch.setattr(loss_module, "CHECK_EVERY", 3)
+    x = _t((4, 3))
+    bad, good = (fw.tensor(np.array(v), device="cuda") for v in ([0, 5, 1, 2], [0, 1, 2, 0]))
+    cross_entropy(x, bad)
+    cross_entropy(x, good)
+    assert len(loss_module._pending) == 2
+    with pytest.raises(IndexError, match="Target 5 is out of bounds"):
+        cross_entropy(x, good)  # the third call reads the three checks back
+    assert loss_module._pending == []
+
+
+def test_target_checks_of_two_devices_are_read_back_per_device():
+    if backend.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    check_targets()
+    for dev, target in (("cuda:0", [0, 1]), ("cuda:1", [0, -3])):
+        with backend.device_context(backend.device(dev)):  # kernels run on the current device
+            x = fw.tensor(np.zeros((2, 3), np.float32), device=dev)
+            cross_entropy(x, fw.tensor(np.array(target), device=dev))
+    with pytest.raises(IndexError, match="Target -3 is out of bounds"):
+        check_targets()
