@@ -49,10 +49,12 @@ its TF32 tensor-core engines (float32 inputs rounded to 10 mantissa bits: faster
 conv2d is called applies to its backward too.
 
 Pooling is chunked by the same limit where it needs workspace that grows with the batch
-(:mod:`.conv_algorithms.pooling`). Max pooling saves the argmax of each window as a window
-offset in the smallest unsigned dtype that holds ``kh*kw`` offsets (one byte per output,
-instead of the input): a private array, so an inplace op on the pooled input after the
-pool (a later ``relu_``) costs nothing and cannot break its backward.
+(:mod:`.conv_algorithms.pooling`); on a GPU it is not chunked, and makes a constant number
+of calls (the windows in one copy or reduction, the backward in one scatter-add). Max
+pooling saves the argmax of each window as a window offset in the smallest unsigned dtype
+that holds ``kh*kw`` offsets (one byte per output, instead of the input): a private array,
+so an inplace op on the pooled input after the pool (a later ``relu_``) costs nothing and
+cannot break its backward.
 """
 
 from __future__ import annotations
@@ -314,16 +316,16 @@ class MaxPool2d(Function):
         ctx.geom = (x.shape, kernel, stride, padding, out_hw, limit)
         track_index = any(ctx.needs_input_grad)
         xp = get_array_module(x)
-        out, idx = _pooling.max_pool_forward(x, kernel, stride, padding, out_hw, limit, track_index, xp)
+        out, idx = _choice.pooling(xp).max_pool_forward(x, kernel, stride, padding, out_hw, limit, track_index, xp)
         if track_index:
             ctx.keep(indices=idx)
         return out
 
     def backward(ctx, g):
         x_shape, kernel, stride, padding, out_hw, limit = ctx.geom
-        return _pooling.max_pool_backward(
-            g, ctx.indices, x_shape, kernel, stride, padding, out_hw, limit, get_array_module(g)
-        )
+        xp = get_array_module(g)
+        kernels = _choice.pooling(xp)
+        return kernels.max_pool_backward(g, ctx.indices, x_shape, kernel, stride, padding, out_hw, limit, xp)
 
 
 class AvgPool2d(Function):
@@ -336,11 +338,13 @@ class AvgPool2d(Function):
             raise TypeError(f"{fn}: expected a floating input, got {x.dtype}")
         out_hw = _out_size(fn, x.shape[2:], kernel, stride, padding)
         ctx.geom = (x.shape, kernel, stride, padding, out_hw)
-        return _pooling.avg_pool_forward(x, kernel, stride, padding, out_hw, limit, get_array_module(x))
+        xp = get_array_module(x)
+        return _choice.pooling(xp).avg_pool_forward(x, kernel, stride, padding, out_hw, limit, xp)
 
     def backward(ctx, g):
         x_shape, kernel, stride, padding, out_hw = ctx.geom
-        return _pooling.avg_pool_backward(g, x_shape, kernel, stride, padding, out_hw, get_array_module(g))
+        xp = get_array_module(g)
+        return _choice.pooling(xp).avg_pool_backward(g, x_shape, kernel, stride, padding, out_hw, xp)
 
 
 class AdaptiveAvgPool2dSeparable(Function):

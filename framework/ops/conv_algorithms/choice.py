@@ -54,6 +54,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import pooling as _pooling
 from .gpu import frontend
 
 
@@ -114,3 +115,9 @@ def plan(mode: str, geom, xp=np, math: str = "fp32") -> Plan:
         if matches(geom):
             return Plan(*names, f"{mode}: {rule}")
     raise AssertionError("the last rule matches every geometry")  # pragma: no cover
+
+
+def pooling(xp) -> _pooling.Kernels:
+    """The pooling kernels for the device of array module ``xp``: the CPU's (chunked by the
+    workspace limit, a loop over window offsets) or the GPU's (a constant number of calls)."""
+    return _pooling.CPU if xp is np else _pooling.GPU

@@ -313,3 +313,88 @@ def test_each_cudnn_pass_is_one_library_call_and_no_host_sync(gpu_algorithm, bia
         assert fwd.host_syncs == 0 and bwd.host_syncs == 0
         if _standin_counts_launches():  # the stand-in's own kernels counted too
             assert fwd.launches <= 1 + bias and bwd.launches <= 2 + bias, (fwd.by_kind(), bwd.by_kind())
+
+
+# --- pooling on the GPU: the same results as the CPU's, in a constant number of calls ------------
+
+
+def _on_both(fn, x, grad_seed=None):
+    """``fn`` on the CPU and on the GPU: (cpu output, gpu output, cpu grad, gpu grad)."""
+    results = []
+    for device in ("cpu", "cuda"):
+        t = fw.tensor(x, dtype=x.dtype, device=device, requires_grad=x.dtype.kind == "f")
+        y = fn(t)
+        grad = None
+        if grad_seed is not None:
+            y.backward(fw.tensor(_rand(y.shape, grad_seed), device=device))
+            grad = to_numpy(t.grad._data)
+        results.append((to_numpy(y.detach()._data), grad))
+    (y_cpu, g_cpu), (y_gpu, g_gpu) = results
+    return y_cpu, y_gpu, g_cpu, g_gpu
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+@pytest.mark.parametrize("kernel,stride,padding", [(2, 2, 0), (3, 2, 1), ((3, 2), (1, 2), (1, 0)), (3, 1, 1)])
+def test_gpu_pools_agree_with_the_cpu_overlapping_windows_included(pool, kernel, stride, padding):
+    if fw_backend.cupy_module() is None:
+        pytest.skip("needs CuPy or its stand-in")
+    fn = C.max_pool2d if pool == "max" else C.avg_pool2d
+    x = np.round(_rand((3, 2, 7, 6), 30), 1)  # rounded: ties, which the first maximum wins
+    y_cpu, y_gpu, g_cpu, g_gpu = _on_both(lambda t: fn(t, kernel, stride, padding), x, grad_seed=31)
+    if pool == "max":
+        np.testing.assert_array_equal(y_gpu, y_cpu)  # the same elements picked
+    else:  # one reduction over the window instead of a sum offset by offset: another order
+        np.testing.assert_allclose(y_gpu, y_cpu, rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(g_gpu, g_cpu, rtol=1e-14, atol=1e-14)
+
+
+def test_gpu_max_pool_first_maximum_nan_and_integers():
+    if fw_backend.cupy_module() is None:
+        pytest.skip("needs CuPy or its stand-in")
+    x = np.array([[[[1.0, 3.0, 3.0, 0.0], [3.0, 2.0, np.nan, 5.0]]]])
+    y_cpu, y_gpu, g_cpu, g_gpu = _on_both(lambda t: C.max_pool2d(t, 2), x, grad_seed=32)
+    np.testing.assert_array_equal(y_gpu, y_cpu)
+    assert np.isnan(y_gpu[0, 0, 0, 1]) and y_gpu[0, 0, 0, 0] == 3.0
+    np.testing.assert_array_equal(g_gpu != 0, [[[[0, 1, 0, 0], [0, 0, 1, 0]]]])
+    np.testing.assert_array_equal(g_gpu, g_cpu)
+    ints = np.arange(-20, 0, dtype=np.int64).reshape(1, 1, 4, 5)
+    y_cpu, y_gpu, _, _ = _on_both(lambda t: C.max_pool2d(t, 3, 2, 1), ints)
+    assert y_gpu.dtype == np.int64
+    np.testing.assert_array_equal(y_gpu, y_cpu)
+
+
+def _pool_calls(pool, n, k):
+    """Calls into CuPy straight from the pooling module: forward and backward."""
+    from framework.ops.conv_algorithms import pooling
+
+    fn = C.max_pool2d if pool == "max" else C.avg_pool2d
+    x = _cuda(_rand((n, 3, 9, 9), 33), True)
+    here = pooling.__file__
+    calls = []
+
+    def profile(frame, event, arg):
+        caller = frame.f_back
+        if event == "call" and caller is not None and caller.f_code.co_filename == here:
+            if frame.f_code.co_filename.startswith(_STANDIN_DIR):
+                calls.append(frame.f_code.co_name)
+
+    y = fn(x, k, 2, 1)  # the window positions of this geometry made before counting
+    y.backward(_cuda(_rand(y.shape, 34)))
+    x.grad = None
+    sys.setprofile(profile)
+    try:
+        y = fn(x, k, 2, 1)
+        forward = len(calls)
+        y.backward(_cuda(_rand(y.shape, 34)))
+    finally:
+        sys.setprofile(None)
+    return forward, len(calls) - forward
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_gpu_pools_make_the_same_few_calls_whatever_the_batch_and_the_kernel(pool):
+    if fw_backend.cupy_choice() != "standin":
+        pytest.skip("counts calls into the CuPy stand-in's Python code")
+    costs = {(n, k): _pool_calls(pool, n, k) for n in (1, 8) for k in (2, 3)}
+    assert len(set(costs.values())) == 1, costs  # nothing chunked, no loop over window offsets
+    assert max(costs[(8, 3)]) <= 20, costs  # the copies, reductions, scatter and the views around them
