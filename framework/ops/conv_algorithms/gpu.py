@@ -116,6 +116,8 @@ def _build(cudnn, op, geom, dtype, tf32, handle) -> _Plan:
 
 def _run(op, geom, a, b, out_shape, tf32, xp, category):
     """One cuDNN pass: ``out = op(a, b)``, a new array of ``out_shape``."""
+    if a.size == 0 or b.size == 0:  # an empty batch: nothing to sum (cuDNN refuses empty tensors)
+        return memory.zeros(out_shape, a.dtype, xp, category)
     cudnn = cudnn_module()
     device = current_device().index
     a, b = contiguous(a, xp), contiguous(b, xp)  # the plans declare row-major operands

@@ -144,7 +144,8 @@ def _positions(xp, padded_hw, kernel, stride, out_hw):
         rows = np.arange(out_hw[0])[:, None, None, None] * stride[0] + np.arange(kernel[0])[None, None, :, None]
         cols = np.arange(out_hw[1])[None, :, None, None] * stride[1] + np.arange(kernel[1])[None, None, None, :]
         flat = (rows * padded_hw[1] + cols).reshape(out_hw[0], out_hw[1], kernel[0] * kernel[1])
-        pos = _window_positions[key] = xp.asarray(flat)
+        # kept for the process, like a plan: counted, but not as a call's workspace
+        pos = _window_positions[key] = memory.track(xp.asarray(flat), "other")
     return pos
 
 
@@ -219,7 +220,7 @@ def _offsets(xp, n_off, dtype):
     key = (xp.cuda.runtime.getDevice(), n_off, np.dtype(dtype).str)
     ks = _offset_ranges.get(key)
     if ks is None:
-        ks = _offset_ranges[key] = xp.asarray(np.arange(n_off, dtype=dtype))
+        ks = _offset_ranges[key] = memory.track(xp.asarray(np.arange(n_off, dtype=dtype)), "other")
     return ks
 
 

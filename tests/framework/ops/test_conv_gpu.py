@@ -107,6 +107,16 @@ def test_gpu_conv_takes_non_contiguous_inputs(gpu_algorithm):
     np.testing.assert_allclose(to_numpy(y._data), expected, rtol=1e-12, atol=1e-12)
 
 
+def test_gpu_conv_and_pools_on_an_empty_batch(gpu_algorithm):
+    x, w = _cuda(np.zeros((0, 3, 6, 6)), True), _cuda(_rand((4, 3, 3, 3), 25), True)
+    y = conv2d(x, w, None, 2, 1)
+    assert y.shape == (0, 4, 3, 3)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and not to_numpy(w.grad._data).any()
+    for pool in (C.max_pool2d, C.avg_pool2d):
+        assert pool(x, 3, 2, 1).shape == (0, 3, 3, 3)
+
+
 def test_the_cpu_keeps_its_algorithms():
     assert C.explain((64, 64, 8, 8), (64, 64, 3, 3), 1, 1).forward == "winograd2"
     assert C.explain((64, 16, 32, 32), (32, 16, 3, 3), 2, 1).grad_input == "gemm"
