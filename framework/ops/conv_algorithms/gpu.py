@@ -12,7 +12,9 @@ nvidia-cudnn-frontend``; CuPy 14 has no cuDNN of its own): forward (``conv_fprop
 gradient (``conv_wgrad``) and input gradient (``conv_dgrad``), one ``execute`` each. A
 built graph (a plan) is cached per device, pass, shapes, stride, padding, dtype and math
 mode, so only the first call of a geometry builds one. The plan's workspace is allocated
-per call through :mod:`framework.memory` (category ``workspace``) from CuPy's pool.
+per call through :mod:`framework.memory` (category ``workspace``) from CuPy's pool. A pass
+cuDNN has no engine for (its build raises ``cudnnGraphNotSupportedError``) is computed by
+``im2col_gpu`` instead, with a warning naming it, once per geometry.
 Math: ``cudnn`` deselects the engines with ``numerical_note.TENSOR_CORE`` for float32, so
 float32 convolutions run in full float32 (cuDNN would otherwise take TF32 tensor-core
 engines on Ampere and later GPUs: inputs rounded to 10 mantissa bits, errors of ~1e-3);
@@ -114,23 +116,39 @@ def _build(cudnn, op, geom, dtype, tf32, handle) -> _Plan:
     return _Plan(graph, operands + (out,), graph.get_workspace_size())
 
 
+_UNSUPPORTED = object()  # a cached "cuDNN has no engine for this": the fallback computes it
+
+
 def _run(op, geom, a, b, out_shape, tf32, xp, category):
-    """One cuDNN pass: ``out = op(a, b)``, a new array of ``out_shape``."""
+    """One cuDNN pass: ``out = op(a, b)``, a new array of ``out_shape``; None where cuDNN
+    has no engine for it (the caller computes it otherwise)."""
     if a.size == 0 or b.size == 0:  # an empty batch: nothing to sum (cuDNN refuses empty tensors)
         return memory.zeros(out_shape, a.dtype, xp, category)
     cudnn = cudnn_module()
     device = current_device().index
-    a, b = contiguous(a, xp), contiguous(b, xp)  # the plans declare row-major operands
     key = (device, op, geom.x_shape, geom.w_shape, geom.stride, geom.padding, a.dtype.name, tf32)
     handle = _handles.get(device)
     if handle is None:
         handle = _handles[device] = cudnn.create_handle()
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans[key] = _build(cudnn, op, geom, a.dtype, tf32, handle)
+        try:
+            plan = _build(cudnn, op, geom, a.dtype, tf32, handle)
+        except cudnn.cudnnGraphNotSupportedError as e:
+            plan = _UNSUPPORTED
+            warnings.warn(
+                f"conv2d on the GPU: cuDNN has no engine for {op} of {geom.x_shape} * {geom.w_shape} "
+                f"stride {geom.stride} padding {geom.padding} {a.dtype} ({e}); im2col + matmul computes it",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        _plans[key] = plan
+    if plan is _UNSUPPORTED:
+        return None
+    a, b = contiguous(a, xp), contiguous(b, xp)  # the plans declare row-major operands
     cudnn.set_stream(handle, current_stream().ptr)  # the frontend remembers it: free when unchanged
     out = memory.empty(out_shape, a.dtype, xp, category)
-    workspace = memory.empty((plan.workspace_bytes,), xp.uint8, xp, "workspace")
+    workspace = memory.empty((plan.workspace_bytes,), xp.uint8, xp, "workspace") if plan.workspace_bytes else None
     ta, tb, tout = plan.tensors
     plan.graph.execute({ta: a, tb: b, tout: out}, workspace, handle=handle)
     return out
@@ -150,14 +168,17 @@ class Cudnn:
 
     def forward(self, x, w, geom, limit, xp):
         n, co = geom.x_shape[0], geom.w_shape[0]
-        return _run("fprop", geom, x, w, (n, co) + tuple(geom.out_hw), self.tf32, xp, "activations")
+        out = _run("fprop", geom, x, w, (n, co) + tuple(geom.out_hw), self.tf32, xp, "activations")
+        return IM2COL_GPU.forward(x, w, geom, limit, xp) if out is None else out
 
     def grad_weight(self, x, g, geom, limit, xp):
-        return _run("wgrad", geom, x, g, geom.w_shape, self.tf32, xp, "gradients")
+        gw = _run("wgrad", geom, x, g, geom.w_shape, self.tf32, xp, "gradients")
+        return IM2COL_GPU.grad_weight(x, g, geom, limit, xp) if gw is None else gw
 
     def grad_input(self, g, w, geom, limit, xp, overwrite):
         # cuDNN's dgrad cannot write over its own input: ``overwrite`` is declined
-        return _run("dgrad", geom, g, w, geom.x_shape, self.tf32, xp, "gradients")
+        gx = _run("dgrad", geom, g, w, geom.x_shape, self.tf32, xp, "gradients")
+        return IM2COL_GPU.grad_input(g, w, geom, limit, xp, overwrite) if gx is None else gx
 
 
 CUDNN = Cudnn("cudnn", tf32=False)

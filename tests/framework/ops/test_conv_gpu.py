@@ -179,6 +179,28 @@ def test_the_fallback_workspace_is_its_im2col_columns_whole_batch(gpu_algorithm)
     assert memory.breakdown("cuda")["workspace"] == base
 
 
+def test_a_pass_cudnn_cannot_run_is_computed_by_the_fallback_with_a_warning(gpu_algorithm, monkeypatch):
+    if gpu_algorithm != "cudnn":
+        pytest.skip("cuDNN's")
+    cudnn = fw_backend.cudnn_module()
+
+    def no_engine(cudnn_, op, *args):
+        if op == "dgrad":
+            raise cudnn.cudnnGraphNotSupportedError("no engine left")
+        return build(cudnn_, op, *args)
+
+    build = gpu._build
+    monkeypatch.setattr(gpu, "_build", no_engine)
+    monkeypatch.setattr(gpu, "_plans", {})
+    x64, w64 = _rand((2, 3, 6, 6), 26), _rand((4, 3, 3, 3), 27)
+    x, w = _cuda(x64, True), _cuda(w64, True)
+    with pytest.warns(RuntimeWarning, match="cuDNN has no engine for dgrad"):
+        assert gradcheck(lambda x, w: conv2d(x, w, None, 2, 1), [x, w])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per geometry
+        conv2d(x, w, None, 2, 1).sum().backward()
+
+
 def test_float32_is_full_float32_unless_tf32_is_chosen(gpu_algorithm):
     if gpu_algorithm != "cudnn":
         pytest.skip("TF32 is cuDNN's")
