@@ -45,7 +45,21 @@ def gpu_algorithm(request, monkeypatch):
         monkeypatch.setenv(fw_backend.CUDNN_ENV, "none")
         monkeypatch.setattr(gpu, "_warned", [True])
     fw_backend.forget_cudnn()
+    if request.param == "cudnn" and fw_backend.cudnn_module() is None:
+        pytest.skip("NVIDIA's cuDNN frontend is not installed: pip install nvidia-cudnn-frontend")
     yield request.param
+    fw_backend.forget_cudnn()
+
+
+@pytest.fixture
+def cudnn_frontend():
+    """The cuDNN frontend (its stand-in without a GPU)."""
+    if fw_backend.cupy_module() is None:
+        pytest.skip("needs CuPy or its stand-in")
+    fw_backend.forget_cudnn()
+    if fw_backend.cudnn_module() is None:
+        pytest.skip("NVIDIA's cuDNN frontend is not installed: pip install nvidia-cudnn-frontend")
+    yield
     fw_backend.forget_cudnn()
 
 
@@ -122,9 +136,7 @@ def test_the_cpu_keeps_its_algorithms():
     assert C.explain((64, 16, 32, 32), (32, 16, 3, 3), 2, 1).grad_input == "gemm"
 
 
-def test_plans_are_built_once_per_geometry_dtype_and_pass(gpu_algorithm, monkeypatch):
-    if gpu_algorithm != "cudnn":
-        pytest.skip("the fallback has no plans")
+def test_plans_are_built_once_per_geometry_dtype_and_pass(cudnn_frontend, monkeypatch):
     builds = []
     build = gpu._build
     monkeypatch.setattr(gpu, "_build", lambda *a: builds.append(a[1:3]) or build(*a))
@@ -142,9 +154,7 @@ def test_plans_are_built_once_per_geometry_dtype_and_pass(gpu_algorithm, monkeyp
     assert len(gpu._plans) == 5
 
 
-def test_the_cudnn_workspace_is_counted_and_freed(gpu_algorithm, monkeypatch):
-    if gpu_algorithm != "cudnn":
-        pytest.skip("the fallback's workspaces are its im2col buffers, below")
+def test_the_cudnn_workspace_is_counted_and_freed(cudnn_frontend, monkeypatch):
     monkeypatch.setattr(gpu, "_plans", {})
     x, w = _cuda(_rand((2, 3, 6, 6), 8, np.float32)), _cuda(_rand((4, 3, 3, 3), 9, np.float32))
     conv2d(x, w, None, 1, 1)  # builds the plan
@@ -164,9 +174,8 @@ def test_the_cudnn_workspace_is_counted_and_freed(gpu_algorithm, monkeypatch):
     assert memory.breakdown("cuda")["workspace"] == base  # and freed after
 
 
-def test_the_fallback_workspace_is_its_im2col_columns_whole_batch(gpu_algorithm):
-    if gpu_algorithm != "im2col_gpu":
-        pytest.skip("the fallback only")
+@pytest.mark.filterwarnings("ignore:conv2d on the GPU:RuntimeWarning")
+def test_the_fallback_workspace_is_its_im2col_columns_whole_batch(no_frontend):
     n, c, hw, co = 4, 3, 6, 5
     x, w = _cuda(_rand((n, c, hw, hw), 10, np.float32)), _cuda(_rand((co, c, 3, 3), 11, np.float32))
     base = memory.breakdown("cuda")["workspace"]
@@ -179,9 +188,7 @@ def test_the_fallback_workspace_is_its_im2col_columns_whole_batch(gpu_algorithm)
     assert memory.breakdown("cuda")["workspace"] == base
 
 
-def test_a_pass_cudnn_cannot_run_is_computed_by_the_fallback_with_a_warning(gpu_algorithm, monkeypatch):
-    if gpu_algorithm != "cudnn":
-        pytest.skip("cuDNN's")
+def test_a_pass_cudnn_cannot_run_is_computed_by_the_fallback_with_a_warning(cudnn_frontend, monkeypatch):
     cudnn = fw_backend.cudnn_module()
 
     def no_engine(cudnn_, op, *args):
@@ -201,9 +208,7 @@ def test_a_pass_cudnn_cannot_run_is_computed_by_the_fallback_with_a_warning(gpu_
         conv2d(x, w, None, 2, 1).sum().backward()
 
 
-def test_float32_is_full_float32_unless_tf32_is_chosen(gpu_algorithm):
-    if gpu_algorithm != "cudnn":
-        pytest.skip("TF32 is cuDNN's")
+def test_float32_is_full_float32_unless_tf32_is_chosen(cudnn_frontend):
     x32, w32 = _rand((2, 16, 8, 8), 12, np.float32), _rand((8, 16, 3, 3), 13, np.float32)
     expected = ref_conv2d(x32.astype(np.float64), w32.astype(np.float64), (1, 1), (1, 1))
     scale = np.abs(expected).max()
@@ -224,9 +229,7 @@ def test_float32_is_full_float32_unless_tf32_is_chosen(gpu_algorithm):
     np.testing.assert_allclose(to_numpy(y._data), expected, rtol=1e-12, atol=1e-12 * scale)
 
 
-def test_the_math_mode_of_the_forward_call_applies_to_its_backward(gpu_algorithm):
-    if gpu_algorithm != "cudnn":
-        pytest.skip("TF32 is cuDNN's")
+def test_the_math_mode_of_the_forward_call_applies_to_its_backward(cudnn_frontend):
     x32, w32 = _rand((2, 16, 8, 8), 14, np.float32), _rand((8, 16, 3, 3), 15, np.float32)
     grads = {}
     for mode in ("fp32", "tf32"):
@@ -325,9 +328,7 @@ def _standin_counts_launches():
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_each_cudnn_pass_is_one_library_call_and_no_host_sync(gpu_algorithm, bias):
-    if gpu_algorithm != "cudnn":
-        pytest.skip("cuDNN's passes")
+def test_each_cudnn_pass_is_one_library_call_and_no_host_sync(cudnn_frontend, bias):
     from framework.testing.cupy_standin import counting
 
     if fw_backend.cupy_choice() != "standin":
