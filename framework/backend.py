@@ -129,6 +129,58 @@ def forget_cupy() -> None:
     _cupy = _cupyx = None
 
 
+# --- NVIDIA's cuDNN frontend: the GPU convolutions (CuPy 14 has no cuDNN of its own) ----------
+
+#: The environment variable that chooses what :func:`cudnn_module` loads: ``cudnn`` (the
+#: real frontend, ``import cudnn``), ``standin`` (:mod:`framework.testing.cudnn_standin`)
+#: or ``none`` (as if it were not installed). Unset: the one that goes with the loaded
+#: CuPy (the real frontend with real CuPy, the stand-in with CuPy's stand-in).
+CUDNN_ENV = "INPLACE_LAB_CUDNN"
+_CUDNN_MODULES = {"cudnn": "cudnn", "standin": "framework.testing.cudnn_standin", "none": None}
+_cudnn = None  # the module once imported; False when it cannot be used
+
+
+def cudnn_choice() -> str:
+    """What :func:`cudnn_module` loads: ``"cudnn"``, ``"standin"`` or ``"none"`` (from :data:`CUDNN_ENV`).
+
+    Raises:
+        ValueError: the variable holds something else, or pairs a frontend with the other
+            CuPy (the real frontend reads real device pointers; the stand-in, stand-in arrays).
+    """
+    paired = "standin" if cupy_choice() == "standin" else "cudnn"
+    choice = os.environ.get(CUDNN_ENV, "").strip() or paired
+    if choice not in _CUDNN_MODULES:
+        raise ValueError(f"{CUDNN_ENV}={choice!r}: use one of {', '.join(_CUDNN_MODULES)}")
+    if choice != "none" and choice != paired:
+        raise ValueError(
+            f"{CUDNN_ENV}={choice!r} does not go with {CUPY_ENV}={cupy_choice()!r}: use {paired!r} or 'none'"
+        )
+    return choice
+
+
+def cudnn_module():
+    """NVIDIA's cuDNN frontend (or its stand-in) for the loaded CuPy, or None when it is not
+    installed, its cuDNN library does not load, or there is no CuPy."""
+    global _cudnn
+    if _cudnn is None:
+        name = _CUDNN_MODULES[cudnn_choice()]
+        try:
+            if name is None or cupy_module() is None:
+                raise ImportError(name)
+            module = importlib.import_module(name)
+            module.backend_version()  # the frontend imports without cuDNN; this call needs it
+            _cudnn = module
+        except Exception:  # ImportError, or the cuDNN library missing
+            _cudnn = False
+    return _cudnn or None
+
+
+def forget_cudnn() -> None:
+    """Makes the next :func:`cudnn_module` call load again (after :data:`CUDNN_ENV` changed)."""
+    global _cudnn
+    _cudnn = None
+
+
 def is_cuda_available() -> bool:
     """True when CuPy (or its stand-in) is loaded and sees at least one GPU."""
     return cupy_module() is not None

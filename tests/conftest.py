@@ -100,11 +100,12 @@ def without_cupy(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _restore_global_state():
-    """Grad mode, anomaly mode, the inplace policy and conv2d's algorithm setting are
-    process-global (a Trainer sets the last two): restore them."""
+    """Grad mode, anomaly mode, the inplace policy and conv2d's algorithm and math
+    settings are process-global (a Trainer sets the last three): restore them."""
     enabled, anomaly, policy = _grad_state.enabled, _grad_state.anomaly, inplace.get_policy()
-    conv_mode = conv_ops.get_contraction()
+    conv_mode, conv_math = conv_ops.get_contraction(), conv_ops.get_math_mode()
     yield
     _grad_state.enabled, _grad_state.anomaly = enabled, anomaly
     inplace.set_policy(policy)
     conv_ops.set_contraction(conv_mode)
+    conv_ops.set_math_mode(conv_math)

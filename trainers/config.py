@@ -122,6 +122,14 @@ SCHEMA: dict[str, Any] = {
         "the float32 rounding; docs/BENCHMARKS.md); the run name gets `_conv-fast`",
         choices=("auto", "fast"),
     ),
+    "conv_math": Field(
+        "str",
+        "fp32",
+        "How conv2d rounds float32 on a GPU: `fp32` (full float32: cuDNN's TF32 tensor-core engines "
+        "deselected) or `tf32` (allowed: faster, float32 inputs rounded to 10 mantissa bits, errors of "
+        "~1e-3); the CPU computes in full float32 either way; the run name gets `_conv-tf32`",
+        choices=("fp32", "tf32"),
+    ),
     "threads": Field(
         "int",
         0,

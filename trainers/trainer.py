@@ -146,11 +146,18 @@ def conv2d_mode(cfg: Config) -> str:
     return cfg["conv2d"] if "conv2d" in cfg else conv_ops.AUTO
 
 
+def conv_math(cfg: Config) -> str:
+    """The config's conv2d math mode (``"fp32"`` where the config has no such key)."""
+    return cfg["conv_math"] if "conv_math" in cfg else "fp32"
+
+
 def apply_run_settings(cfg: Config) -> None:
-    """Sets the process-wide settings a run's numbers depend on: the inplace policy and
-    conv2d's choosing mode (trainers of several configs can take turns in one process)."""
+    """Sets the process-wide settings a run's numbers depend on: the inplace policy,
+    conv2d's choosing mode and its math mode (trainers of several configs can take turns
+    in one process)."""
     fw.inplace.set_policy(cfg.inplace)
     conv_ops.set_contraction(conv2d_mode(cfg))
+    conv_ops.set_math_mode(conv_math(cfg))
 
 
 def build_optimizer(cfg: Config, params):
@@ -430,6 +437,7 @@ class Trainer:
                 "inplace_abn" if self.inplace_abn else None,
                 "compiled" if compiled(cfg) else None,
                 "conv-fast" if conv2d_mode(cfg) == "fast" else None,
+                "conv-tf32" if conv_math(cfg) == "tf32" else None,
             )
         )
         self.run_dir = run_dir(cfg.logging.logdir, cfg.experiment, self.run_name)
@@ -795,6 +803,8 @@ class Trainer:
             hp["compiled"] = compiled(cfg)
         if "conv2d" in cfg:
             hp["conv2d"] = conv2d_mode(cfg)
+        if "conv_math" in cfg:
+            hp["conv_math"] = conv_math(cfg)
         hp.update(
             {
                 "processes": self.comm.size,
@@ -809,7 +819,7 @@ class Trainer:
     def time_steps(self, steps: int) -> float:
         """Samples per second of ``steps`` more training steps, not logged or saved.
 
-        Sets this trainer's inplace policy and conv2d mode first, so that trainers of
+        Sets this trainer's inplace policy and conv2d modes first, so that trainers of
         several configs can take turns in one process (``scripts/compare_inplace.py``
         alternates them to measure throughput as a distribution). Training goes on from
         where it is.

@@ -39,19 +39,32 @@ conv2d:
   the output gradient dead and it has the input's shape, the input gradient is written
   back over it chunk by chunk instead (stride-1 layers that keep the channel count).
 
+**on a GPU** (CuPy arrays) the choosing modes take ONE cuDNN frontend call per pass
+(``pip install nvidia-cudnn-frontend``), or without it one im2col copy and one matmul per
+pass (and one warning); nothing is chunked there and the workspace limit does not apply
+(:mod:`.conv_algorithms.gpu`). **Math mode** (:func:`set_math_mode`): ``"fp32"`` (the
+default) keeps float32 convolutions in full float32 on the GPU; ``"tf32"`` lets cuDNN use
+its TF32 tensor-core engines (float32 inputs rounded to 10 mantissa bits: faster, errors of
+~1e-3 of the values). The CPU computes in full float32 either way. The mode in effect when
+conv2d is called applies to its backward too.
+
 Pooling is chunked by the same limit where it needs workspace that grows with the batch
-(:mod:`.conv_algorithms.pooling`). Max pooling saves the argmax of each window as a window
-offset in the smallest unsigned dtype that holds ``kh*kw`` offsets (one byte per output,
-instead of the input): a private array, so an inplace op on the pooled input after the
-pool (a later ``relu_``) costs nothing and cannot break its backward.
+(:mod:`.conv_algorithms.pooling`); on a GPU it is not chunked, and makes a constant number
+of calls (the windows in one copy or reduction, the backward in one scatter-add). Max
+pooling saves the argmax of each window as a window offset in the smallest unsigned dtype
+that holds ``kh*kw`` offsets (one byte per output, instead of the input): a private array,
+so an inplace op on the pooled input after the pool (a later ``relu_``) costs nothing and
+cannot break its backward.
 """
 
 from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from ..autograd.function import Function
-from ..backend import get_array_module
+from ..backend import get_array_module, parse_device, xp_for
 from .conv_algorithms import ALGORITHMS, ConvGeometry
 from .conv_algorithms import choice as _choice
 from .conv_algorithms import pooling as _pooling
@@ -74,6 +87,35 @@ GRID_AND_WINOGRAD = ("grid", "winograd2", "winograd4")
 CHOOSING = _choice.MODES  # ("auto", "fast")
 AUTO = "auto"
 _default = [AUTO]
+#: conv2d's math modes: ``"fp32"`` (the default) and ``"tf32"`` (TF32 tensor cores on a GPU).
+MATH_MODES = _choice.MATH_MODES
+_math = ["fp32"]
+
+
+def get_math_mode() -> str:
+    """conv2d's math mode now: ``"fp32"`` or ``"tf32"`` (see the module's docstring)."""
+    return _math[-1]
+
+
+def set_math_mode(name: str) -> None:
+    """Makes ``name`` (``"fp32"`` or ``"tf32"``) conv2d's math mode."""
+    _math[0] = _check_math(name)
+
+
+@contextlib.contextmanager
+def math_mode(name: str):
+    """``with math_mode("tf32"): ...``: conv2d calls inside use that math mode."""
+    _math.append(_check_math(name))
+    try:
+        yield
+    finally:
+        _math.pop()
+
+
+def _check_math(name):
+    if name not in MATH_MODES:
+        raise ValueError(f"unknown conv2d math mode {name!r}; use one of {', '.join(MATH_MODES)}")
+    return name
 
 
 def get_contraction() -> str:
@@ -104,20 +146,22 @@ def _check_contraction(name):
     return name
 
 
-def _plan(name, geom) -> _choice.Plan:
-    """The algorithms of the three passes: a choosing mode's rule, else ``name`` forced."""
+def _plan(name, geom, xp=np, math="fp32") -> _choice.Plan:
+    """The algorithms of the three passes: a choosing mode's rule (for the device of ``xp``
+    and math mode ``math``), else ``name`` forced."""
     if name in CHOOSING:
-        return _choice.plan(name, geom)
+        return _choice.plan(name, geom, xp, math)
     reason = ALGORITHMS[name].unsupported(geom)
     if reason is not None:
         raise ValueError(f"conv2d: contraction {name!r} {reason}; use 'auto' or one of {', '.join(CONTRACTIONS)}")
     return _choice.Plan(name, name, name, f"forced: contraction({name!r})")
 
 
-def explain(input_shape, weight_shape, stride=1, padding=0, name=None) -> _choice.Plan:  # noqa: A002
+def explain(input_shape, weight_shape, stride=1, padding=0, name=None, device="cpu") -> _choice.Plan:  # noqa: A002
     """Which algorithm each pass of ``conv2d`` would use for these shapes, and why.
 
-    ``name`` (a choosing mode or an algorithm) defaults to the current setting. Returns a
+    ``name`` (a choosing mode or an algorithm) defaults to the current setting; ``device``
+    (``"cpu"`` or ``"cuda"``) is where the arrays would live; the math mode is the current one. Returns a
     :class:`~.conv_algorithms.choice.Plan` ``(forward, grad_weight, grad_input, rule)``,
     e.g. for ResNet-20's 64-channel layers ``explain((64, 64, 8, 8), (64, 64, 3, 3), 1,
     1).forward == "winograd2"``.
@@ -126,7 +170,8 @@ def explain(input_shape, weight_shape, stride=1, padding=0, name=None) -> _choic
     padding = _pair(padding, "padding", "conv2d", 0)
     out_hw = _out_size("conv2d", tuple(input_shape[2:]), tuple(weight_shape[2:]), stride, padding)
     geom = ConvGeometry(tuple(input_shape), tuple(weight_shape), stride, padding, out_hw)
-    return _plan(_check_contraction(name or get_contraction()), geom)
+    xp = xp_for(parse_device(device))
+    return _plan(_check_contraction(name or get_contraction()), geom, xp, get_math_mode())
 
 
 # --- argument and geometry helpers ------------------------------------------------------
@@ -171,7 +216,7 @@ class Conv2d(Function):
     saves = ("x", "w")
     saved_when = {"x": (1,), "w": (0,)}  # x only for w's gradient, w only for x's
 
-    def forward(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), contraction=AUTO, limit=None):
+    def forward(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), contraction=AUTO, limit=None, math="fp32"):
         fn = "conv2d"
         _check_4d(fn, x)
         if w.ndim != 4:
@@ -191,7 +236,7 @@ class Conv2d(Function):
         out_hw = _out_size(fn, x.shape[2:], w.shape[2:], stride, padding)
         geom = ConvGeometry(tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), out_hw)
         ctx.geom, ctx.limit = geom, limit
-        ctx.plan = plan = _plan(contraction, geom)
+        ctx.plan = plan = _plan(contraction, geom, xp, math)
         out = ALGORITHMS[plan.forward].forward(x, w, geom, limit, xp)
         if b is not None:
             out += b.reshape(1, -1, 1, 1)
@@ -244,6 +289,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0):  # noqa: A002  (PyTor
         padding=padding,
         contraction=get_contraction(),
         limit=_resolve_limit(get_workspace_limit(), input),
+        math=get_math_mode(),
     )
 
 
@@ -270,16 +316,16 @@ class MaxPool2d(Function):
         ctx.geom = (x.shape, kernel, stride, padding, out_hw, limit)
         track_index = any(ctx.needs_input_grad)
         xp = get_array_module(x)
-        out, idx = _pooling.max_pool_forward(x, kernel, stride, padding, out_hw, limit, track_index, xp)
+        out, idx = _choice.pooling(xp).max_pool_forward(x, kernel, stride, padding, out_hw, limit, track_index, xp)
         if track_index:
             ctx.keep(indices=idx)
         return out
 
     def backward(ctx, g):
         x_shape, kernel, stride, padding, out_hw, limit = ctx.geom
-        return _pooling.max_pool_backward(
-            g, ctx.indices, x_shape, kernel, stride, padding, out_hw, limit, get_array_module(g)
-        )
+        xp = get_array_module(g)
+        kernels = _choice.pooling(xp)
+        return kernels.max_pool_backward(g, ctx.indices, x_shape, kernel, stride, padding, out_hw, limit, xp)
 
 
 class AvgPool2d(Function):
@@ -292,11 +338,13 @@ class AvgPool2d(Function):
             raise TypeError(f"{fn}: expected a floating input, got {x.dtype}")
         out_hw = _out_size(fn, x.shape[2:], kernel, stride, padding)
         ctx.geom = (x.shape, kernel, stride, padding, out_hw)
-        return _pooling.avg_pool_forward(x, kernel, stride, padding, out_hw, limit, get_array_module(x))
+        xp = get_array_module(x)
+        return _choice.pooling(xp).avg_pool_forward(x, kernel, stride, padding, out_hw, limit, xp)
 
     def backward(ctx, g):
         x_shape, kernel, stride, padding, out_hw = ctx.geom
-        return _pooling.avg_pool_backward(g, x_shape, kernel, stride, padding, out_hw, get_array_module(g))
+        xp = get_array_module(g)
+        return _choice.pooling(xp).avg_pool_backward(g, x_shape, kernel, stride, padding, out_hw, xp)
 
 
 class AdaptiveAvgPool2dSeparable(Function):

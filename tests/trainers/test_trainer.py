@@ -313,13 +313,14 @@ def test_hparams_tell_policies_and_inplace_abn_apart(tmp_path):
             "inplace_abn",
             "compiled",
             "conv2d",
+            "conv_math",
             "processes",
             "model",
             "batch_size",
             "optimizer",
             "lr",
         }
-        assert hp["compiled"] is False and hp["conv2d"] == "auto"
+        assert hp["compiled"] is False and hp["conv2d"] == "auto" and hp["conv_math"] == "fp32"
         assert hp["processes"] == 1 and hp["model"] == "mlp" and hp["batch_size"] == 32
     assert [(hp["inplace"], hp["inplace_abn"]) for hp in hps] == [("on", False), ("on", True), ("off", True)]
 
@@ -357,6 +358,26 @@ def test_the_conv2d_setting_chooses_the_algorithms_and_names_the_run(tmp_path):
     assert conv_ops.get_contraction() == "fast"
     no_key = {k: v for k, v in cfg.to_dict().items() if k != "conv2d"}  # a config from before the key
     assert conv2d_mode(Config(no_key)) == "auto"
+
+
+def test_the_conv_math_setting_chooses_tf32_only_when_asked_and_names_the_run(tmp_path):
+    from framework.ops import conv as conv_ops
+    from trainers.config import Config
+    from trainers.trainer import conv_math
+
+    cfg = tiny_config(tmp_path, "inplace=on", "train.max_steps=2")
+    assert conv_math(cfg) == "fp32"  # the schema's default
+    tf32 = tiny_config(tmp_path, "inplace=on", "train.max_steps=2", "conv_math=tf32")
+    trainer = Trainer(tf32)
+    assert conv_ops.get_math_mode() == "tf32"
+    assert trainer.run_name == "inplace-on_np1_conv-tf32" and trainer.hparams()["conv_math"] == "tf32"
+    plain = Trainer(cfg)
+    assert conv_ops.get_math_mode() == "fp32" and plain.run_name == "inplace-on_np1"
+    assert plain.hparams()["conv_math"] == "fp32"
+    trainer.time_steps(1)  # trainers taking turns in one process each run under their own setting
+    assert conv_ops.get_math_mode() == "tf32"
+    no_key = {k: v for k, v in cfg.to_dict().items() if k != "conv_math"}  # a config from before the key
+    assert conv_math(Config(no_key)) == "fp32"
 
 
 def test_checking_the_model_against_the_data_leaves_nothing_allocated(tmp_path):

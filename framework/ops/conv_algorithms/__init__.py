@@ -8,6 +8,8 @@ one per layer, the pooling kernels, and the workspace limit they all respect.
   chunk), the input gradient as the transposed convolution.
 - :mod:`.winograd`: 3x3 stride 1: Winograd F(2x2, 3x3) and F(4x4, 3x3).
 - :mod:`.choice`: which of them ``contraction("auto")`` (the default) takes per layer.
+- :mod:`.gpu`: the GPU's: one cuDNN frontend call per pass (``cudnn``, ``cudnn_tf32``),
+  or one im2col copy and one matmul (``im2col_gpu``) without the frontend; unchunked.
 - :mod:`.pooling`: max and average pooling kernels.
 
 Every algorithm has the same three entry points, on raw arrays (NumPy or CuPy, the
@@ -19,11 +21,15 @@ cannot run a geometry (None when it can). Nothing here touches autograd: the op
 """
 
 from .geometry import ConvGeometry
+from .gpu import CUDNN, CUDNN_TF32, IM2COL_GPU
 from .grid import GRID
 from .im2col import BATCHED, EINSUM, GEMM, TENSORDOT
 from .winograd import WINOGRAD2, WINOGRAD4
 
-#: Every algorithm by name; the first four are the im2col contractions (every geometry).
-ALGORITHMS = {a.name: a for a in (BATCHED, GEMM, TENSORDOT, EINSUM, GRID, WINOGRAD2, WINOGRAD4)}
+#: Every algorithm by name; the first four are the im2col contractions (every geometry),
+#: the last three the GPU's (chosen on a GPU, never forced by name).
+ALGORITHMS = {
+    a.name: a for a in (BATCHED, GEMM, TENSORDOT, EINSUM, GRID, WINOGRAD2, WINOGRAD4, CUDNN, CUDNN_TF32, IM2COL_GPU)
+}
 
 __all__ = ["ALGORITHMS", "ConvGeometry"]

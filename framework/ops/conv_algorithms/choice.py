@@ -38,11 +38,24 @@ form of ``grid`` needs stride 1.
 The rules are pure functions of the shapes (nothing is timed at run time), so a layer
 always takes the same path and its results are reproducible. ``framework.ops.conv.explain``
 shows the plan for a layer.
+
+On a GPU (CuPy arrays) both modes take, for every layer and pass, ONE library call through
+NVIDIA's cuDNN frontend (``cudnn``; ``cudnn_tf32`` under the ``tf32`` math mode), or,
+where the frontend is not installed, ``im2col_gpu`` (one copy and one matmul a pass; a
+warning, once, names the install): :mod:`.gpu`. The tables above are the CPU's, where
+calls are cheap and caches small; a GPU pays 7-10 µs a call, so there the fewest calls
+win. This function is the one place the device enters: the op, what it saves and its
+inplace rules are the same on both.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+import numpy as np
+
+from . import pooling as _pooling
+from .gpu import frontend
 
 
 class Plan(NamedTuple):
@@ -84,9 +97,27 @@ RULES = {
 MODES = tuple(RULES)
 
 
-def plan(mode: str, geom) -> Plan:
-    """The algorithms choosing mode ``mode`` (``"auto"`` or ``"fast"``) uses for ``geom``."""
+#: conv2d's math modes (``framework.ops.conv.set_math_mode``): what float32 may round to
+#: on a GPU. ``fp32``: full float32; ``tf32``: cuDNN's TF32 tensor-core engines allowed.
+MATH_MODES = ("fp32", "tf32")
+
+
+def plan(mode: str, geom, xp=np, math: str = "fp32") -> Plan:
+    """The algorithms choosing mode ``mode`` (``"auto"`` or ``"fast"``) uses for ``geom``
+    on the device of array module ``xp`` (NumPy: the CPU, the tables above; CuPy: a GPU),
+    under math mode ``math`` (:data:`MATH_MODES`; the CPU computes float32 exactly either way)."""
+    if xp is not np:
+        if frontend() is None:
+            return Plan(*("im2col_gpu",) * 3, f"{mode} on a GPU without the cuDNN frontend: im2col + matmul")
+        name = "cudnn_tf32" if math == "tf32" else "cudnn"
+        return Plan(*(name,) * 3, f"{mode} on a GPU: one cuDNN frontend call per pass, {math} math")
     for rule, matches, names in RULES[mode]:
         if matches(geom):
             return Plan(*names, f"{mode}: {rule}")
     raise AssertionError("the last rule matches every geometry")  # pragma: no cover
+
+
+def pooling(xp) -> _pooling.Kernels:
+    """The pooling kernels for the device of array module ``xp``: the CPU's (chunked by the
+    workspace limit, a loop over window offsets) or the GPU's (a constant number of calls)."""
+    return _pooling.CPU if xp is np else _pooling.GPU

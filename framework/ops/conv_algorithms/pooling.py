@@ -3,7 +3,8 @@
 They are chunked by the workspace limit (:mod:`.workspace`) where they need workspace
 that grows with the batch: max pooling's comparison masks and ``-inf`` padded input in
 forward, its mask and masked gradient in backward, average pooling's zero-padded input.
-Gradients are allocated at the input's exact shape. Max pooling records the argmax of
+Gradients are allocated at the input's exact shape. On a GPU other kernels run (below:
+a constant number of calls, no chunks), chosen in :func:`.choice.pooling`. Max pooling records the argmax of
 each window as a window offset in the smallest unsigned dtype that holds ``kh*kw``
 offsets (``uint8`` for every usual kernel): one byte per output element, instead of the
 whole input (4 bytes per input element for float32, 16x more for a 2x2 pool).
@@ -12,9 +13,14 @@ whole input (4 bytes per input element for float32, 16x more for a 2x2 pool).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
 
 from ... import memory
-from .workspace import chunks, offset, pad, padded_image_bytes, reaches
+from ...backend import scatter_add
+from .workspace import chunks, offset, pad, padded_image_bytes, reaches, windows
 
 
 def index_dtype(xp, n_offsets):
@@ -114,3 +120,136 @@ def adaptive_matrix(xp, n_in, n_out, dtype):
     pos = xp.arange(n_in)
     inside = (pos[None, :] >= start[:, None]) & (pos[None, :] < end[:, None])
     return (inside / (end - start)[:, None]).astype(dtype)
+
+
+# --- the GPU's: a constant number of calls whatever the batch and the kernel ------------------
+#
+# On a GPU each call costs 7-10 µs, so the kernels above (a loop over chunks and over the
+# kh*kw window offsets) would cost dozens of launches a pool. Here a pool is one padded
+# copy, one strided copy or reduction of the window view, and a reduction or two; its
+# backward scatters into the (padded) input gradient with ONE scatter-add over every
+# window position (``cupyx.scatter_add``: overlapping windows add up), then crops. No
+# chunks (the workspace is batch-sized: the windows, ``kh*kw`` values per output), no host
+# synchronization. Which kernels run is decided in :func:`.choice.pooling`.
+
+_window_positions: dict = {}  # (device, padded hw, kernel, stride, out hw) -> (Ho, Wo, kh*kw) device array
+
+
+def _positions(xp, padded_hw, kernel, stride, out_hw):
+    """Flat index in a padded plane of every window element: ``[r, c, i*kw + j] =
+    (r*sh + i)*Wp + c*sw + j``, made once per geometry and device (a host-to-device copy)."""
+    key = (xp.cuda.runtime.getDevice(), padded_hw, kernel, stride, out_hw)
+    pos = _window_positions.get(key)
+    if pos is None:
+        rows = np.arange(out_hw[0])[:, None, None, None] * stride[0] + np.arange(kernel[0])[None, None, :, None]
+        cols = np.arange(out_hw[1])[None, :, None, None] * stride[1] + np.arange(kernel[1])[None, None, None, :]
+        flat = (rows * padded_hw[1] + cols).reshape(out_hw[0], out_hw[1], kernel[0] * kernel[1])
+        # kept for the process, like a plan: counted, but not as a call's workspace
+        pos = _window_positions[key] = memory.track(xp.asarray(flat), "other")
+    return pos
+
+
+def _padded(x, padding, value, xp):
+    """``x`` padded by ``value``: one fill and one copy (``x`` itself without padding)."""
+    (ph, pw), (n, c, h, w) = padding, x.shape
+    if ph == 0 and pw == 0:
+        return x
+    buf = memory.empty((n, c, h + 2 * ph, w + 2 * pw), x.dtype, xp, "workspace")
+    buf.fill(value)
+    buf[:, :, ph : ph + h, pw : pw + w] = x
+    return buf
+
+
+def _scatter_windows(values, x_shape, kernel, stride, padding, out_hw, xp):
+    """The input gradient: ``values`` ``(N, C, Ho, Wo, kh*kw or 1)`` added at every window
+    position of the padded input (one scatter-add), cropped to the input."""
+    n, c, h, w = x_shape
+    (ph, pw) = padding
+    hp, wp = h + 2 * ph, w + 2 * pw
+    unpadded = ph == 0 and pw == 0
+    gpad = memory.zeros((n, c, hp, wp), values.dtype, xp, "gradients" if unpadded else "workspace")
+    pos = _positions(xp, (hp, wp), kernel, stride, tuple(out_hw))
+    scatter_add(gpad.reshape(n, c, hp * wp), (slice(None), slice(None), pos), values)
+    if unpadded:
+        return gpad
+    gx = memory.empty(x_shape, values.dtype, xp, "gradients")
+    xp.copyto(gx, gpad[:, :, ph : ph + h, pw : pw + w])
+    return gx
+
+
+def max_pool_forward_gpu(x, kernel, stride, padding, out_hw, limit, track_index, xp):
+    """:func:`max_pool_forward` in a constant number of calls: the windows copied once,
+    then a max (and an argmax: the first maximum, NaN counting as the maximum)."""
+    low = -xp.inf if x.dtype.kind == "f" else (xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else False)
+    shape = x.shape[:2] + tuple(out_hw)
+    n_off = kernel[0] * kernel[1]
+    xpad = _padded(x, padding, low, xp)  # named: the window view alone may not keep it counted
+    view = windows(xpad, kernel, stride, out_hw)  # (N, C, kh, kw, Ho, Wo)
+    cols = memory.empty(shape + tuple(kernel), x.dtype, xp, "workspace")
+    xp.copyto(cols, view.transpose(0, 1, 4, 5, 2, 3))
+    del view, xpad
+    flat = cols.reshape(shape + (n_off,))
+    out = memory.empty(shape, x.dtype, xp, "activations")
+    flat.max(axis=-1, out=out)
+    idx = None
+    if track_index:
+        arg = memory.empty(shape, np.int64, xp, "workspace")
+        flat.argmax(axis=-1, out=arg)
+        idx = memory.empty(shape, index_dtype(xp, n_off), xp, "activations")
+        xp.copyto(idx, arg, casting="unsafe")  # offsets < kh*kw: the small dtype holds them
+    return out, idx
+
+
+def max_pool_backward_gpu(g, idx, x_shape, kernel, stride, padding, out_hw, limit, xp):
+    """Each output's gradient to its window's first maximum: a one-hot of the saved offset
+    times the gradient, scattered over the windows."""
+    n_off = kernel[0] * kernel[1]
+    offsets = _offsets(xp, n_off, idx.dtype)
+    hit = memory.empty(idx.shape + (n_off,), bool, xp, "workspace")
+    xp.equal(idx[..., None], offsets, out=hit)
+    values = memory.empty(hit.shape, g.dtype, xp, "workspace")
+    xp.multiply(hit, g[..., None], out=values)
+    del hit
+    return _scatter_windows(values, x_shape, kernel, stride, padding, out_hw, xp)
+
+
+_offset_ranges: dict = {}  # (device, n, dtype) -> arange(n) on that device
+
+
+def _offsets(xp, n_off, dtype):
+    key = (xp.cuda.runtime.getDevice(), n_off, np.dtype(dtype).str)
+    ks = _offset_ranges.get(key)
+    if ks is None:
+        ks = _offset_ranges[key] = memory.track(xp.asarray(np.arange(n_off, dtype=dtype)), "other")
+    return ks
+
+
+def avg_pool_forward_gpu(x, kernel, stride, padding, out_hw, limit, xp):
+    """:func:`avg_pool_forward` as one sum over the window view (no copy of the windows)
+    and one scaling (the CPU's rounding: sum, then times 1/(kh*kw))."""
+    xpad = _padded(x, padding, 0, xp)
+    out = memory.empty(x.shape[:2] + tuple(out_hw), x.dtype, xp, "activations")
+    windows(xpad, kernel, stride, out_hw).sum(axis=(2, 3), out=out)
+    del xpad
+    out *= 1.0 / (kernel[0] * kernel[1])
+    return out
+
+
+def avg_pool_backward_gpu(g, x_shape, kernel, stride, padding, out_hw, xp):
+    """Each output's gradient divided among its window: one scaling, one scatter-add."""
+    values = memory.empty(g.shape + (1,), g.dtype, xp, "workspace")
+    xp.multiply(g[..., None], 1.0 / (kernel[0] * kernel[1]), out=values)
+    return _scatter_windows(values, x_shape, kernel, stride, padding, out_hw, xp)
+
+
+class Kernels(NamedTuple):
+    """One device's four pooling kernels (same signatures on both)."""
+
+    max_pool_forward: Callable
+    max_pool_backward: Callable
+    avg_pool_forward: Callable
+    avg_pool_backward: Callable
+
+
+CPU = Kernels(max_pool_forward, max_pool_backward, avg_pool_forward, avg_pool_backward)
+GPU = Kernels(max_pool_forward_gpu, max_pool_backward_gpu, avg_pool_forward_gpu, avg_pool_backward_gpu)
