@@ -181,6 +181,24 @@ class FlatGroup:
         self.stensors[key] = [weakref.ref(t) for t in tensors]
         return tensors, False
 
+    def unflatten(self) -> None:
+        """Copies every parameter, and each gradient and state tensor that is a view of a
+        flat array, into an array of its own (the tensors stay the same objects)."""
+        for p, v in zip(self.params, self.pviews):
+            if p._data is v:
+                p._data = memory.track(v.copy(), "parameters")
+        grads = [p._grad for p in self.params]
+        for g, ours in zip(grads, self._ours(grads, self.gtensors)):
+            if ours:
+                g._data = memory.track(g._data.copy(), "gradients")
+        for refs in self.stensors.values():
+            for r in refs:
+                t = r()
+                if t is not None:
+                    t._data = memory.track(t._data.copy(), "optimizer_state")
+        self.param = None
+        self.pviews, self.gtensors, self.grad, self.state, self.stensors = [], [], None, {}, {}
+
     def chunks(self, whole: bool):
         """``(lo, hi)`` slices a step walks: the whole buffer on a GPU (or when ``whole``),
         cache-sized chunks on the CPU."""

@@ -294,6 +294,16 @@ class Optimizer:
                 st[k] = tensors[k][i] if k in tensors else scalars[k]
         return True
 
+    def _unflatten(self) -> None:
+        """Gives every parameter, and each gradient and state tensor of the flat buffers,
+        its own array again (same values, same tensor objects); the next eager step builds
+        new flat buffers. :mod:`framework.compile` calls it: a captured program plans one
+        buffer per parameter."""
+        for _sig, flats, _rest in self._flat.values():
+            for fg in flats:
+                fg.unflatten()
+        self._flat.clear()
+
     def _place(self, array, flat, fg: FlatGroup, lo: int, hi: int, whole: bool, category: str, taken):
         """Puts a chunk's new values (``array``) into the flat buffer being built for them
         (``flat``, None at first): taken as it is when it is a whole fresh buffer, else

@@ -311,3 +311,33 @@ def test_state_dict_round_trip_through_flat_buffers():
     for p, q in zip(params, params2):
         np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
     assert memory.root_buffer(opt2.state[params2[0]]["exp_avg"]._data).shape == (sum(p.numel() for p in params),)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("kind,optimizer", [("mlp", "adam"), ("resnet", "sgd")])
+def test_a_step_compiled_after_eager_flat_steps_replays_like_eager_off(kind, optimizer, policy):
+    """fw.compile gives the parameters their own arrays back before it captures (its plan
+    has one buffer per parameter); eager steps after it build the flat buffers again."""
+    from ..compile.helpers import batches, bitwise_equal, make_model, snapshot, train_step  # noqa: PLC0415
+
+    runs = {}
+    for mode in ("eager off", "mixed"):
+        fw.inplace.set_policy("off" if mode == "eager off" else policy)
+        model = make_model(kind)
+        if optimizer == "sgd":
+            opt = fw.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+        else:
+            opt = fw.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-4)
+        step = train_step(model, opt)
+        compiled = fw.compile(step)
+        out = []
+        for i, (x, y) in enumerate(batches(kind, 7)):
+            f = compiled if mode == "mixed" and i in (2, 3, 4) else step  # eager, compiled, eager again
+            out.append(f(x, y).detach().numpy().copy())
+            out += snapshot(model, opt)
+        if mode == "mixed":
+            assert compiled.captures >= 1 and compiled.last.replays >= 1
+            p = next(model.parameters())
+            assert memory.root_buffer(p._data).size == sum(q.numel() for q in model.parameters())
+        runs[mode] = out
+    assert bitwise_equal(runs["eager off"], runs["mixed"])
