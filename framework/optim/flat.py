@@ -14,10 +14,15 @@ into a flat array first, so nothing the user does can make the flat copy stale.
 
 Who owns a buffer: parameter and state arrays belong to the optimizer. A gradient that is
 a plain array (made by backward, or assigned) is adopted: copied into the flat gradient
-array and ``p.grad`` rebound to its view. A gradient that is a view of someone else's
-buffer (DataParallel's allreduce bucket) is left where it is and gathered into a workspace
-copy for the step: DataParallel keeps owning ``.grad`` and the two never rebind it back and
-forth.
+array and ``p.grad`` rebound to its view (same values). Gradients that are views of
+someone else's flat array are read where they are and never rebound: DataParallel (policy
+``on``) keeps each dtype's buckets in one array, the optimizer lays its flat buffers out in
+that order when it builds them and then reads the gradients there with no copy; gradients
+of another layout are gathered into a ``workspace`` copy for the step. So DataParallel owns
+``.grad`` where it is used, the optimizer everywhere else, and neither rebinds the other's.
+
+On the CPU a step walks the buffers in cache-sized chunks (:data:`CPU_CHUNK`), on a GPU
+it runs over each whole buffer.
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ import numpy as np
 
 from .. import memory
 from ..backend import get_array_module
+from ..ops import _element_offset
 from ..tensor import _wrap
 
-# On the CPU a step walks the flat buffers in chunks of at least this many elements (and
-# at least the largest parameter), so that its temporaries stay cache-sized and never
-# exceed those of a per-parameter update by more than a few such chunks.
-CPU_CHUNK = 1 << 14
+# On the CPU a step walks the flat buffers in chunks of this many elements (or of the
+# largest parameter, when larger): its temporaries (Adam's sqrt(v), ...) stay cache-sized
+# and at most a few such chunks larger than those of a per-parameter update.
+CPU_CHUNK = 1 << 16
 
 
 def _views(flat, params):
@@ -60,6 +66,24 @@ def own(array, n, taken) -> bool:
     return all(array is not t for t in taken)
 
 
+def _borrowable(params):
+    """When every parameter's gradient is a view of one flat array (DataParallel's buffer
+    of their dtype), tiling a contiguous range of it: ``(params in the order of their
+    gradients there, that array, the range's first element)``; else None."""
+    grads = [p._grad._data if p._grad is not None else None for p in params]
+    if any(g is None or g.base is None or not g.flags.c_contiguous for g in grads):
+        return None
+    base = memory.root_buffer(grads[0])
+    if base.ndim != 1 or base.dtype != grads[0].dtype or any(memory.root_buffer(g) is not base for g in grads[1:]):
+        return None
+    starts = [_element_offset(g, base) for g in grads]
+    order = sorted(range(len(params)), key=starts.__getitem__)
+    for a, b in zip(order, order[1:]):
+        if starts[b] != starts[a] + grads[a].size:
+            return None
+    return [params[i] for i in order], base, starts[order[0]]
+
+
 class FlatGroup:
     """Parameters of one group, device and dtype over flat buffers (see the module doc).
 
@@ -77,9 +101,27 @@ class FlatGroup:
             parameter's state tensor.
     """
 
-    __slots__ = ("params", "numel", "dtype", "xp", "chunk", "param", "pviews", "grad", "gtensors", "state", "stensors")
+    __slots__ = (
+        "params",
+        "numel",
+        "dtype",
+        "xp",
+        "chunk",
+        "param",
+        "pviews",
+        "grad",
+        "gtensors",
+        "borrow",
+        "state",
+        "stensors",
+    )
 
     def __init__(self, params: list) -> None:
+        borrow = _borrowable(params)
+        self.borrow = None  # (weakref to another owner's flat gradient array, first element)
+        if borrow is not None:  # laid out in the order of the gradients' buffer, to read it as it is
+            params, base, start = borrow
+            self.borrow = (weakref.ref(base), start)
         self.params = params
         first = params[0]._data
         self.dtype, self.xp = first.dtype, get_array_module(first)
@@ -117,8 +159,8 @@ class FlatGroup:
     def grads(self, fresh: bool):
         """The gradients as one flat array (every parameter has one).
 
-        Zero copies when each ``p.grad`` is already a view of the flat gradient array.
-        Otherwise one gather: plain gradient arrays are adopted (``p.grad`` becomes a view
+        Zero copies when each ``p.grad`` is already a view of the flat gradient array, or
+        of the borrowed one (DataParallel's, see :func:`_borrowable`). Otherwise one gather: plain gradient arrays are adopted (``p.grad`` becomes a view
         of the flat array, same values), into the existing flat array when ``fresh`` is
         False and every gradient is ours or plain, else into a new one. When some
         gradient views another buffer (DataParallel's bucket), the gather is a
@@ -128,6 +170,9 @@ class FlatGroup:
         ours = self._ours(grads, self.gtensors)
         if all(ours):
             return self.grad()
+        borrowed = self.borrowed(grads)
+        if borrowed is not None:
+            return borrowed
         srcs = [g._data for g in grads]
         if not all(o or s.base is None for o, s in zip(ours, srcs)):
             return _gather(srcs, self.numel, self.dtype, self.xp, "workspace")
@@ -146,16 +191,35 @@ class FlatGroup:
         self.gtensors = [weakref.ref(p._grad) for p in self.params]
         return flat
 
+    def borrowed(self, grads: list):
+        """The slice of another owner's flat gradient array that holds ``grads`` in this
+        group's order (each at its offset, as when the group was built), else None."""
+        if self.borrow is None:
+            return None
+        base, start = self.borrow[0](), self.borrow[1]
+        if base is None:
+            return None
+        off = start
+        for g, v in zip(grads, self.pviews):
+            a = g._data
+            if a.base is None or memory.root_buffer(a) is not base or a.shape != v.shape or not a.flags.c_contiguous:
+                return None
+            if _element_offset(a, base) != off:
+                return None
+            off += a.size
+        return base[start:off]
+
     def zero_grad(self) -> list | None:
         """Zeroes every gradient with one fill when each is a plain view of the flat
-        array; returns the gradient tensors (their versions are the caller's to bump), or
-        None when it did nothing."""
+        gradient array (ours or the borrowed one); returns the gradient tensors (their
+        versions are the caller's to bump), or None when it did nothing."""
         grads = [p._grad for p in self.params]
-        if not all(self._ours(grads, self.gtensors)):
+        if any(g is None or g._grad_fn is not None or g._requires_grad for g in grads):
             return None
-        if any(g._grad_fn is not None or g._requires_grad for g in grads):
+        flat = self.grad() if all(self._ours(grads, self.gtensors)) else self.borrowed(grads)
+        if flat is None:
             return None
-        self.grad().fill(0)
+        flat.fill(0)
         return grads
 
     # --- state ----------------------------------------------------------------------------

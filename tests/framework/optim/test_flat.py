@@ -38,7 +38,7 @@ def per_parameter(cls):
 
 
 # Shapes whose sizes straddle the CPU chunk (so a chunk boundary falls inside parameters)
-SHAPES = [(7, 5), (3,), (130, 129), (1,), (64, 3, 3, 3), (17,), (200, 90)]
+SHAPES = [(7, 5), (3,), (130, 129), (1,), (64, 3, 3, 3), (17,), (400, 400)]
 
 
 def make_params(device="cpu", dtypes=(fw.float32,)):
