@@ -160,11 +160,12 @@ class FlatGroup:
         """The gradients as one flat array (every parameter has one).
 
         Zero copies when each ``p.grad`` is already a view of the flat gradient array, or
-        of the borrowed one (DataParallel's, see :func:`_borrowable`). Otherwise one gather: plain gradient arrays are adopted (``p.grad`` becomes a view
-        of the flat array, same values), into the existing flat array when ``fresh`` is
-        False and every gradient is ours or plain, else into a new one. When some
-        gradient views another buffer (DataParallel's bucket), the gather is a
-        ``workspace`` copy for this step only and no ``p.grad`` is rebound.
+        of the borrowed one (DataParallel's, see :func:`_borrowable`). Otherwise one
+        gather: plain gradient arrays are adopted (``p.grad`` becomes a view of the flat
+        array, same values), into the existing flat array when ``fresh`` is False and
+        every gradient is ours or plain, else into a new one. When some gradient views
+        another buffer in another layout, the gather is a ``workspace`` copy for this step
+        only and no ``p.grad`` is rebound.
         """
         grads = [p._grad for p in self.params]
         ours = self._ours(grads, self.gtensors)

@@ -264,18 +264,21 @@ class Optimizer:
             final = dict(given)
             new_p = self._update_flat(p_t, _wrap(grad[lo:hi]), final, group, u)
             taken = [grad, new_param, *new_state.values()]
-            if new_p is not p_t:
-                new_param = self._place(new_p._data, new_param, fg, lo, hi, whole, "parameters", taken)
+            if new_p is not p_t:  # into a new buffer out of place, else back into the flat one
+                dst = new_param if whole else fg.param
+                new_param = self._place(new_p._data, dst, fg, lo, hi, whole, "parameters", taken)
             for k, v in final.items():
                 if not isinstance(v, Tensor):
                     scalars[k] = v
-                elif v is not given.get(k):
-                    new_state[k] = self._place(v._data, new_state.get(k), fg, lo, hi, whole, "optimizer_state", taken)
+                elif v is not given.get(k):  # a new state tensor (the first step creates them)
+                    dst = new_state.get(k, None if whole else flat_state.get(k))
+                    new_state[k] = self._place(v._data, dst, fg, lo, hi, whole, "optimizer_state", taken)
         who = type(self).__name__
-        if new_param is not None:
+        in_place = new_param is None or new_param is fg.param
+        if not in_place:
             fg.set_param(new_param)
         for p in params:
-            if new_param is None:
+            if in_place:
                 p._vc.bump(f"add_ ({who}.step over the flat parameter buffer)", site)
             else:
                 p._vc.bump(f"{who}.step (inplace policy off: new storage)", site)
@@ -305,9 +308,9 @@ class Optimizer:
         self._flat.clear()
 
     def _place(self, array, flat, fg: FlatGroup, lo: int, hi: int, whole: bool, category: str, taken):
-        """Puts a chunk's new values (``array``) into the flat buffer being built for them
-        (``flat``, None at first): taken as it is when it is a whole fresh buffer, else
-        copied into its slice of a new or the existing buffer. Returns the flat buffer."""
+        """Puts a slice's new values (``array``) into ``flat``, the buffer they go to (None:
+        a new one), and returns that buffer. Out of place (``whole``) a fresh result
+        becomes the new buffer as it is; otherwise the values are copied into their slice."""
         if whole and flat is None and own(array, fg.numel, taken):
             memory.retag(array, category)
             return array
