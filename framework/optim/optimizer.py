@@ -258,6 +258,8 @@ class Optimizer:
         flat_state = {k: fg.state_flat(k, [st[k] for st in states]) for k in tensor_keys}
         whole = not u.inplace  # out of place: the results are the new flat buffers themselves
         new_param, new_state, scalars = None, {}, {}
+        # Every tensor handed to the rule wraps a slice, a view: policy auto never writes
+        # over a view, so only the rule's explicit updates (u.*) touch the flat buffers.
         for lo, hi in fg.chunks(whole):
             p_t = _wrap(fg.param[lo:hi])
             given = {k: (_wrap(flat_state[k][lo:hi]) if k in flat_state else first[k]) for k in keys}

@@ -70,6 +70,7 @@ def run(cls, kwargs, policy, steps=4, device="cpu", dtypes=(fw.float32,), zero=N
         opt.step()
         for p in params:
             out.append(fw.testing.to_numpy(p.detach()).copy())
+            out.append(fw.testing.to_numpy(p.grad).copy())  # the step reads gradients, never writes them
             for _k, s in sorted(opt.state[p].items()):
                 out.append(fw.testing.to_numpy(s).copy() if isinstance(s, fw.Tensor) else np.asarray(s))
     return out, params, opt
