@@ -92,7 +92,8 @@ class FlatGroup:
     their last reference.
 
     Attributes:
-        params: the parameters, in group order.
+        params: the parameters, in group order (in their gradients' order when borrowed).
+        borrow: ``(weakref to another owner's flat gradient array, first element)``, or None.
         numel, dtype, xp: the flat buffers' size, dtype and array module.
         param, pviews: the flat parameter array and each parameter's view of it.
         grad, gtensors: weak references to the flat gradient array (None until a step
@@ -118,7 +119,7 @@ class FlatGroup:
 
     def __init__(self, params: list) -> None:
         borrow = _borrowable(params)
-        self.borrow = None  # (weakref to another owner's flat gradient array, first element)
+        self.borrow = None
         if borrow is not None:  # laid out in the order of the gradients' buffer, to read it as it is
             params, base, start = borrow
             self.borrow = (weakref.ref(base), start)
