@@ -17,8 +17,9 @@ a plain array (made by backward, or assigned) is adopted: copied into the flat g
 array and ``p.grad`` rebound to its view (same values). Gradients that are views of
 someone else's flat array are read where they are and never rebound: DataParallel (policy
 ``on``) keeps each dtype's buckets in one array, the optimizer lays its flat buffers out in
-that order when it builds them and then reads the gradients there with no copy; gradients
-of another layout are gathered into a ``workspace`` copy for the step. So DataParallel owns
+that order (again, once, when the model was wrapped after it had built them) and then
+reads the gradients there with no copy; gradients of another layout are gathered into a
+``workspace`` copy for the step. So DataParallel owns
 ``.grad`` where it is used, the optimizer everywhere else, and neither rebinds the other's.
 
 On the CPU a step walks the buffers in cache-sized chunks (:data:`CPU_CHUNK`), on a GPU
@@ -210,6 +211,17 @@ class FlatGroup:
                 return None
             off += a.size
         return base[start:off]
+
+    def could_borrow(self) -> bool:
+        """Whether the gradients now sit in another owner's flat array that this group does
+        not read as it is but could, laid out anew (DataParallel wrapped the model after
+        this group was built)."""
+        if self.borrow is not None and self.borrow[0]() is not None:
+            return False  # already laid out after a flat array that is still alive
+        grads = [p._grad for p in self.params]
+        if any(g is None for g in grads) or all(self._ours(grads, self.gtensors)):
+            return False
+        return _borrowable(self.params) is not None
 
     def zero_grad(self) -> list | None:
         """Zeroes every gradient with one fill when each is a plain view of the flat

@@ -205,11 +205,12 @@ class Optimizer:
     def _flat_groups(self, gi: int, group: dict):
         """The group's :class:`FlatGroup` s and the parameters outside them (frozen ones),
         rebuilt when the group's parameters, their ``requires_grad`` or their storage
-        changed since the last step."""
+        changed since the last step, or when their gradients moved into a flat array they
+        could read as it is (see :meth:`FlatGroup.could_borrow`)."""
         params = group["params"]
         sig = [(id(p), p._requires_grad) for p in params]
         cached = self._flat.get(gi)
-        if cached is not None and cached[0] == sig and all(fg.valid() for fg in cached[1]):
+        if cached is not None and cached[0] == sig and all(fg.valid() and not fg.could_borrow() for fg in cached[1]):
             return cached[1], cached[2]
         by_key: dict = {}
         rest = []

@@ -369,3 +369,43 @@ def test_an_optimizer_over_flat_buffers_reads_the_bucket_buffer_as_it_is(monkeyp
             assert not whole.any()
     for a, b in zip(runs[fw.optim.SGD], runs[PerParameterSGD]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_optimizer_that_stepped_before_the_model_was_wrapped_borrows_the_buckets_after(monkeypatch):
+    from framework.optim import flat  # noqa: PLC0415
+
+    class PerParameterAdam(fw.optim.Adam):
+        def _flat_step(self, gi, group, u, site):
+            return group["params"]
+
+    gathers = []
+    real = flat._gather
+    monkeypatch.setattr(flat, "_gather", lambda *a: gathers.append(a[4]) or real(*a))
+    runs = {}
+    for cls in (fw.optim.Adam, PerParameterAdam):
+        del gathers[:]
+        with inplace.policy("on"):
+            model = mlp()
+            opt = cls(model.parameters(), lr=0.01)
+            x, y = batch(seed=0)
+            nn.MSELoss()(model(x), y).backward()
+            opt.step()  # flat buffers in registration order, gradients adopted
+            flat_path = cls is fw.optim.Adam
+            assert gathers == (["parameters", "gradients"] if flat_path else [])
+            dp = DataParallel(model, comm=TwinComm(), bucket_mb=0.0001)
+            whole = memory.root_buffer(dp.buckets[0].buffer)
+            for step in range(1, 4):
+                del gathers[:]
+                opt.zero_grad()
+                nn.MSELoss()(dp(batch(seed=step)[0]), y).backward()
+                dp.finish()
+                opt.step()
+                if flat_path:  # the first step after wrapping lays the buffers out again
+                    assert gathers == (["parameters", "optimizer_state", "optimizer_state"] if step == 1 else [])
+                assert all(np.shares_memory(p.grad._data, whole) for p in model.parameters())
+            if flat_path:
+                p = next(model.parameters())
+                assert memory.root_buffer(opt.state[p]["exp_avg"]._data).size == whole.size
+            runs[cls] = values(model)
+    for a, b in zip(runs[fw.optim.Adam], runs[PerParameterAdam]):
+        np.testing.assert_array_equal(a, b)
