@@ -153,23 +153,22 @@ def count_ops(monkeypatch):
 def test_a_step_runs_as_many_ops_for_3_parameters_as_for_30(cls, kwargs, backend, monkeypatch):
     fw.inplace.set_policy("auto")
     calls = count_ops(monkeypatch)
-    counts = []
-    for n in (3, 30):
+    counts = {}
+    for n, kind in ((3, cls), (30, cls), (3, per_parameter(cls)), (30, per_parameter(cls))):
         params = [nn.Parameter(fw.randn(60 // n, 5, device=backend)) for _ in range(n)]
-        opt = cls(params, **kwargs)
+        opt = kind(params, **kwargs)
         for _ in range(3):  # the first step creates the state
             for p in params:
                 p.grad = fw.randn(*p.shape, device=backend)
             opt.step()
-        del calls[:]
         for p in params:
             p.grad = fw.randn(*p.shape, device=backend)
         del calls[:]
         opt.step()
-        counts.append(len(calls))
-    assert counts[0] == counts[1] > 0
-    per_parameter_ops = counts[0] * 30
-    assert counts[1] < per_parameter_ops
+        counts[n, kind is cls] = len(calls)
+    assert counts[3, True] == counts[30, True] > 0  # flat: independent of the parameter count
+    assert counts[30, False] == 10 * counts[3, False]  # one by one: proportional to it
+    assert counts[3, True] == counts[3, False] // 3
 
 
 def test_on_the_gpu_a_step_is_one_pass_over_the_whole_buffer(backend, monkeypatch):
