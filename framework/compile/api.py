@@ -202,6 +202,8 @@ class CompiledStep:
     def __call__(self, *args, **kwargs):
         if self.modules is None:
             self._discover()
+        for opt in self.optimizers:  # a program's buffers are per parameter: no flat ones under it
+            opt._unflatten()
         kw_names = tuple(sorted(kwargs))
         flat = list(args) + [kwargs[k] for k in kw_names]
         key = self._key(flat, kw_names)

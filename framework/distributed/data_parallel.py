@@ -30,8 +30,9 @@ How it works (as PyTorch DDP):
 
 The inplace policy (``framework.inplace.enabled()``, read once at construction):
 
-- ``on``: each bucket is one flat buffer (``framework.memory``, category ``gradients``) and
-  before every forward each ``p.grad`` is set to a view of its slice of it (a slice is
+- ``on``: each bucket is one flat buffer (``framework.memory``, category ``gradients``; the
+  buckets of one dtype are consecutive slices of one array) and before every forward each
+  ``p.grad`` is set to a view of its slice of it (a slice is
   zero-filled when ``p.grad`` was ``None``). Backward then accumulates straight into the
   bucket (the engine adds into an existing ``.grad`` in place) and the allreduce runs
   ``MPI.IN_PLACE`` on it: no gradient copy at all, and ``p.grad`` stays the same view
@@ -215,10 +216,20 @@ class DataParallel(Module):
                 open_by_dtype[dt] = b
             self._where[id(p)] = (b, len(b.params))
             b.add(p)
-        for b in self.buckets:
-            if self.inplace:
-                b.buffer = memory.zeros((b.numel,), b.dtype, self.xp, "gradients")
+        if self.inplace:
+            # One buffer per dtype, the buckets consecutive slices of it: every gradient of
+            # a dtype is a view of one flat array, in bucket order, which an optimizer over
+            # flat buffers reads as it is (framework.optim.flat) instead of gathering it.
+            sizes: dict = {}
+            for b in self.buckets:
+                sizes[b.dtype] = sizes.get(b.dtype, 0) + b.numel
+            flats = {dt: memory.zeros((n,), dt, self.xp, "gradients") for dt, n in sizes.items()}
+            starts = dict.fromkeys(sizes, 0)
+            for b in self.buckets:
+                b.buffer = flats[b.dtype][starts[b.dtype] : starts[b.dtype] + b.numel]
+                starts[b.dtype] += b.numel
                 b.views = [_wrap(b.slice(i, b.buffer)) for i in range(len(b.params))]
+        for b in self.buckets:
             ref = weakref.ref(self)
             for p in b.params:
                 self._hook_handles.append(p.register_post_accumulate_grad_hook(_make_hook(ref)))

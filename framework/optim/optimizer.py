@@ -27,11 +27,13 @@ import copy
 
 from .. import backend, memory
 from .. import inplace as _inplace
+from ..autograd import node as _node  # _node.capture: framework.compile's recorder, or None
 from ..autograd.grad_mode import enable_grad, no_grad
 from ..callsite import call_site
 from ..nn.module import _zero_grad
 from ..ops.elementwise import AddScaled
 from ..tensor import Tensor, _wrap
+from .flat import FlatGroup, own
 
 
 class _Required:
@@ -91,6 +93,7 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.state: dict = {}
         self.param_groups: list[dict] = []
+        self._flat: dict = {}  # group index -> (signature, [FlatGroup], params outside them)
         if isinstance(params, Tensor):
             raise TypeError(
                 "params argument given to the optimizer should be an iterable of Tensors or dicts, but got a Tensor"
@@ -142,14 +145,34 @@ class Optimizer:
 
     # --- gradients ---------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Resets every parameter's gradient: to ``None`` (default), or to zeros in place."""
+        """Resets every parameter's gradient: to ``None`` (default), or to zeros in place.
+
+        Gradients that are views of a flat gradient buffer are zeroed with one fill per
+        buffer. With ``set_to_none`` the flat buffer goes with its last view (the next step
+        gathers the new gradients into a new one), as per-parameter arrays did.
+        """
+        covered: set = set()
+        site = call_site()
+        if not set_to_none:
+            for _sig, flats, _rest in self._flat.values():
+                for fg in flats:
+                    for g in fg.zero_grad() or ():
+                        g._vc.bump("zero_ (zero_grad over the flat gradient buffer)", site)
+                        covered.add(id(g))
         for group in self.param_groups:
             for p in group["params"]:
-                _zero_grad(p, set_to_none)
+                if p._grad is not None and id(p._grad) not in covered:
+                    _zero_grad(p, set_to_none)
 
     # --- the step ------------------------------------------------------------------------
     def step(self, closure=None):
         """One update of every parameter that has a gradient.
+
+        Parameters of one group, device and dtype are updated together over flat buffers
+        (:mod:`framework.optim.flat`) when each of them has a gradient and their state
+        agrees (e.g. Adam's step count); the others, and every parameter while
+        :mod:`framework.compile` captures the step, one by one. Both run the same
+        arithmetic, element for element.
 
         Args:
             closure: optional; re-evaluates the model and returns the loss (run with
@@ -165,8 +188,11 @@ class Optimizer:
         u = _Updater(_inplace.enabled())
         site = call_site()
         with no_grad(), memory.category("workspace"):
-            for group in self.param_groups:
-                for p in group["params"]:
+            for gi, group in enumerate(self.param_groups):
+                rest = group["params"]
+                if _node.capture is None:
+                    rest = self._flat_step(gi, group, u, site)
+                for p in rest:
                     if p.grad is None:
                         continue
                     st = self.state.setdefault(p, {})
@@ -174,6 +200,137 @@ class Optimizer:
                     if new_p is not p:
                         _rebind(p, new_p, type(self).__name__, site)
         return loss
+
+    # --- flat buffers --------------------------------------------------------------------
+    def _flat_groups(self, gi: int, group: dict):
+        """The group's :class:`FlatGroup` s and the parameters outside them (frozen ones),
+        rebuilt when the group's parameters, their ``requires_grad`` or their storage
+        changed since the last step, or when their gradients moved into a flat array they
+        could read as it is (see :meth:`FlatGroup.could_borrow`)."""
+        params = group["params"]
+        sig = [(id(p), p._requires_grad) for p in params]
+        cached = self._flat.get(gi)
+        if cached is not None and cached[0] == sig and all(fg.valid() and not fg.could_borrow() for fg in cached[1]):
+            return cached[1], cached[2]
+        by_key: dict = {}
+        rest = []
+        for p in params:
+            if p._requires_grad:
+                by_key.setdefault((type(p._data), p.device, p._data.dtype), []).append(p)
+            else:
+                rest.append(p)
+        flats = [FlatGroup(ps) for ps in by_key.values()]
+        self._flat[gi] = (sig, flats, rest)
+        return flats, rest
+
+    def _flat_step(self, gi: int, group: dict, u: _Updater, site) -> list:
+        """Updates what it can over flat buffers; returns the parameters left to update one
+        by one."""
+        flats, rest = self._flat_groups(gi, group)
+        rest = list(rest)
+        for fg in flats:
+            if not self._flat_update(fg, group, u, site):
+                rest.extend(fg.params)
+        return rest
+
+    def _flat_update(self, fg: FlatGroup, group: dict, u: _Updater, site) -> bool:
+        """One update of ``fg``'s parameters over its flat buffers; False (nothing done)
+        when some parameter has no gradient or their states differ."""
+        params = fg.params
+        if any(p._grad is None for p in params):
+            return False
+        states = [self.state.get(p) or {} for p in params]
+        keys = tuple(states[0])
+        first = states[0]
+        tensor_keys = [k for k in keys if isinstance(first[k], Tensor)]
+        for p, st in zip(params, states):
+            if tuple(st) != keys:
+                return False
+            for k in keys:
+                v = st[k]
+                if k in tensor_keys:
+                    if not isinstance(v, Tensor) or v._data.shape != p._data.shape or v._data.dtype != fg.dtype:
+                        return False
+                    if type(v._data) is not type(p._data) or v.device != p.device:
+                        return False
+                elif isinstance(v, Tensor) or v != first[k]:
+                    return False
+        grad = fg.grads(fresh=not u.inplace)
+        flat_state = {k: fg.state_flat(k, [st[k] for st in states]) for k in tensor_keys}
+        whole = not u.inplace  # out of place: the results are the new flat buffers themselves
+        new_param, new_state, scalars = None, {}, {}
+        # Every tensor handed to the rule wraps a slice, a view: policy auto never writes
+        # over a view, so only the rule's explicit updates (u.*) touch the flat buffers.
+        for lo, hi in fg.chunks(whole):
+            p_t = _wrap(fg.param[lo:hi])
+            given = {k: (_wrap(flat_state[k][lo:hi]) if k in flat_state else first[k]) for k in keys}
+            final = dict(given)
+            new_p = self._update_flat(p_t, _wrap(grad[lo:hi]), final, group, u)
+            taken = [grad, new_param, *new_state.values()]
+            if new_p is not p_t:  # into a new buffer out of place, else back into the flat one
+                dst = new_param if whole else fg.param
+                new_param = self._place(new_p._data, dst, fg, lo, hi, whole, "parameters", taken)
+            for k, v in final.items():
+                if not isinstance(v, Tensor):
+                    scalars[k] = v
+                elif v is not given.get(k):  # a new state tensor (the first step creates them)
+                    dst = new_state.get(k, None if whole else flat_state.get(k))
+                    new_state[k] = self._place(v._data, dst, fg, lo, hi, whole, "optimizer_state", taken)
+        who = type(self).__name__
+        in_place = new_param is None or new_param is fg.param
+        if not in_place:
+            fg.set_param(new_param)
+        for p in params:
+            if in_place:
+                p._vc.bump(f"add_ ({who}.step over the flat parameter buffer)", site)
+            else:
+                p._vc.bump(f"{who}.step (inplace policy off: new storage)", site)
+        tensors = {}
+        for k in final:
+            flat = new_state[k] if k in new_state else flat_state.get(k)
+            if flat is None:
+                continue
+            tensors[k], same = fg.set_state(k, flat)
+            if same:  # updated in place
+                for t in tensors[k]:
+                    t._vc.bump(f"{who}.step (optimizer state over a flat buffer)", site)
+        for i, p in enumerate(params):
+            st = self.state.setdefault(p, {})
+            for k in final:
+                st[k] = tensors[k][i] if k in tensors else scalars[k]
+        return True
+
+    def _unflatten(self) -> None:
+        """Gives every parameter, and each gradient and state tensor of the flat buffers,
+        its own array again (same values, same tensor objects); the next eager step builds
+        new flat buffers. :mod:`framework.compile` calls it: a captured program plans one
+        buffer per parameter."""
+        for _sig, flats, _rest in self._flat.values():
+            for fg in flats:
+                fg.unflatten()
+        self._flat.clear()
+
+    def _place(self, array, flat, fg: FlatGroup, lo: int, hi: int, whole: bool, category: str, taken):
+        """Puts a slice's new values (``array``) into ``flat``, the buffer they go to (None:
+        a new one), and returns that buffer. Out of place (``whole``) a fresh result
+        becomes the new buffer as it is; otherwise the values are copied into their slice."""
+        if whole and flat is None and own(array, fg.numel, taken):
+            memory.retag(array, category)
+            return array
+        if flat is None:
+            flat = memory.empty((fg.numel,), fg.dtype, fg.xp, category)
+        fg.xp.copyto(flat[lo:hi], array)
+        return flat
+
+    def _update_flat(self, p: Tensor, grad: Tensor, state: dict, group: dict, u: _Updater) -> Tensor:
+        """The update of a slice of flat buffers (1-D ``p``, ``grad`` and state tensors).
+
+        The rule is :meth:`_update`'s, run over the whole slice: a fixed number of
+        whole-buffer operations per dtype, whatever the number of parameters. This is the
+        one place where a device may run a fused kernel instead (one ``ElementwiseKernel``
+        per step on a GPU).
+        """
+        return self._update(p, grad, state, group, u)
 
     def _update(self, p: Tensor, grad: Tensor, state: dict, group: dict, u: _Updater) -> Tensor:
         """Updates one parameter; returns ``p`` (updated in place) or its new value.

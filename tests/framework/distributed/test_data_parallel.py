@@ -326,3 +326,86 @@ def test_two_ranks_on_gpus(comm_backend, policy_name):
     for rank in (0, 1):
         assert f"rank {rank}: equivalence ok" in out, f"rc={code}\nstdout:\n{out}\nstderr:\n{err}"
     assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
+
+
+def test_an_optimizer_over_flat_buffers_reads_the_bucket_buffer_as_it_is(monkeypatch):
+    """Under ``on`` the buckets of a dtype are slices of one array; the optimizer lays its
+    flat buffers out in that order and reads the gradients there: no gather, no rebinding,
+    and zero_grad(set_to_none=False) is one fill of it. The numbers are those of the
+    per-parameter update."""
+    from framework.optim import flat  # noqa: PLC0415
+
+    class PerParameterSGD(fw.optim.SGD):
+        def _flat_step(self, gi, group, u, site):
+            return group["params"]
+
+    gathers = []
+    real = flat._gather
+    monkeypatch.setattr(flat, "_gather", lambda *a: gathers.append(a[4]) or real(*a))
+    runs = {}
+    for cls in (fw.optim.SGD, PerParameterSGD):
+        del gathers[:]
+        with inplace.policy("on"):
+            model = mlp()
+            dp = DataParallel(model, comm=TwinComm(), bucket_mb=0.0001)
+            assert len(dp.buckets) == 4
+            whole = memory.root_buffer(dp.buckets[0].buffer)
+            assert all(memory.root_buffer(b.buffer) is whole for b in dp.buckets)
+            opt = cls(dp.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+            for step in range(3):
+                x, y = batch(seed=step)
+                opt.zero_grad(set_to_none=False)
+                nn.MSELoss()(dp(x), y).backward()
+                dp.finish()
+                views = [p.grad for p in model.parameters()]
+                opt.step()
+                assert all(p.grad is v for p, v in zip(model.parameters(), views))  # still the bucket views
+            runs[cls] = values(model)
+        if cls is fw.optim.SGD:
+            assert gathers == ["parameters"]  # the flat parameter buffer, once; never a gradient
+            p = next(model.parameters())
+            assert memory.root_buffer(p._data).size == whole.size
+            opt.zero_grad(set_to_none=False)
+            assert not whole.any()
+    for a, b in zip(runs[fw.optim.SGD], runs[PerParameterSGD]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_optimizer_that_stepped_before_the_model_was_wrapped_borrows_the_buckets_after(monkeypatch):
+    from framework.optim import flat  # noqa: PLC0415
+
+    class PerParameterAdam(fw.optim.Adam):
+        def _flat_step(self, gi, group, u, site):
+            return group["params"]
+
+    gathers = []
+    real = flat._gather
+    monkeypatch.setattr(flat, "_gather", lambda *a: gathers.append(a[4]) or real(*a))
+    runs = {}
+    for cls in (fw.optim.Adam, PerParameterAdam):
+        del gathers[:]
+        with inplace.policy("on"):
+            model = mlp()
+            opt = cls(model.parameters(), lr=0.01)
+            x, y = batch(seed=0)
+            nn.MSELoss()(model(x), y).backward()
+            opt.step()  # flat buffers in registration order, gradients adopted
+            flat_path = cls is fw.optim.Adam
+            assert gathers == (["parameters", "gradients"] if flat_path else [])
+            dp = DataParallel(model, comm=TwinComm(), bucket_mb=0.0001)
+            whole = memory.root_buffer(dp.buckets[0].buffer)
+            for step in range(1, 4):
+                del gathers[:]
+                opt.zero_grad()
+                nn.MSELoss()(dp(batch(seed=step)[0]), y).backward()
+                dp.finish()
+                opt.step()
+                if flat_path:  # the first step after wrapping lays the buffers out again
+                    assert gathers == (["parameters", "optimizer_state", "optimizer_state"] if step == 1 else [])
+                assert all(np.shares_memory(p.grad._data, whole) for p in model.parameters())
+            if flat_path:
+                p = next(model.parameters())
+                assert memory.root_buffer(opt.state[p]["exp_avg"]._data).size == whole.size
+            runs[cls] = values(model)
+    for a, b in zip(runs[fw.optim.Adam], runs[PerParameterAdam]):
+        np.testing.assert_array_equal(a, b)
