@@ -50,9 +50,11 @@ import numpy as np
 import pytest
 
 import framework as fw
+from framework import backend as fw_backend
 from framework import memory
 from framework.autograd import grad as autograd_grad
-from framework.testing import assert_close, gradcheck
+from framework.testing import assert_close, cupy_standin, gradcheck
+from framework.testing.cupy_standin import counting
 
 NUMPY_DOMAIN = np.lib.tracemalloc_domain  # 389047: where NumPy reports array data
 
@@ -74,6 +76,25 @@ LAYOUTS = ("contiguous", "transposed", "strided")
 
 
 @dataclasses.dataclass(frozen=True)
+class Budget:
+    """What one call of an op may cost on a GPU: kernel launches and host synchronizations
+    of its forward and of its backward, at most, over every case and layout of its spec.
+
+    Counted on the gpu leg when it runs on the CuPy stand-in (its ``counting``: one launch
+    per kernel real CuPy would run, one sync per call that waits for the device); real
+    CuPy counts nothing, so there the budget is not checked. The default fits one or two
+    kernels forward and a backward of a few elementwise kernels per input plus the
+    gradient's way back through the input's layout; ops that need more say so in their
+    spec, with the numbers they make today, so that any added launch or sync fails.
+    """
+
+    forward: int = 2
+    backward: int = 10
+    forward_syncs: int = 0
+    backward_syncs: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class OpSpec:
     """One op (or one way of calling it) and how to check it.
 
@@ -92,6 +113,7 @@ class OpSpec:
             for ops that return new memory, None to leave it to a dedicated test.
         layouts: the input layouts to try (``view`` needs contiguous inputs).
         rtol, atol: forward tolerances (float32 against the float64 reference).
+        budget: launches and host syncs allowed on a GPU (:class:`Budget`).
     """
 
     name: str
@@ -106,6 +128,7 @@ class OpSpec:
     layouts: tuple = LAYOUTS
     rtol: float = 1e-5
     atol: float = 1e-6
+    budget: Budget = Budget()
 
     def __post_init__(self):
         assert self.memory in (None, "free", "copy", "workspace"), self.memory
@@ -257,15 +280,39 @@ def memory_overlaps(a, b) -> bool:
     return a_lo < b_hi and b_lo < a_hi
 
 
+def counts_launches(device: str) -> bool:
+    """Whether ``device`` runs on the CuPy stand-in, which counts launches and host syncs."""
+    return device != "cpu" and fw_backend.cupy_module() is cupy_standin
+
+
+@contextlib.contextmanager
+def within_budget(case: Case, device: str, what: str):
+    """Counts the launches and host syncs of the block (on the stand-in) against the
+    spec's :class:`Budget` for ``what`` ("forward" or "backward")."""
+    if not counts_launches(device):
+        yield
+        return
+    with counting.count() as c:
+        yield
+    budget = case.spec.budget
+    launches, syncs = getattr(budget, what), getattr(budget, what + "_syncs")
+    assert c.host_syncs <= syncs, (
+        f"{case.id}: {what} made {c.host_syncs} host synchronizations (budget {syncs}): {c.by_site(syncs=True)}"
+    )
+    assert c.launches <= launches, f"{case.id}: {what} made {c.launches} launches (budget {launches}): {c.by_kind()}"
+
+
 def check_forward(case: Case, device: str = "cpu") -> None:
-    """float32 forward against the float64 reference; inputs stay untouched."""
+    """float32 forward against the float64 reference; inputs stay untouched; on the
+    stand-in's GPU, within the spec's launch and host-sync budget."""
     spec = case.spec
     storages = case.storages(np.float32, requires_grad=True, device=device)
     inputs = case.views(storages)
     before = _arrays(inputs)
     expected = _reference(case, inputs)
 
-    out = spec.fn(*inputs)
+    with within_budget(case, device, "forward"):
+        out = spec.fn(*inputs)
 
     want_dtype = np.dtype(np.float32) if expected.dtype.kind == "f" else expected.dtype
     assert out.dtype == want_dtype, f"{case.id}: dtype {out.dtype}, expected {want_dtype}"
@@ -288,7 +335,8 @@ def check_forward(case: Case, device: str = "cpu") -> None:
 
 def check_backward(case: Case, device: str = "cpu") -> None:
     """float64 gradients of every input (through its layout) against finite differences,
-    the same gradients under policies ``on`` and ``off``, and on a GPU against the CPU's.
+    the same gradients under policies ``on`` and ``off``, and on a GPU against the CPU's
+    (and, on the stand-in, the backward within the spec's launch and host-sync budget).
 
     Under ``on`` the engine lets a backward write over a dead incoming gradient; ``off``
     takes every backward's allocating path (where NumPy returns scalars for 0-d results),
@@ -296,6 +344,11 @@ def check_backward(case: Case, device: str = "cpu") -> None:
     """
     storages = case.storages(np.float64, requires_grad=True, device=device)
     gradcheck(lambda *s: case.spec.fn(*case.views(s)), storages)
+    if counts_launches(device):
+        out = case.spec.fn(*case.views(storages))
+        loss = (out * _weights(out.shape, device=out.device)).sum()
+        with within_budget(case, device, "backward"):
+            autograd_grad(loss, storages, allow_unused=True)
     grads = {}
     for name in ("on", "off"):
         with fw.inplace.policy(name):

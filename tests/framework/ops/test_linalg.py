@@ -12,7 +12,7 @@ from framework.nn import functional as F
 from framework.testing import assert_close
 
 from . import harness
-from .harness import OpSpec
+from .harness import Budget, OpSpec
 
 MATMUL_SHAPES = [
     ((3,), (3,)),  # dot: a 0-d result
@@ -33,7 +33,7 @@ def _linear_ref(x, w, b):
 LINEAR_SHAPES = [((4,), (3, 4), (3,)), ((2, 4), (3, 4), (3,)), ((2, 5, 4), (3, 4), (3,))]
 
 SPECS = [
-    OpSpec("F.linear", F.linear, _linear_ref, LINEAR_SHAPES),
+    OpSpec("F.linear", F.linear, _linear_ref, LINEAR_SHAPES, budget=Budget(3, 11)),
     OpSpec(
         "F.linear without bias",
         lambda x, w: F.linear(x, w),

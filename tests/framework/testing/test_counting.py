@@ -3,12 +3,17 @@ synchronization per call that waits for the device, each by kind and call site."
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+import framework as fw
 import framework.testing.cupy_standin as cp
 from framework.testing.cupy_standin import counting
 from framework.testing.cupy_standin import cupyx as cpx
+from tests.conftest import requires_gpu
+from tests.framework.ops import harness
 
 
 def _x():
@@ -121,3 +126,25 @@ def test_nothing_is_counted_outside_a_block():
     with counting.count() as c:
         pass
     assert c.launches == 0 and c.host_syncs == 0 and c.by_kind() == {} and c.by_site() == {}
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_the_op_harness_holds_each_spec_to_its_budget():
+    """The gpu leg of the op harness fails an op that launches or syncs more than its spec
+    allows, forward and backward (counted on the stand-in; real CuPy counts nothing)."""
+    if not harness.counts_launches("cuda"):
+        pytest.skip("launches are counted on the CuPy stand-in only")
+    spec = harness.OpSpec("exp", fw.exp, np.exp, [((2, 3),)], layouts=("contiguous",))
+    case = harness.cases([spec])[0].values[0]
+    harness.check_forward(case, "cuda")  # one kernel: within the default budget
+    harness.check_backward(case, "cuda")
+    tight = dataclasses.replace(case, spec=dataclasses.replace(spec, budget=harness.Budget(forward=0, backward=0)))
+    with pytest.raises(AssertionError, match=r"forward made 1 launches \(budget 0\)"):
+        harness.check_forward(tight, "cuda")
+    with pytest.raises(AssertionError, match=r"backward made \d+ launches \(budget 0\)"):
+        harness.check_backward(tight, "cuda")
+    reads_back = dataclasses.replace(spec, fn=lambda x: fw.exp(x) * (1.0 if x.sum().item() > -1e9 else 0.0))
+    case = dataclasses.replace(case, spec=reads_back)
+    with pytest.raises(AssertionError, match=r"forward made 1 host synchronizations \(budget 0\)"):
+        harness.check_forward(case, "cuda")
