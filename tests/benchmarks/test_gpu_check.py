@@ -77,3 +77,23 @@ def test_a_step_runs_with_its_output_and_the_summary_has_one_row_each(capsys):
 
 def test_nccl_versions_read_as_nccl_writes_them():
     assert gpu_check._nccl_version(22809) == "2.28.9"
+
+
+def test_the_gpu_extras_name_a_cupy_nccl_and_cudnn_of_one_cuda_version():
+    """``pip install -e '.[gpu-cuda12]'`` or ``'.[gpu-cuda13]'``; ``gpu`` is the CUDA 12 set."""
+    tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml with Python 3.11's tomllib")
+    requirement = pytest.importorskip("packaging.requirements").Requirement
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    extras = project["optional-dependencies"]
+    for cuda in ("12", "13"):
+        names = {requirement(r).name for r in extras[f"gpu-cuda{cuda}"]}
+        assert names == {
+            f"cupy-cuda{cuda}x",
+            f"nvidia-nccl-cu{cuda}",
+            f"nvidia-cudnn-cu{cuda}",
+            "nvidia-cudnn-frontend",
+        }
+    (alias,) = (requirement(r) for r in extras["gpu"])
+    assert alias.name == project["name"] and alias.extras == {"gpu-cuda12"}
