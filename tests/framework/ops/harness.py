@@ -34,7 +34,11 @@ gradients; the inplace form against the CPU's ordinary form. Memory is measured 
 what applies on each device: on the CPU ``framework.memory``'s buffer counter and
 tracemalloc's NumPy domain; on the GPU ``framework.memory``'s CuPy pool hook (which counts
 allocations rounded up to the pool's 512-byte unit) and the ``inplace_copy_bytes``
-event counter; tracemalloc sees no GPU memory.
+event counter; tracemalloc sees no GPU memory. Where the GPU is the CuPy stand-in, each
+op's forward and backward are also held to the spec's :class:`Budget` of kernel launches
+and host synchronizations (counted by the stand-in; real CuPy counts nothing). Aliasing
+is checked by data-pointer ranges (:func:`memory_overlaps`) on every device, never with
+``xp.shares_memory``, whose CuPy answers are wrong for 0-d arrays.
 """
 
 from __future__ import annotations
