@@ -127,7 +127,7 @@ def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis
 def eye(N, M=None, k=0, dtype=float, order="C"):  # noqa: N803 - CuPy's names
     res = _from_host(numpy.eye(N, M, k, dtype=dtype, order=order))
     _launch("memset", res.nbytes)  # CuPy: zeros, then the diagonal filled
-    _launch("elementwise", min(res.shape))
+    _launch("elementwise", builtins.min(res.shape))
     return res
 
 

@@ -61,6 +61,7 @@ CASES = [
     ("full: a fill", lambda x, i: cp.full((4,), 2.0), {"elementwise": 1}, {}),
     ("fill", lambda x, i: x.fill(0), {"elementwise": 1}, {}),
     ("arange", lambda x, i: cp.arange(10), {"elementwise": 1}, {}),
+    ("eye: zeros, then the diagonal", lambda x, i: cp.eye(3, 4), {"memset": 1, "elementwise": 1}, {}),
     ("concatenate", lambda x, i: cp.concatenate([x, x, x]), {"copy": 1}, {}),
     ("stack", lambda x, i: cp.stack([x, x]), {"copy": 1}, {}),
     ("gather: x[index array]", lambda x, i: x[i], {"gather": 1}, {}),
