@@ -148,6 +148,8 @@ def cuda_unavailable_reason() -> str | None:
         return f"CuPy is switched off ({CUPY_ENV}=none)"
     if choice == "cupy" and importlib.util.find_spec("cupy") is None:
         return "CuPy is not installed: pip install -e '.[gpu]' on a machine with CUDA"
+    if _cupy_error is None:
+        return "CuPy sees no usable GPU (no CUDA driver or device here: check nvidia-smi and CUDA_VISIBLE_DEVICES)"
     return (
         f"CuPy is installed but cannot be used ({_cupy_error}): check nvidia-smi, CUDA_VISIBLE_DEVICES "
         "and that the cupy-cuda wheel matches the driver's CUDA version"
