@@ -278,18 +278,20 @@ class ufunc:
             raise TypeError(f"Wrong number of arguments for {self.name}")
         device_id = _check_current(*args)
         host = [_operand(x) for x in args]
-        kind = "matmul" if self.__name__ == "matmul" else "elementwise"
         if out is None:
             res = _wrap(self._np(*host, dtype=dtype, casting=casting))
-            _launch(kind, res.size)
-            return res
-        if not isinstance(out, ndarray):
-            raise TypeError("Output arguments must be cupy.ndarray")
-        if out.data.device_id != device_id:
-            raise _peer_error(out, device_id)
-        self._np(*host, out=out._a, dtype=dtype, casting=casting)
-        _launch(kind, out.size)
-        return out
+        else:
+            if not isinstance(out, ndarray):
+                raise TypeError("Output arguments must be cupy.ndarray")
+            if out.data.device_id != device_id:
+                raise _peer_error(out, device_id)
+            self._np(*host, out=out._a, dtype=dtype, casting=casting)
+            res = out
+        if self.__name__ == "matmul":
+            _count_matmul(args[0], args[1], out, res.size)
+        else:
+            _launch("elementwise", res.size)
+        return res
 
     def at(self, a, indices, b=None):
         if not self._scatter:
@@ -778,7 +780,9 @@ class ndarray:
     conjugate = conj
 
     def dot(self, b, out=None):
-        return _call("matmul", numpy.dot, self, b, out=out)
+        res = _call(None, numpy.dot, self, b, out=out)
+        _count_matmul(self, b, out, _size(res), dot=True)
+        return res
 
     def trace(self, offset=0, axis1=0, axis2=1, dtype=None, out=None):
         return _call("reduction", numpy.trace, self, offset, axis1, axis2, dtype, out)
@@ -876,6 +880,38 @@ def _f_strides(shape, itemsize: int) -> tuple:
         strides.append(step)
         step *= max(n, 1)
     return tuple(strides)
+
+
+def _count_matmul(a, b, out, size: int, dot: bool = False) -> None:
+    """The launches of CuPy's ``matmul`` (and of ``dot`` of up to 2-d arrays): one GEMM, and
+    before it a copy of each operand cuBLAS cannot read as it is (a 2-d one neither C- nor
+    F-contiguous; above 2-d, one not C-contiguous, as ``ascontiguousarray`` makes it), three
+    pointer-array kernels for a broadcast batch, and a copy into an ``out`` that is not
+    C-contiguous (``cupy/_core/_routines_linalg.pyx``)."""
+    if not size:
+        return
+    a_nd, b_nd = (x.ndim if isinstance(x, ndarray) else 0 for x in (a, b))
+    nd = max(a_nd, b_nd)
+    if dot and nd > 2:  # tensordot_core: one GEMM over the reshaped operands
+        _launch("matmul")
+        return
+    for x in (a, b):
+        if not isinstance(x, ndarray):
+            continue
+        flags = x._a.flags
+        if (x.ndim == 2 and nd <= 2 and not (flags.c_contiguous or flags.f_contiguous)) or (
+            nd > 2 and not flags.c_contiguous
+        ):
+            _launch("copy", x.size)
+    if nd > 2:
+        a_batch = (1,) * (nd - 2 - max(a_nd - 2, 0)) + (a.shape[:-2] if a_nd > 2 else ())
+        b_batch = (1,) * (nd - 2 - max(b_nd - 2, 0)) + (b.shape[:-2] if b_nd > 2 else ())
+        if a_batch != b_batch:
+            for _ in range(3):
+                _launch("elementwise")  # the pointer arrays of a batched GEMM over a broadcast
+    _launch("matmul")
+    if out is not None and not out._a.flags.c_contiguous:
+        _launch("copy", out.size)
 
 
 def _reduce(func, a, axis, launches=1, **kwargs):

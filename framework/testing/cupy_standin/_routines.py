@@ -397,7 +397,7 @@ def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
 
 
 def dot(a, b, out=None):
-    return _call("matmul", numpy.dot, a, b, out=out)
+    return _method(a, "dot", b, out=out)
 
 
 def vdot(a, b):

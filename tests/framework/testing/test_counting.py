@@ -50,6 +50,24 @@ CASES = [
     ("cumsum", lambda x, i: x.cumsum(axis=1), {"scan": 1}, {}),
     ("matmul", lambda x, i: x @ x.T, {"matmul": 1}, {}),
     ("dot", lambda x, i: cp.dot(x, x.T), {"matmul": 1}, {}),
+    (
+        "matmul of strided operands: cuBLAS needs copies",
+        lambda x, i: x[:, ::2] @ x[::2, :2],
+        {"copy": 2, "matmul": 1},
+        {},
+    ),
+    (
+        "matmul into a strided out",
+        lambda x, i: cp.matmul(x[:2], x[:2].T, out=x[1:3, 1:3]),
+        {"copy": 1, "matmul": 1},
+        {},
+    ),
+    (
+        "batched matmul over a broadcast: pointer arrays",
+        lambda x, i: cp.matmul(x.reshape(3, 1, 4), x.T),  # x.T is copied: above 2-d CuPy wants C order
+        {"copy": 1, "elementwise": 3, "matmul": 1},
+        {},
+    ),
     ("einsum", lambda x, i: cp.einsum("ij,kj->ik", x, x), {"matmul": 1}, {}),
     ("copy", lambda x, i: x.copy(), {"copy": 1}, {}),
     ("copyto", lambda x, i: cp.copyto(x, x[::-1]), {"copy": 1}, {}),
