@@ -19,14 +19,27 @@ on one GPU, one variant alive at a time:
   ``torch.cuda.max_memory_allocated`` over the same steps after
   ``torch.cuda.reset_peak_memory_stats``, samples/s timed the same way.
 
+- launches and host synchronizations per step (``launches_per_step``,
+  ``host_syncs_per_step`` and both by kind): counted over one training step after the
+  memory window, on the CuPy stand-in (its ``counting``). Real CuPy counts nothing, so on
+  a GPU they are counted only with ``--count``, which runs one step of each variant on
+  the stand-in in a subprocess (same model, batch and code path; NumPy does the math);
+  without it the columns say "not counted".
+
 Targets (printed with yes/NO): ResNet-20 at batch 256, peak under on+InPlace-ABN <=
 PyTorch's; samples/s >= 0.5x PyTorch's.
+
+The default run is small (2 warmup + 2 memory steps, 3 rounds of 5 timed steps per
+variant: about a minute on a GPU at today's step times); ``--full`` times 7 rounds of 20.
+``--count-only`` builds each variant and counts one step, nothing else (under
+``INPLACE_LAB_CUPY=standin``; model ``quickstart`` is the MLP of configs/quickstart.yaml).
 
 Without CuPy and a GPU it prints one line and exits with status 2. Under
 ``INPLACE_LAB_CUPY=standin`` (the test suite's CuPy stand-in) it runs its whole path on the
 CPU and says so: the pool figures are the stand-in's, the speeds are NumPy's.
 
-Run:  python benchmarks/bench_gpu.py [--quick] [--json PATH] [--models resnet20 ...] [--no-torch]
+Run:  python benchmarks/bench_gpu.py [--quick | --full] [--count] [--json PATH] [--models resnet20 ...] [--no-torch]
+      INPLACE_LAB_CUPY=standin python benchmarks/bench_gpu.py --count-only --models resnet20 quickstart
 """
 
 from __future__ import annotations
@@ -34,19 +47,26 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import framework as fw  # noqa: E402
 from benchmarks import bench_models, common  # noqa: E402
-from framework import backend, memory  # noqa: E402
+from framework import backend, memory, optim  # noqa: E402
+from framework.testing import cupy_standin  # noqa: E402
+from framework.testing.cupy_standin import counting  # noqa: E402
+from models import build_model  # noqa: E402
 
 MB = 2**20
 GPU_MODELS = ("mlp", "convnet", "resnet20")
@@ -56,7 +76,10 @@ TARGET_MODEL, TARGET_BATCH = "resnet20", 256
 TORCH_SPEED_RATIO = 0.5
 # warmup steps, steps in the memory window, timed rounds, steps per round
 FULL = {"warmup": 3, "mem_steps": 3, "rounds": 7, "steps": 20}
-QUICK = {"warmup": 2, "mem_steps": 2, "rounds": 3, "steps": 5}
+DEFAULT = {"warmup": 2, "mem_steps": 2, "rounds": 3, "steps": 5}
+QUICK = {"warmup": 1, "mem_steps": 1, "rounds": 2, "steps": 2}
+QUICKSTART = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "quickstart.yaml")
+NOT_COUNTED = "not counted: real CuPy counts nothing (--count counts one step on the CuPy stand-in)"
 
 
 def variants():
@@ -71,6 +94,97 @@ def no_gpu_line() -> str | None:
     if why is None:
         return None
     return f"error: bench_gpu.py needs CuPy and a CUDA GPU, and {why}; nothing was measured"
+
+
+# --- launches and host synchronizations --------------------------------------------------------
+
+
+def counts_here() -> bool:
+    """Whether this process's GPU is the CuPy stand-in, the one that counts."""
+    return backend.cupy_module() is cupy_standin
+
+
+def quickstart_config() -> dict:
+    with open(QUICKSTART) as f:
+        return yaml.safe_load(f)
+
+
+def quickstart_runner(device="cuda") -> bench_models.Runner:
+    """The README's quickstart (configs/quickstart.yaml): its MLP, batch, optimizer and policy."""
+    cfg = quickstart_config()
+    policy, o = cfg["inplace"], cfg["optim"]
+    runner = bench_models.Runner("mlp", "quickstart", policy, False, device=device, batch=cfg["data"]["batch_size"])
+    with fw.inplace.policy(policy):
+        fw.manual_seed(cfg["seed"])
+        runner.model = build_model(cfg["model"]["name"], **cfg["model"]["args"])
+        if runner.device.type != "cpu":
+            runner.model.to(runner.device)
+        runner.opt = optim.SGD(
+            runner.model.parameters(), lr=o["lr"], momentum=o["momentum"], weight_decay=o["weight_decay"]
+        )
+    return runner
+
+
+def count_training_step(model: str, variant: str = "on", batch: int | None = None, device="cuda", warmup: int = 1):
+    """Launches and host syncs of one training step (forward, backward, SGD with momentum;
+    the loss left on the device) after ``warmup`` steps, on the CuPy stand-in:
+    ``counting.Counts``. ``model`` is one of bench_models.MODELS or ``"quickstart"``
+    (whose variant is its config's).
+
+    Raises:
+        RuntimeError: the GPU here is not the stand-in (real CuPy counts nothing).
+    """
+    if not counts_here():
+        raise RuntimeError(f"counting needs the CuPy stand-in ({backend.CUPY_ENV}=standin)")
+    if model == "quickstart":
+        runner = quickstart_runner(device)
+    else:
+        name, policy, abn = {v[0]: v for v in bench_models.VARIANTS}[variant]
+        runner = bench_models.Runner(model, name, policy, abn, device=device, batch=batch)
+    return counting.count_after(functools.partial(runner.step, read_loss=False), warmup=warmup)
+
+
+def _count_fields(c) -> dict:
+    if c is None:
+        return {"launches_per_step": None, "host_syncs_per_step": None}
+    return {
+        "launches_per_step": c.launches,
+        "host_syncs_per_step": c.host_syncs,
+        "launches_by_kind": c.by_kind(),
+        "host_syncs_by_kind": c.by_kind(syncs=True),
+    }
+
+
+def counts_on_standin(models, batches: dict) -> dict:
+    """``{(model, variant): count fields}`` of one step of each, counted in a subprocess on
+    the CuPy stand-in (for a run on real CuPy, which counts nothing)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "counts.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--count-only", "--json", out, "--models", *models]
+        cmd += [arg for m in models for arg in ("--batch", f"{m}={batches[m]}")]
+        env = {**os.environ, backend.CUPY_ENV: "standin"}
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if r.returncode != 0:
+            raise RuntimeError(f"counting on the stand-in failed: {r.stderr.strip().splitlines()[-1:]}")
+        with open(out) as f:
+            rows = json.load(f)["rows"]
+    return {
+        (row["model"], row["variant"]): {k: v for k, v in row.items() if k not in ("model", "variant", "batch")}
+        for row in rows
+    }
+
+
+def count_only(models, batches: dict, device) -> list[dict]:
+    """One counted step of every variant of every model (and of the quickstart)."""
+    rows = []
+    for model in models:
+        names = ["quickstart"] if model == "quickstart" else [v[0] for v in variants()]
+        for name in names:
+            batch = quickstart_config()["data"]["batch_size"] if model == "quickstart" else batches[model]
+            c = count_training_step(model, name, batch, device)
+            rows.append({"model": model, "variant": name, "batch": batch, **_count_fields(c)})
+            gc.collect()
+    return rows
 
 
 # --- measurements -------------------------------------------------------------------------------
@@ -94,6 +208,8 @@ def measure_ours(model: str, variant, device, batch: int, p: dict, sync) -> dict
     name, policy, abn = variant
     runner = bench_models.Runner(model, name, policy, abn, device=device, batch=batch)
     mem = runner.measure_memory(warmup=p["warmup"], steps=p["mem_steps"])
+    on_standin = counts_here() and runner.device.type == "cuda"
+    counted = counting.count_after(functools.partial(runner.step, read_loss=False), 0) if on_standin else None
     times = _timed_rounds(functools.partial(runner.step, read_loss=False), sync, p["rounds"], p["steps"])
     med = statistics.median(times)
     del runner
@@ -108,6 +224,7 @@ def measure_ours(model: str, variant, device, batch: int, p: dict, sync) -> dict
         "activation_mb": mem["activation_mb"],
         "params_mb": mem["params_mb"],
         "peak_breakdown_mb": mem["peak_breakdown_mb"],
+        **_count_fields(counted),
         "step_ms": 1e3 * med / p["steps"],
         "samples_per_s": batch * p["steps"] / med,
         "round_seconds": times,
@@ -223,8 +340,8 @@ def markdown(results: dict) -> str:
     rows = results["rows"]
     lines = [
         "| model | batch | variant | peak MB | peak vs PyTorch | samples/s | samples/s vs PyTorch | step ms "
-        "| floor MB | activation MB |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| floor MB | activation MB | launches/step | host syncs/step |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         ref = _find(rows, row["model"], framework="torch")
@@ -234,7 +351,8 @@ def markdown(results: dict) -> str:
         lines.append(
             f"| {row['model']} | {row['batch']} | {row['variant']} | {row['peak_mb']:.1f} | "
             f"{_num(peak_ratio, '.2f')} | {row['samples_per_s']:.0f} | {_num(speed_ratio, '.2f')} | "
-            f"{row['step_ms']:.2f} | {_num(row.get('floor_mb'), '.1f')} | {_num(row.get('activation_mb'), '.1f')} |"
+            f"{row['step_ms']:.2f} | {_num(row.get('floor_mb'), '.1f')} | {_num(row.get('activation_mb'), '.1f')} | "
+            f"{_num(row.get('launches_per_step'), 'd')} | {_num(row.get('host_syncs_per_step'), 'd')} |"
         )
     if results.get("targets"):
         lines += ["", "| target | value | met |", "|---|---:|---|"]
@@ -254,14 +372,42 @@ def parse_batches(items) -> dict:
     return batches
 
 
+def count_markdown(rows) -> str:
+    lines = [
+        "| model | batch | variant | launches/step | host syncs/step | launches by kind |",
+        "|---|---:|---|---:|---:|---|",
+    ]
+    for row in rows:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(row["launches_by_kind"].items(), key=lambda kv: -kv[1]))
+        lines.append(
+            f"| {row['model']} | {_num(row['batch'], 'd')} | {row['variant']} | {row['launches_per_step']} | "
+            f"{row['host_syncs_per_step']} | {kinds} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument(
         "--quick",
         action="store_true",
-        help=f"fewer steps ({QUICK['rounds']} rounds of {QUICK['steps']}): a smoke run of a few minutes",
+        help=f"fewest steps ({QUICK['rounds']} rounds of {QUICK['steps']}): a smoke run",
     )
-    ap.add_argument("--models", nargs="+", default=list(GPU_MODELS), choices=list(GPU_MODELS))
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help=f"more steps ({FULL['rounds']} rounds of {FULL['steps']}): minutes per model",
+    )
+    ap.add_argument(
+        "--count", action="store_true", help="on real CuPy: count launches and syncs of one step on the CuPy stand-in"
+    )
+    ap.add_argument(
+        "--count-only", action="store_true", help="only count one step of each variant (needs INPLACE_LAB_CUPY=standin)"
+    )
+    ap.add_argument(
+        "--models", nargs="+", default=list(GPU_MODELS), choices=list(GPU_MODELS) + ["quickstart"], metavar="MODEL"
+    )
     ap.add_argument(
         "--batch",
         action="append",
@@ -275,7 +421,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     batches = parse_batches(args.batch)
-    params = dict(QUICK if args.quick else FULL)
+    params = dict(QUICK if args.quick else FULL if args.full else DEFAULT)
     for key in ("rounds", "steps"):
         value = getattr(args, key)
         if value is not None:
@@ -286,10 +432,24 @@ def main(argv=None) -> int:
     if device.type != "cuda":
         raise SystemExit(f"--device must be cuda or cuda:N, got {args.device!r}")
 
+    if "quickstart" in args.models and not args.count_only:
+        raise SystemExit("model quickstart is for --count-only (it has no PyTorch twin nor variants)")
+
     line = no_gpu_line()
     if line is not None:
         print(line, file=sys.stderr)
         return 2
+    if args.count_only:
+        if not counts_here():
+            raise SystemExit(f"--count-only counts on the CuPy stand-in: run it with {backend.CUPY_ENV}=standin")
+        backend.use_device(device)
+        rows = count_only(args.models, batches, device)
+        print(count_markdown(rows))
+        if args.json:
+            common.write_json(
+                args.json, {"benchmark": "bench_gpu --count-only", "command": common.command_line(), "rows": rows}
+            )
+        return 0
 
     backend.use_device(device)  # before anything is allocated
     torch, why_no_torch = (None, "--no-torch") if args.no_torch else _import_torch_cuda()
@@ -306,12 +466,23 @@ def main(argv=None) -> int:
                 rows.append(measure_ours(model, variant, device, batches[model], params, sync))
             if torch is not None:
                 rows.append(measure_torch(model, torch, device.index, batches[model], params))
+    counts_note = None
+    if not counts_here():
+        if args.count:
+            counted = counts_on_standin(args.models, batches)
+            for row in rows:
+                row.update(counted.get((row["model"], row["variant"]), {}))
+            counts_note = "launches and host syncs counted on the CuPy stand-in, one step of each variant"
+        else:
+            counts_note = NOT_COUNTED
     results = {
         "benchmark": "bench_gpu",
         "command": common.command_line(),
         "env": _env(device, torch),
         "params": {**params, "quick": args.quick, "batches": {m: batches[m] for m in args.models}},
         "torch_missing": why_no_torch,
+        "counts": counts_note
+        or "launches and host syncs counted on the CuPy stand-in, one step after the memory window",
         "rows": rows,
     }
     results["targets"] = targets(rows)
@@ -328,7 +499,8 @@ def main(argv=None) -> int:
     )
     print(
         f"peak: pool hook over {params['mem_steps']} steps after {params['warmup']} warmup steps; "
-        f"samples/s: median of {params['rounds']} rounds x {params['steps']} steps, synchronized"
+        f"samples/s: median of {params['rounds']} rounds x {params['steps']} steps, synchronized; "
+        f"launches/step: {results['counts']}"
     )
     if env["cupy_choice"] == "standin":
         print(

@@ -38,6 +38,7 @@ _CUPY_MODULES = {
 }
 _cupy = None  # the module once imported; False when the import failed
 _cupyx = None
+_cupy_error = None  # why the last load failed ("ImportError: ..."), for cuda_unavailable_reason
 
 
 @dataclass(frozen=True)
@@ -105,18 +106,22 @@ def cupy_choice() -> str:
 
 def cupy_module():
     """Returns the CuPy module (or its stand-in), or None when it is missing or sees no GPU."""
-    global _cupy, _cupyx
+    global _cupy, _cupyx, _cupy_error
     if _cupy is None:
         names = _CUPY_MODULES[cupy_choice()]
         try:
             if names is None:
                 raise ImportError(f"{CUPY_ENV}=none")
             cupy = importlib.import_module(names[0])
-            cupy.cuda.runtime.getDeviceCount()
+            if cupy.cuda.runtime.getDeviceCount() < 1:
+                raise RuntimeError("CUDA reports no device")
             _cupyx = importlib.import_module(names[1])
-            _cupy = cupy
-        except Exception:  # ImportError, or CUDA present but no usable device
+            _cupy, _cupy_error = cupy, None
+        except Exception as e:  # noqa: BLE001 - ImportError, a CUDA error, a broken install: all mean "no GPU"
             _cupy = False
+            # Kept for cuda_unavailable_reason: a broken CuPy must say why, not pass for a missing one.
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            _cupy_error = f"{type(e).__name__}: {first_line}" if first_line else type(e).__name__
     return _cupy or None
 
 
@@ -125,8 +130,8 @@ def forget_cupy() -> None:
 
     Only for a process that has no device arrays yet (the test suite's start).
     """
-    global _cupy, _cupyx
-    _cupy = _cupyx = None
+    global _cupy, _cupyx, _cupy_error
+    _cupy = _cupyx = _cupy_error = None
 
 
 # --- NVIDIA's cuDNN frontend: the GPU convolutions (CuPy 14 has no cuDNN of its own) ----------
@@ -195,7 +200,12 @@ def cuda_unavailable_reason() -> str | None:
         return f"CuPy is switched off ({CUPY_ENV}=none)"
     if choice == "cupy" and importlib.util.find_spec("cupy") is None:
         return "CuPy is not installed: pip install -e '.[gpu]' on a machine with CUDA"
-    return "CuPy sees no usable GPU (no CUDA driver or device here: check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+    if _cupy_error is None:
+        return "CuPy sees no usable GPU (no CUDA driver or device here: check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+    return (
+        f"CuPy is installed but cannot be used ({_cupy_error}): check nvidia-smi, CUDA_VISIBLE_DEVICES "
+        "and that the cupy-cuda wheel matches the driver's CUDA version"
+    )
 
 
 def xp_for(dev: Device):

@@ -18,7 +18,9 @@ reason otherwise.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -27,11 +29,17 @@ from framework import inplace
 from framework.autograd.grad_mode import state as _grad_state
 from framework.ops import conv as conv_ops
 
+#: Why the gpu leg runs on the stand-in although CuPy is installed (None otherwise).
+FALLBACK_REASON = None
+
 
 def _choose_cupy() -> str:
+    global FALLBACK_REASON
     if os.environ.get(fw_backend.CUPY_ENV, "").strip():
-        return fw_backend.cupy_choice()
+        return fw_backend.cupy_choice()  # chosen by the user: never replaced (cupy without a GPU skips)
     choice = "cupy" if fw_backend.is_cuda_available() else "standin"
+    if choice == "standin" and importlib.util.find_spec("cupy") is not None:
+        FALLBACK_REASON = fw_backend.cuda_unavailable_reason()
     os.environ[fw_backend.CUPY_ENV] = choice  # inherited by the jobs the tests launch
     fw_backend.forget_cupy()
     return choice
@@ -47,6 +55,13 @@ NO_GPU_REASON = (
 requires_gpu = pytest.mark.skipif(not CUDA_AVAILABLE, reason=NO_GPU_REASON)
 
 
+def pytest_configure(config):
+    # Never in silence: a machine with CuPy whose gpu leg runs on the stand-in says why, once
+    # (not in xdist workers), also under -q where the report header is not shown.
+    if FALLBACK_REASON and not hasattr(config, "workerinput"):
+        sys.stderr.write(f"gpu leg on the CuPy stand-in, not CuPy: {FALLBACK_REASON}\n")
+
+
 def pytest_report_header(config):
     if not CUDA_AVAILABLE:
         return f"gpu leg: skipped ({NO_GPU_REASON})"
@@ -56,6 +71,8 @@ def pytest_report_header(config):
         if CUPY_CHOICE == "standin"
         else f"CuPy {cp.__version__}"
     )
+    if FALLBACK_REASON:
+        what += f"; CuPy is installed but not used: {FALLBACK_REASON}"
     return f"gpu leg: {what}, {fw_backend.device_count()} GPU(s)"
 
 

@@ -115,13 +115,21 @@ def _out(ctx, x):
     return ctx.out if ctx.out is not None else get_array_module(x).empty_like(x)
 
 
+def _softmax_axis(dim, ndim):
+    """The array axis of softmax over ``dim``: checked as PyTorch does (``-1`` and ``0`` are
+    allowed on a 0-d tensor), and None on a 0-d tensor, whose one element is the whole
+    reduction (CuPy refuses any axis on a 0-d array, where NumPy lets -1 and 0 through)."""
+    (axis,) = _axes(dim, ndim)
+    return axis if ndim else None
+
+
 class Softmax(Function):
     inplace_name = "softmax_"
     saves = ("result",)
 
     def forward(ctx, x, dim=-1):
         xp = get_array_module(x)
-        ctx.dim = dim
+        ctx.dim = dim = _softmax_axis(dim, x.ndim)
         out = xp.subtract(x, xp.amax(x, axis=dim, keepdims=True), out=_out(ctx, x))
         xp.exp(out, out=out)
         out /= out.sum(axis=dim, keepdims=True)
@@ -141,7 +149,7 @@ class LogSoftmax(Function):
 
     def forward(ctx, x, dim=-1):
         xp = get_array_module(x)
-        ctx.dim = dim
+        ctx.dim = dim = _softmax_axis(dim, x.ndim)
         out = xp.subtract(x, xp.amax(x, axis=dim, keepdims=True), out=_out(ctx, x))
         lse = xp.log(xp.exp(out).sum(axis=dim, keepdims=True))
         out -= lse

@@ -16,7 +16,8 @@ import sys
 import pytest
 
 from benchmarks import bench_gpu, bench_models
-from framework import backend
+from framework import backend, memory
+from tests.conftest import requires_gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LINE = "error: bench_gpu.py needs CuPy and a CUDA GPU, and "
@@ -175,5 +176,63 @@ def test_quick_run_on_a_gpu(tmp_path, capsys):
     }
     assert all(r["peak_mb"] > 0 and r["samples_per_s"] > 0 for r in ours)
     assert saved["targets"] and "| target | value | met |" in out
+    if saved["env"]["cupy_choice"] == "standin":  # counted; real CuPy without --count says it did not count
+        assert all(r["launches_per_step"] > 0 and r["host_syncs_per_step"] >= 0 for r in ours)
+    else:
+        assert saved["counts"] == bench_gpu.NOT_COUNTED and all(r["launches_per_step"] is None for r in ours)
     if saved["torch_missing"] is None:
         assert {r["model"] for r in saved["rows"] if r["framework"] == "torch"} == set(bench_gpu.GPU_MODELS)
+
+
+def test_the_default_run_is_small():
+    """A real GPU did not finish the old default (7 rounds of 20 steps per variant) in 150 s."""
+    steps = lambda p: p["warmup"] + p["mem_steps"] + p["rounds"] * p["steps"]  # noqa: E731
+    assert steps(bench_gpu.DEFAULT) <= 20 and steps(bench_gpu.QUICK) < steps(bench_gpu.DEFAULT)
+    assert steps(bench_gpu.FULL) > steps(bench_gpu.DEFAULT)
+    with pytest.raises(SystemExit):
+        bench_gpu.main(["--quick", "--full"])
+
+
+def test_counting_needs_the_standin(monkeypatch):
+    monkeypatch.setattr(bench_gpu, "counts_here", lambda: False)
+    with pytest.raises(RuntimeError, match="counting needs the CuPy stand-in"):
+        bench_gpu.count_training_step("mlp")
+    with pytest.raises(SystemExit, match="quickstart is for --count-only"):
+        bench_gpu.main(["--models", "quickstart"])
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_a_step_is_counted_on_the_standin(tmp_path):
+    """Each row carries launches and host syncs per step (and by kind), counted on the stand-in."""
+    if not bench_gpu.counts_here():
+        pytest.skip("counted on the CuPy stand-in only")
+    p = {"warmup": 1, "mem_steps": 1, "rounds": 1, "steps": 1}
+    with memory.gpu_hook():
+        row = bench_gpu.measure_ours("mlp", bench_gpu.variants()[1], "cuda", 16, p, lambda: None)
+    c = bench_gpu.count_training_step("mlp", "on", 16)
+    assert row["launches_per_step"] == c.launches > 0 and row["host_syncs_per_step"] == c.host_syncs
+    assert row["launches_by_kind"] == c.by_kind() and sum(c.by_kind().values()) == c.launches
+    assert row["host_syncs_by_kind"] == c.by_kind(syncs=True)
+    assert c.by_kind()["matmul"] >= 6  # three linear layers, forward and backward
+    out = tmp_path / "counts.json"
+    assert bench_gpu.main(["--count-only", "--models", "quickstart", "--json", str(out)]) == 0
+    (q,) = json.loads(out.read_text())["rows"]
+    assert q["model"] == "quickstart" and q["batch"] == 32 and q["launches_per_step"] > 0
+    assert sum(q["launches_by_kind"].values()) == q["launches_per_step"]
+    assert sum(q["host_syncs_by_kind"].values()) == q["host_syncs_per_step"]
+
+
+def test_counts_for_a_real_gpu_run_come_from_the_standin_in_a_subprocess():
+    counts = bench_gpu.counts_on_standin(["mlp"], {"mlp": 8})
+    assert set(counts) == {("mlp", v[0]) for v in bench_gpu.variants()}
+    for fields in counts.values():
+        assert fields["launches_per_step"] == sum(fields["launches_by_kind"].values()) > 0
+
+
+def test_without_counts_the_report_says_so():
+    rows = _rows()
+    rows[0].update(launches_per_step=120, host_syncs_per_step=0)
+    table = bench_gpu.markdown({"rows": rows, "targets": []})
+    assert "| launches/step | host syncs/step |" in table
+    assert table.splitlines()[2].endswith("| 120 | 0 |") and table.splitlines()[3].endswith("| - | - |")

@@ -1,5 +1,7 @@
 """The backend: device parsing, the array module per device, transfers; a GPU leg where one exists."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,7 @@ from framework import backend
 from framework.backend import Device
 from framework.testing import to_numpy
 from tests.conftest import requires_gpu
+from tests.framework.ops.harness import memory_overlaps
 
 
 @pytest.mark.parametrize(
@@ -96,10 +99,9 @@ def test_gpu_transfers_round_trip():
 
 
 def test_reshape_view_is_a_view_or_none(backend):
-    xp = backend_module_for(backend)
     a = fw.arange(24, device=backend)._data.reshape(2, 3, 4)
     v = fw.backend.reshape_view(a, (6, 4))
-    assert v is not None and v.shape == (6, 4) and xp.shares_memory(v, a)
+    assert v is not None and v.shape == (6, 4) and memory_overlaps(v, a)
     t = a.transpose(2, 0, 1)  # (4, 2, 3), not contiguous
     assert fw.backend.reshape_view(t, (4, 6)) is not None  # merging the last two dims keeps strides
     assert fw.backend.reshape_view(t, (24,)) is None  # would need a copy
@@ -179,7 +181,7 @@ def test_tensor_from_a_cupy_array_and_back():
     g = cp.arange(6, dtype=cp.float32).reshape(2, 3)
     t = fw.tensor(g, device="cuda")
     assert t.dtype == np.float32 and t.device == Device("cuda", 0)
-    assert not cp.shares_memory(t._data, g)  # a copy, as fw.tensor always makes
+    assert not memory_overlaps(t._data, g)  # a copy, as fw.tensor always makes
     c = fw.tensor(g)  # to the CPU
     assert isinstance(c._data, np.ndarray)
     np.testing.assert_array_equal(c.numpy(), g.get())
@@ -244,6 +246,39 @@ def test_without_cupy_the_device_functions_say_why(without_cupy):
     with pytest.raises(RuntimeError, match="a GPU was asked for, but CuPy is switched off"):
         backend.use_device(Device("cuda", 0))
     backend.synchronize(Device("cpu"))  # nothing to wait for on the CPU
+
+
+@pytest.fixture
+def fresh_backend(monkeypatch):
+    """The backend's CuPy loaded anew in the test, and put back as it was afterwards."""
+    for name in ("_cupy", "_cupyx", "_cupy_error"):
+        monkeypatch.setattr(backend, name, None)
+
+
+@pytest.mark.parametrize(
+    "count, why",
+    [
+        (None, "CUDARuntimeError: cudaErrorNoDevice: no CUDA-capable device is detected"),
+        (0, "RuntimeError: CUDA reports no device"),
+    ],
+)
+def test_a_cupy_that_cannot_be_used_says_why(fresh_backend, monkeypatch, count, why):
+    """A CuPy that imports but fails (no driver, no device) is not CuPy "not installed": the
+    reason it failed is kept and given, and nothing falls back to another module."""
+    import framework.testing.cupy_standin as standin  # noqa: PLC0415 - the module under test here
+
+    def device_count():
+        if count is None:
+            raise standin.cuda.runtime.CUDARuntimeError(100, "cudaErrorNoDevice: no CUDA-capable device is detected")
+        return count
+
+    monkeypatch.setenv(backend.CUPY_ENV, "standin")
+    monkeypatch.setattr(standin.cuda.runtime, "getDeviceCount", device_count)
+    assert backend.cupy_module() is None and not backend.is_cuda_available()
+    reason = backend.cuda_unavailable_reason()
+    assert reason.startswith(f"CuPy is installed but cannot be used ({why})"), reason
+    with pytest.raises(RuntimeError, match=re.escape(why)):
+        backend.use_device(Device("cuda", 0))
 
 
 @pytest.mark.gpu

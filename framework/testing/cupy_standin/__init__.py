@@ -21,6 +21,14 @@ simulated GPUs, and fails where it would fail on a GPU:
   call has finished when it returns; ``cuda.nccl`` carries NCCL's pointer-based
   collectives over MPI (:mod:`.cuda.nccl`).
 
+- CuPy's odd answers are kept: ``shares_memory`` compares element addresses as CuPy's
+  kernel reports them (a 0-d element's is a kernel local's: two distinct 0-d arrays
+  "share", a 0-d view does not), reductions refuse axis 0/-1 on 0-d arrays, NCCL
+  failures are ``NcclError(status)`` with NCCL's own message;
+- what costs time on a GPU is counted (:mod:`.counting`): one launch per kernel real
+  CuPy would run, one host synchronization per call that waits for the device, by kind
+  and call site.
+
 What it cannot show: CuPy's kernels and their numerics (the values are NumPy's), GPU
 timings and asynchrony, NCCL itself, and device memory limits.
 """

@@ -17,11 +17,13 @@ current one (CuPy does too where peer access is unavailable; the stand-in never 
 
 from __future__ import annotations
 
+import operator
 import sys
 import warnings
 
 import numpy
 
+from . import counting
 from .cuda import memory as _memory
 from .cuda import runtime as _runtime
 from .cuda.device import Device
@@ -37,6 +39,20 @@ def _dtype(dtype) -> numpy.dtype:
     if dt.char not in _SUPPORTED_DTYPES:
         raise ValueError(f"Unsupported dtype {dt}")
     return dt
+
+
+def _launch(kind: str, size: int = 1) -> None:
+    """Counts one kernel launch of ``kind`` (:mod:`.counting`); CuPy launches none for an empty output."""
+    if size:
+        counting.launch(kind)
+
+
+def _check_axis(axis, ndim: int) -> None:
+    """CuPy's axis check of reductions and scans (``internal._normalize_axis_index``): stricter
+    than NumPy, which lets ``axis=0`` and ``axis=-1`` through on a 0-d array."""
+    for ax in () if axis is None else axis if type(axis) is tuple else (axis,):
+        if not -ndim <= operator.index(ax) < ndim:
+            raise numpy.exceptions.AxisError(ax, ndim)
 
 
 def _peer_error(a: ndarray, device_id: int) -> ValueError:
@@ -75,12 +91,21 @@ def _dense_strides(host: numpy.ndarray):
 
 
 def _from_host(host: numpy.ndarray) -> ndarray:
-    """A copy of a host array in new memory of the current device (its layout kept)."""
+    """A copy of a host array in new memory of the current device (its layout kept); the
+    stand-in's way to store a result, so it counts nothing: callers count their launch."""
     dtype = _dtype(host.dtype)
     memptr = _memory.alloc(host.size * dtype.itemsize)
     a = _host_view(memptr, host.shape, dtype, _dense_strides(host))
     numpy.copyto(a, host)
     return _new(a, memptr, None)
+
+
+def _h2d(host: numpy.ndarray) -> ndarray:
+    """A host-to-device copy (``cupy.asarray`` of a NumPy array): one transfer, counted as
+    a launch of kind ``"h2d"`` (CuPy queues it on the stream; the host does not wait)."""
+    res = _from_host(host)
+    _launch("h2d", res.nbytes)
+    return res
 
 
 def _view(owner: ndarray, a: numpy.ndarray) -> ndarray:
@@ -129,21 +154,40 @@ def _unwrap(x, device_id, inputs):
     return x
 
 
-def _call(func, *args, **kwargs):
-    """``func`` (NumPy) on the host arrays of stand-in arguments, all on the current device."""
+def _call(kind, func, *args, **kwargs):
+    """``func`` (NumPy) on the host arrays of stand-in arguments, all on the current device:
+    one kernel launch of ``kind`` (None: the caller counts)."""
     device_id = _runtime.getDevice()
     inputs: list = []
     args = [_unwrap(a, device_id, inputs) for a in args]
     kwargs = {k: _unwrap(v, device_id, inputs) for k, v in kwargs.items()}
-    return _wrap(func(*args, **kwargs), inputs)
+    res = _wrap(func(*args, **kwargs), inputs)
+    if kind is not None:
+        _launch(kind, _size(res))
+    return res
+
+
+def _size(res) -> int:
+    """Elements of a result (of all of them, for a tuple or list of results)."""
+    if isinstance(res, ndarray):
+        return res.size
+    if type(res) is tuple or type(res) is list:
+        return sum(_size(r) for r in res)
+    return 1
 
 
 def _call_view(func, *args, **kwargs):
-    """:func:`_call` for routines that only make views (no kernel: any device will do)."""
+    """:func:`_call` for routines that make views (no kernel: any device will do). Where
+    NumPy had to copy instead (``reshape`` of a non-contiguous array), CuPy copies too:
+    one copy launch."""
     inputs: list = []
     args = [_unwrap(a, None, inputs) for a in args]
     kwargs = {k: _unwrap(v, None, inputs) for k, v in kwargs.items()}
-    return _wrap(func(*args, **kwargs), inputs)
+    res = _wrap(func(*args, **kwargs), inputs)
+    for r in res if type(res) is tuple or type(res) is list else (res,):
+        if isinstance(r, ndarray) and r.base is None and not any(r is x for x in inputs):
+            _launch("copy", r.size)
+    return res
 
 
 def _check_current(*arrays) -> int:
@@ -169,6 +213,7 @@ def _index(key, a: ndarray):
         elif isinstance(it, (list, numpy.ndarray)):
             empty_list = isinstance(it, list) and len(it) == 0
             it, advanced = numpy.asarray(it), True
+            _launch("h2d")  # CuPy copies a host index to the device first
             if empty_list:
                 it = it.astype(numpy.intp)  # an empty list is an empty index, not an empty mask
         converted.append(it)
@@ -196,6 +241,7 @@ def _scatter(a: ndarray, key, value, np_ufunc) -> None:
     _check_current(a, value)
     index, _ = _index(key, a)
     np_ufunc.at(a._a, index, _operand(value))
+    _launch("scatter", a.size)
 
 
 def _operand(value):
@@ -233,13 +279,19 @@ class ufunc:
         device_id = _check_current(*args)
         host = [_operand(x) for x in args]
         if out is None:
-            return _wrap(self._np(*host, dtype=dtype, casting=casting))
-        if not isinstance(out, ndarray):
-            raise TypeError("Output arguments must be cupy.ndarray")
-        if out.data.device_id != device_id:
-            raise _peer_error(out, device_id)
-        self._np(*host, out=out._a, dtype=dtype, casting=casting)
-        return out
+            res = _wrap(self._np(*host, dtype=dtype, casting=casting))
+        else:
+            if not isinstance(out, ndarray):
+                raise TypeError("Output arguments must be cupy.ndarray")
+            if out.data.device_id != device_id:
+                raise _peer_error(out, device_id)
+            self._np(*host, out=out._a, dtype=dtype, casting=casting)
+            res = out
+        if self.__name__ == "matmul":
+            _count_matmul(args[0], args[1], out, res.size)
+        else:
+            _launch("elementwise", res.size)
+        return res
 
     def at(self, a, indices, b=None):
         if not self._scatter:
@@ -261,7 +313,7 @@ class ufunc:
         raise NotImplementedError(f"`{self.name}.accumulate` is not supported yet")
 
     def outer(self, A, B, **kwargs):  # noqa: N803 - NumPy's names
-        A, B = (x if isinstance(x, ndarray) else _from_host(numpy.asarray(x)) for x in (A, B))
+        A, B = (x if isinstance(x, ndarray) else _h2d(numpy.asarray(x)) for x in (A, B))
         return self(A.reshape(A.shape + (1,) * B.ndim), B.reshape((1,) * A.ndim + B.shape), **kwargs)
 
 
@@ -426,7 +478,15 @@ class ndarray:
 
     # -- to and from the host -------------------------------------------------------------------
     def get(self, stream=None, order="C", out=None, blocking=True) -> numpy.ndarray:
-        """A host (NumPy) copy: the explicit device-to-host transfer."""
+        """A host (NumPy) copy: the explicit device-to-host transfer (a host synchronization
+        unless ``blocking=False``)."""
+        return self._to_host("get" if blocking else None, order, out)
+
+    def _to_host(self, sync, order="C", out=None) -> numpy.ndarray:
+        """:meth:`get`, counted as CuPy runs it: nothing for an empty array; else a device
+        copy first when the array is not contiguous in the order the host array gets (one
+        copy launch), the transfer, and one host synchronization of kind ``sync`` (None: an
+        asynchronous copy, no wait)."""
         if out is not None:
             if not isinstance(out, numpy.ndarray):
                 raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
@@ -434,10 +494,17 @@ class ndarray:
                 raise TypeError(f"{self.dtype} array cannot be obtained to {out.dtype} array")
             if out.shape != self.shape:
                 raise ValueError("Shape mismatch")
+            order = "C" if out.flags.c_contiguous else "F"
+        elif order == "A":
+            order = "F" if self._a.flags.f_contiguous and not self._a.flags.c_contiguous else "C"
+        if self.size:
+            if not (self._a.flags.c_contiguous if order == "C" else self._a.flags.f_contiguous):
+                _launch("copy", self.size)
+            if sync is not None:
+                counting.host_sync(sync)
+        if out is not None:
             numpy.copyto(out, self._a)
             return out
-        if order == "A":
-            order = "F" if self._a.flags.f_contiguous and not self._a.flags.c_contiguous else "C"
         return numpy.array(self._a, order=order, copy=True)
 
     def set(self, arr, stream=None) -> None:
@@ -451,6 +518,7 @@ class ndarray:
         if not (self._a.flags.c_contiguous or self._a.flags.f_contiguous):
             raise RuntimeError("Cannot set to non-contiguous array")
         numpy.copyto(self._a, arr)
+        _launch("h2d", self.nbytes)
 
     def __array__(self, dtype=None, copy=None):
         raise TypeError(
@@ -495,13 +563,13 @@ class ndarray:
         return target(*args, **kwargs)
 
     def __int__(self) -> int:
-        return int(self.get())
+        return int(self._to_host("int"))
 
     def __float__(self) -> float:
-        return float(self.get())
+        return float(self._to_host("float"))
 
     def __complex__(self) -> complex:
-        return complex(self.get())
+        return complex(self._to_host("complex"))
 
     def __bool__(self) -> bool:
         if self.size == 0:
@@ -514,7 +582,7 @@ class ndarray:
             )
             return False
         if self.size == 1:
-            return bool(self.get())
+            return bool(self._to_host("bool"))
         raise ValueError("The truth value of an array with more than one element is ambiguous. Use a.any() or a.all()")
 
     def __repr__(self) -> str:
@@ -537,13 +605,13 @@ class ndarray:
         return _standin_module().array, (self.get(order="A"),)
 
     def item(self):
-        return self.get().item()
+        return self._to_host("item").item()
 
     def tolist(self):
-        return self.get().tolist()
+        return self._to_host("tolist").tolist()
 
     def tobytes(self, order="C") -> bytes:
-        return self.get().tobytes(order)
+        return self._to_host("tobytes").tobytes(order)
 
     # -- container ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -560,16 +628,23 @@ class ndarray:
         index, advanced = _index(key, self)
         if advanced:  # a gather kernel: a new array on the current device
             _check_current(self, *(key if type(key) is tuple else (key,)))
-            return _wrap(self._a[index])
+            res = _wrap(self._a[index])
+            if _has_mask(index):
+                # CuPy scans the mask, then reads its count back to size the result.
+                _launch("scan")
+                counting.host_sync("mask")
+            _launch("gather", res.size)
+            return res
         res = self._a[index]
         if type(res) is not numpy.ndarray:  # every axis indexed by an int: CuPy gives a 0-d view
             res = self._a[(index if type(index) is tuple else (index,)) + (Ellipsis,)]
         return _view(self, res)
 
     def __setitem__(self, key, value) -> None:
-        index, _ = _index(key, self)
+        index, advanced = _index(key, self)
         _check_current(self, value, *(key if type(key) is tuple else (key,)))
-        if isinstance(value, ndarray):
+        is_array = isinstance(value, ndarray)
+        if is_array:
             value = value._a
         elif not (type(value) in _PY_SCALARS or isinstance(value, numpy.generic)):
             value = numpy.asarray(value)  # a host array or a list: refused unless it is one number
@@ -577,10 +652,17 @@ class ndarray:
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
             value = value[()]
         self._a[index] = value
+        if advanced:
+            if _has_mask(index):
+                _launch("scan")
+            _launch("scatter", self.size)
+        else:  # a fill or a copy into a view
+            _launch("copy" if is_array else "elementwise", self._a[index].size)
 
     # -- copies, views and shapes ---------------------------------------------------------------
     def copy(self, order="C") -> ndarray:
         """A copy on the CURRENT device (so it also copies between devices, as CuPy)."""
+        _launch("copy", self.size)
         return _from_host(numpy.asarray(self._a, order=order))
 
     def astype(self, dtype, order="K", casting=None, subok=None, copy=True) -> ndarray:
@@ -588,6 +670,7 @@ class ndarray:
         if not copy and dtype == self.dtype:
             return self
         _check_current(self)
+        _launch("copy" if dtype == self.dtype else "elementwise", self.size)  # a copy, or a cast kernel
         return _from_host(self._a.astype(dtype, order=order, casting=casting or "unsafe"))
 
     def view(self, dtype=None, type=None) -> ndarray:  # noqa: A002 - CuPy's names
@@ -611,6 +694,7 @@ class ndarray:
 
     def flatten(self, order="C") -> ndarray:
         _check_current(self)
+        _launch("copy", self.size)
         return _from_host(self._a.flatten(order))
 
     def squeeze(self, axis=None) -> ndarray:
@@ -630,31 +714,39 @@ class ndarray:
             if value.shape != ():
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
         self._a.fill(value)
+        _launch("elementwise", self.size)
 
     # -- computations (CuPy's method signatures) -----------------------------------------------------
+    # Each is one kernel launch on a GPU unless said otherwise; reductions check their axis
+    # as CuPy does (_check_axis).
     def sum(self, axis=None, dtype=None, out=None, keepdims=False):
-        return _call(numpy.sum, self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+        return _reduce(numpy.sum, self, axis, dtype=dtype, out=out, keepdims=keepdims)
 
     def prod(self, axis=None, dtype=None, out=None, keepdims=False):
-        return _call(numpy.prod, self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+        return _reduce(numpy.prod, self, axis, dtype=dtype, out=out, keepdims=keepdims)
 
     def mean(self, axis=None, dtype=None, out=None, keepdims=False):
-        return _call(numpy.mean, self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+        return _reduce(numpy.mean, self, axis, dtype=dtype, out=out, keepdims=keepdims)
 
     def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        return _call(numpy.var, self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+        # CuPy: the mean (a reduction), then the sum of squared deviations (another one).
+        return _reduce(numpy.var, self, axis, 2, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
 
     def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        return _call(numpy.std, self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+        res = _reduce(numpy.std, self, axis, 2, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+        _launch("elementwise", res.size)  # CuPy: sqrt of the variance
+        return res
 
     def max(self, axis=None, out=None, keepdims=False):
-        return _call(numpy.max, self, axis=axis, out=out, keepdims=keepdims)
+        return _reduce(numpy.max, self, axis, out=out, keepdims=keepdims)
 
     def min(self, axis=None, out=None, keepdims=False):
-        return _call(numpy.min, self, axis=axis, out=out, keepdims=keepdims)
+        return _reduce(numpy.min, self, axis, out=out, keepdims=keepdims)
 
     def ptp(self, axis=None, out=None, keepdims=False):
-        return _call(numpy.ptp, self, axis=axis, out=out, keepdims=keepdims)
+        res = _reduce(numpy.ptp, self, axis, 2, out=out, keepdims=keepdims)  # CuPy: max and min ...
+        _launch("elementwise", res.size)  # ... and their difference
+        return res
 
     def argmax(self, axis=None, out=None, dtype=None, keepdims=False):
         return _arg_reduce(numpy.argmax, self, axis, out, dtype, keepdims)
@@ -663,70 +755,88 @@ class ndarray:
         return _arg_reduce(numpy.argmin, self, axis, out, dtype, keepdims)
 
     def all(self, axis=None, out=None, keepdims=False):
-        return _call(numpy.all, self, axis=axis, out=out, keepdims=keepdims)
+        return _reduce(numpy.all, self, axis, out=out, keepdims=keepdims)
 
     def any(self, axis=None, out=None, keepdims=False):
-        return _call(numpy.any, self, axis=axis, out=out, keepdims=keepdims)
+        return _reduce(numpy.any, self, axis, out=out, keepdims=keepdims)
 
     def cumsum(self, axis=None, dtype=None, out=None):
-        return _call(numpy.cumsum, self, axis=axis, dtype=dtype, out=out)
+        _check_axis(axis, self.ndim)
+        return _call("scan", numpy.cumsum, self, axis=axis, dtype=dtype, out=out)
 
     def cumprod(self, axis=None, dtype=None, out=None):
-        return _call(numpy.cumprod, self, axis=axis, dtype=dtype, out=out)
+        _check_axis(axis, self.ndim)
+        return _call("scan", numpy.cumprod, self, axis=axis, dtype=dtype, out=out)
 
     def clip(self, min=None, max=None, out=None):  # noqa: A002 - CuPy's names
-        return _call(numpy.clip, self, min, max, out=out)
+        return _call("elementwise", numpy.clip, self, min, max, out=out)
 
     def round(self, decimals=0, out=None):
-        return _call(numpy.round, self, decimals=decimals, out=out)
+        return _call("elementwise", numpy.round, self, decimals=decimals, out=out)
 
     def conj(self):
-        return _call(numpy.conj, self) if self.dtype.kind == "c" else self
+        return _call("elementwise", numpy.conj, self) if self.dtype.kind == "c" else self
 
     conjugate = conj
 
     def dot(self, b, out=None):
-        return _call(numpy.dot, self, b, out=out)
+        res = _call(None, numpy.dot, self, b, out=out)
+        _count_matmul(self, b, out, _size(res), dot=True)
+        return res
 
     def trace(self, offset=0, axis1=0, axis2=1, dtype=None, out=None):
-        return _call(numpy.trace, self, offset, axis1, axis2, dtype, out)
+        return _call("reduction", numpy.trace, self, offset, axis1, axis2, dtype, out)
 
     def nonzero(self) -> tuple:
         if self.ndim == 0:
             raise ValueError(
                 "Calling nonzero on 0d arrays is not allowed. Use cp.atleast_1d(scalar).nonzero() instead."
             )
-        return _call(numpy.nonzero, self)
+        # CuPy: a scan of the mask, its count read back to size the result, one kernel to fill it.
+        res = _call("scan", numpy.nonzero, self)
+        counting.host_sync("nonzero")
+        _launch("elementwise", _size(res))
+        return res
 
     def take(self, indices, axis=None, out=None):
         """Gathers along ``axis``; indices wrap around (CuPy does not check their bounds)."""
         _check_current(self, indices, out)
         res = numpy.take(self._a, _host_indices(indices), axis=axis, mode="wrap", out=None if out is None else out._a)
-        return out if out is not None else _wrap(res)
+        res = out if out is not None else _wrap(res)
+        _launch("gather", res.size)
+        return res
 
     def put(self, indices, values, mode="wrap") -> None:
         _check_current(self, indices, values)
         numpy.put(self._a, _host_indices(indices), _operand(values), mode=mode)
+        _launch("scatter", self.size)
 
     def repeat(self, repeats, axis=None):
-        return _call(numpy.repeat, self, repeats, axis=axis)
+        return _call("copy", numpy.repeat, self, repeats, axis=axis)
 
     def sort(self, axis=-1, kind=None) -> None:
         _check_current(self)
         self._a.sort(axis=axis, kind=kind)
+        _launch("sort", self.size)
 
     def argsort(self, axis=-1, kind=None):
-        return _call(numpy.argsort, self, axis=axis, kind=kind)
+        return _call("sort", numpy.argsort, self, axis=axis, kind=kind)
 
     def partition(self, kth, axis=-1) -> None:
         _check_current(self)
         self._a.partition(kth, axis=axis)
+        _launch("sort", self.size)
 
     def argpartition(self, kth, axis=-1):
-        return _call(numpy.argpartition, self, kth, axis=axis)
+        return _call("sort", numpy.argpartition, self, kth, axis=axis)
 
     def compress(self, condition, axis=None, out=None):
-        return _call(numpy.compress, condition, self, axis=axis, out=out)
+        # CuPy: take(nonzero(condition)[0]): a scan, a read-back of the count, two kernels.
+        res = _call("gather", numpy.compress, condition, self, axis=axis, out=out)
+        _launch("scan")
+        counting.host_sync("nonzero")
+        _launch("elementwise")
+        return res
 
     # -- operators -----------------------------------------------------------------------------------
     __add__, __radd__, __iadd__ = _binary("add")
@@ -772,16 +882,70 @@ def _f_strides(shape, itemsize: int) -> tuple:
     return tuple(strides)
 
 
-def _arg_reduce(func, a, axis, out, dtype, keepdims):
-    res = _call(func, a, axis=axis, keepdims=keepdims)
-    if dtype is not None:
-        res = res.astype(dtype, copy=False)
-    if out is not None:
-        out[...] = res
-        return out
+def _count_matmul(a, b, out, size: int, dot: bool = False) -> None:
+    """The launches of CuPy's ``matmul`` (and of ``dot`` of up to 2-d arrays): one GEMM, and
+    before it a copy of each operand cuBLAS cannot read as it is (a 2-d one neither C- nor
+    F-contiguous; above 2-d, one not C-contiguous, as ``ascontiguousarray`` makes it), three
+    pointer-array kernels for a broadcast batch, and a copy into an ``out`` that is not
+    C-contiguous (``cupy/_core/_routines_linalg.pyx``)."""
+    if not size:
+        return
+    a_nd, b_nd = (x.ndim if isinstance(x, ndarray) else 0 for x in (a, b))
+    nd = max(a_nd, b_nd)
+    if dot and nd > 2:  # tensordot_core: one GEMM over the reshaped operands
+        _launch("matmul")
+        return
+    for x in (a, b):
+        if not isinstance(x, ndarray):
+            continue
+        flags = x._a.flags
+        if (x.ndim == 2 and nd <= 2 and not (flags.c_contiguous or flags.f_contiguous)) or (
+            nd > 2 and not flags.c_contiguous
+        ):
+            _launch("copy", x.size)
+    if nd > 2:
+        a_batch = (1,) * (nd - 2 - max(a_nd - 2, 0)) + (a.shape[:-2] if a_nd > 2 else ())
+        b_batch = (1,) * (nd - 2 - max(b_nd - 2, 0)) + (b.shape[:-2] if b_nd > 2 else ())
+        if a_batch != b_batch:
+            for _ in range(3):
+                _launch("elementwise")  # the pointer arrays of a batched GEMM over a broadcast
+    _launch("matmul")
+    if out is not None and not out._a.flags.c_contiguous:
+        _launch("copy", out.size)
+
+
+def _reduce(func, a, axis, launches=1, **kwargs):
+    """A reduction: CuPy's axis check, then ``launches`` reduction kernels."""
+    _check_axis(axis, a.ndim)
+    res = _call("reduction", func, a, axis=axis, **kwargs)
+    _launch("reduction", (launches - 1) * res.size)
     return res
+
+
+def _arg_reduce(func, a, axis, out, dtype, keepdims):
+    """argmax/argmin: one reduction kernel, writing ``dtype`` (and into ``out``) itself."""
+    _check_axis(axis, a.ndim)
+    _check_current(a, out)
+    res = func(a._a, axis=axis, keepdims=keepdims)
+    if dtype is not None:
+        res = numpy.asarray(res).astype(dtype, copy=False)
+    if out is not None:
+        out._a[...] = res
+    else:
+        out = _wrap(res)
+    _launch("reduction", out.size)
+    return out
 
 
 def _host_indices(indices):
     """Indices of take/put as a host array (CuPy copies lists and NumPy indices to the device)."""
-    return indices._a if isinstance(indices, ndarray) else numpy.asarray(indices)
+    if isinstance(indices, ndarray):
+        return indices._a
+    _launch("h2d")
+    return numpy.asarray(indices)
+
+
+def _has_mask(index) -> bool:
+    """Whether a (converted) index holds a boolean array (CuPy's mask indexing)."""
+    items = index if type(index) is tuple else (index,)
+    return any(isinstance(x, numpy.ndarray) and x.dtype == numpy.bool_ for x in items)

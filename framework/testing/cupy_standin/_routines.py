@@ -13,8 +13,8 @@ import builtins
 
 import numpy
 
-from . import _core
-from ._core import _call, _call_view, _check_current, _dtype, _from_host, _operand, _wrap, ndarray
+from . import _core, counting
+from ._core import _call, _call_view, _check_current, _dtype, _from_host, _h2d, _launch, _operand, _wrap, ndarray
 from .cuda import runtime
 
 # --- creation ----------------------------------------------------------------------------------------
@@ -26,11 +26,11 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, *, blocki
         if dtype is None and not copy and obj.device.id == _runtime_device() and ndmin <= obj.ndim:
             return obj
         host = numpy.array(obj._a, dtype=dtype, order=order, ndmin=ndmin)
-    elif isinstance(obj, (list, tuple)) and _holds_device_arrays(obj):
+        _launch("copy" if host.dtype == obj.dtype else "elementwise", host.size)  # a copy or a cast
+        return _from_host(host)
+    if isinstance(obj, (list, tuple)) and _holds_device_arrays(obj):
         return stack([asarray(x) for x in obj]).astype(dtype or _result_dtype(obj), copy=False)
-    else:
-        host = numpy.array(obj, dtype=dtype, order=order, ndmin=ndmin)
-    return _from_host(host)
+    return _h2d(numpy.array(obj, dtype=dtype, order=order, ndmin=ndmin))
 
 
 def asarray(a, dtype=None, order=None, *, copy=None, blocking=False):
@@ -50,6 +50,7 @@ def ascontiguousarray(a, dtype=None):
     if a._a.flags.c_contiguous and (dtype is None or _dtype(dtype) == a.dtype):
         return a if a.ndim else a.ravel()  # CuPy: a 0-d array becomes a 1-element view
     _check_current(a)
+    _launch("copy" if dtype is None or _dtype(dtype) == a.dtype else "elementwise", a.size)
     return _from_host(numpy.ascontiguousarray(a._a, dtype=dtype))
 
 
@@ -68,14 +69,16 @@ def empty(shape, dtype=float, order="C"):
 
 
 def zeros(shape, dtype=float, order="C"):
+    """CuPy clears the new memory with one ``cudaMemsetAsync`` (kind ``"memset"``)."""
     a = ndarray(shape, dtype, order=order)
     a._a.fill(0)
+    _launch("memset", a.nbytes)
     return a
 
 
 def ones(shape, dtype=float, order="C"):
     a = ndarray(shape, dtype, order=order)
-    a._a.fill(1)
+    a.fill(1)
     return a
 
 
@@ -96,12 +99,13 @@ def empty_like(prototype, dtype=None, order="K", subok=None, shape=None):
 def zeros_like(a, dtype=None, order="K", subok=None, shape=None):
     out = empty_like(a, dtype, order, subok, shape)
     out._a.fill(0)
+    _launch("memset", out.nbytes)
     return out
 
 
 def ones_like(a, dtype=None, order="K", subok=None, shape=None):
     out = empty_like(a, dtype, order, subok, shape)
-    out._a.fill(1)
+    out.fill(1)
     return out
 
 
@@ -112,16 +116,19 @@ def full_like(a, fill_value, dtype=None, order="K", subok=None, shape=None):
 
 
 def arange(start, stop=None, step=1, dtype=None):
-    return _from_host(numpy.arange(start, stop, step, dtype=dtype))
+    return _generated(numpy.arange(start, stop, step, dtype=dtype))
 
 
 def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis=0):
     res = numpy.linspace(start, stop, num, endpoint, retstep, dtype, axis)
-    return (_from_host(res[0]), res[1]) if retstep else _from_host(res)
+    return (_generated(res[0]), res[1]) if retstep else _generated(res)
 
 
 def eye(N, M=None, k=0, dtype=float, order="C"):  # noqa: N803 - CuPy's names
-    return _from_host(numpy.eye(N, M, k, dtype=dtype, order=order))
+    res = _from_host(numpy.eye(N, M, k, dtype=dtype, order=order))
+    _launch("memset", res.nbytes)  # CuPy: zeros, then the diagonal filled
+    _launch("elementwise", builtins.min(res.shape))
+    return res
 
 
 def identity(n, dtype=float):
@@ -129,7 +136,7 @@ def identity(n, dtype=float):
 
 
 def copy(a, order="K"):
-    return _call(numpy.copy, a, order=order)
+    return _call("copy", numpy.copy, a, order=order)
 
 
 # --- shapes and views ------------------------------------------------------------------------------
@@ -184,19 +191,19 @@ def diagonal(a, offset=0, axis1=0, axis2=1):
 
 
 def concatenate(tup, axis=0, out=None, *, dtype=None, casting="same_kind"):
-    return _call(numpy.concatenate, tuple(tup), axis=axis, out=out, dtype=dtype, casting=casting)
+    return _call("copy", numpy.concatenate, tuple(tup), axis=axis, out=out, dtype=dtype, casting=casting)
 
 
 def stack(tup, axis=0, out=None, *, dtype=None, casting="same_kind"):
-    return _call(numpy.stack, tuple(tup), axis=axis, out=out, dtype=dtype, casting=casting)
+    return _call("copy", numpy.stack, tuple(tup), axis=axis, out=out, dtype=dtype, casting=casting)
 
 
 def vstack(tup, *, dtype=None, casting="same_kind"):
-    return _call(numpy.vstack, tuple(tup), dtype=dtype, casting=casting)
+    return _call("copy", numpy.vstack, tuple(tup), dtype=dtype, casting=casting)
 
 
 def hstack(tup, *, dtype=None, casting="same_kind"):
-    return _call(numpy.hstack, tuple(tup), dtype=dtype, casting=casting)
+    return _call("copy", numpy.hstack, tuple(tup), dtype=dtype, casting=casting)
 
 
 def split(ary, indices_or_sections, axis=0):
@@ -204,11 +211,11 @@ def split(ary, indices_or_sections, axis=0):
 
 
 def tile(A, reps):  # noqa: N803
-    return _call(numpy.tile, A, reps)
+    return _call("copy", numpy.tile, A, reps)
 
 
 def repeat(a, repeats, axis=None):
-    return _call(numpy.repeat, a, repeats, axis)
+    return _call("copy", numpy.repeat, a, repeats, axis)
 
 
 def flip(a, axis=None):
@@ -216,11 +223,13 @@ def flip(a, axis=None):
 
 
 def roll(a, shift, axis=None):
-    return _call(numpy.roll, a, shift, axis)
+    return _call("copy", numpy.roll, a, shift, axis)
 
 
 def pad(array, pad_width, mode="constant", **kwargs):  # noqa: A002
-    return _call(numpy.pad, array, pad_width, mode, **kwargs)
+    res = _call("copy", numpy.pad, array, pad_width, mode, **kwargs)
+    _launch("elementwise", res.size)  # CuPy: the border filled, then the array copied in
+    return res
 
 
 # --- indexing ----------------------------------------------------------------------------------------
@@ -231,7 +240,7 @@ def where(condition, x=None, y=None):
         raise ValueError("Must provide both 'x' and 'y' or neither.")
     if x is None:
         return nonzero(condition)
-    return _call(numpy.where, condition, x, y)
+    return _call("elementwise", numpy.where, condition, x, y)
 
 
 def nonzero(a):
@@ -241,7 +250,7 @@ def nonzero(a):
 
 
 def flatnonzero(a):
-    return _call(numpy.flatnonzero, a)
+    return a.ravel().nonzero()[0]
 
 
 def take(a, indices, axis=None, out=None):
@@ -250,13 +259,15 @@ def take(a, indices, axis=None, out=None):
 
 def take_along_axis(a, indices, axis):
     _check_current(a, indices)
-    return _wrap(
+    res = _wrap(
         numpy.take_along_axis(
             a._a,
             numpy.mod(_core._host_indices(indices), a.shape[axis]) if a.shape[axis] else _core._host_indices(indices),
             axis,
         )
     )
+    _launch("gather", res.size)
+    return res
 
 
 def put_along_axis(arr, indices, values, axis):
@@ -265,6 +276,7 @@ def put_along_axis(arr, indices, values, axis):
     if arr.shape[axis]:
         idx = numpy.mod(idx, arr.shape[axis])
     numpy.put_along_axis(arr._a, idx, _operand(values), axis)
+    _launch("scatter", arr.size)
 
 
 def copyto(dst, src, casting="same_kind", where=None):
@@ -282,6 +294,7 @@ def copyto(dst, src, casting="same_kind", where=None):
         if src.shape != dst.shape or src.dtype != dst.dtype or where is not None:
             raise ValueError("copyto between devices needs the same shape and dtype and no where=")
         numpy.copyto(dst._a, src._a)
+        _launch("copy", dst.size)  # a peer-to-peer copy
         return
     _check_current(dst, src, where)
     numpy.copyto(
@@ -290,6 +303,7 @@ def copyto(dst, src, casting="same_kind", where=None):
         casting=casting,
         where=True if where is None else where._a if isinstance(where, ndarray) else _operand(where),
     )
+    _launch("copy", dst.size)
 
 
 # --- reductions and linear algebra ---------------------------------------------------------------
@@ -356,7 +370,7 @@ def cumprod(a, axis=None, dtype=None, out=None):
 
 
 def count_nonzero(a, axis=None):
-    return _call(numpy.count_nonzero, a, axis)
+    return _call("reduction", numpy.count_nonzero, a, axis)
 
 
 def clip(a, a_min, a_max, out=None):
@@ -371,7 +385,7 @@ round = around  # noqa: A001
 
 
 def sort(a, axis=-1, kind=None):
-    return _call(numpy.sort, a, axis=axis, kind=kind)
+    return _call("sort", numpy.sort, a, axis=axis, kind=kind)
 
 
 def argsort(a, axis=-1, kind=None):
@@ -383,23 +397,23 @@ def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
 
 
 def dot(a, b, out=None):
-    return _call(numpy.dot, a, b, out=out)
+    return _method(a, "dot", b, out=out)
 
 
 def vdot(a, b):
-    return _call(numpy.vdot, a, b)
+    return _call("matmul", numpy.vdot, a, b)
 
 
 def inner(a, b):
-    return _call(numpy.inner, a, b)
+    return _call("matmul", numpy.inner, a, b)
 
 
 def outer(a, b, out=None):
-    return _call(numpy.outer, a, b, out=out)
+    return _call("matmul", numpy.outer, a, b, out=out)
 
 
 def tensordot(a, b, axes=2):
-    return _call(numpy.tensordot, a, b, axes)
+    return _call("matmul", numpy.tensordot, a, b, axes)
 
 
 def einsum(*operands, **kwargs):
@@ -407,35 +421,115 @@ def einsum(*operands, **kwargs):
     unknown = [k for k in kwargs if k not in ("dtype", "optimize")]
     if unknown:
         raise TypeError(f"Did not understand the following kwargs: {unknown}")
-    return _call(numpy.einsum, *operands, **kwargs)
+    return _call("matmul", numpy.einsum, *operands, **kwargs)
 
 
 # --- comparisons and queries ---------------------------------------------------------------------
 
 
 def isclose(a, b, rtol=1.0e-5, atol=1.0e-8, equal_nan=False):
-    return _call(numpy.isclose, a, b, rtol, atol, equal_nan)
+    return _call("elementwise", numpy.isclose, a, b, rtol, atol, equal_nan)
 
 
 def allclose(a, b, rtol=1.0e-5, atol=1.0e-8, equal_nan=False):
     """A 0-d boolean device array (CuPy does not return a Python bool here)."""
-    return _from_host(numpy.asarray(isclose(a, b, rtol, atol, equal_nan)._a.all()))
+    return isclose(a, b, rtol, atol, equal_nan).all()
 
 
 def array_equal(a1, a2, equal_nan=False):
-    return _from_host(numpy.asarray(_call(numpy.array_equal, a1, a2, equal_nan)))
-
-
-def shares_memory(a, b, max_work=None):
-    return builtins.bool(_call_view(numpy.shares_memory, a, b, max_work))
+    """A 0-d boolean device array: CuPy compares (one kernel) and reduces (another)."""
+    res = _call("elementwise", numpy.array_equal, a1, a2, equal_nan)
+    _launch("reduction")
+    return _from_host(numpy.asarray(res))
 
 
 def may_share_memory(a, b, max_work=None):
-    return builtins.bool(_call_view(numpy.may_share_memory, a, b, max_work))
+    """CuPy's bounds check (``_memory_range.may_share_bounds``): both in one allocation of
+    one device, neither empty, and their byte ranges overlap. No kernel, no host sync."""
+    if max_work is not None:
+        raise NotImplementedError("Only supported for `max_work` is `None`")
+    return _may_share_bounds(a, b)
+
+
+def shares_memory(a, b, max_work=None):
+    """CuPy's exact check, as CuPy computes it: the address of every element of ``a`` and of
+    ``b`` (an elementwise kernel writing ``&x``), then whether any address is in both.
+
+    The quirk this keeps: the kernel reads a 0-d array's element into a local variable
+    (CuPy's ``CArray<T, 0>`` returns it by value), so ``&x`` is that local's address, the
+    same for every 0-d array and no element's: two distinct 0-d arrays "share memory",
+    and a 0-d view never shares memory with the array it views.
+    """
+    for x in (a, b):
+        if not isinstance(x, ndarray):
+            raise TypeError(f"Unsupported type {type(x)}")
+    if a is b and a.size != 0:
+        return True
+    if max_work == "MAY_SHARE_BOUNDS":
+        return _may_share_bounds(a, b)
+    if max_work not in (None, "MAY_SHARE_EXACT"):
+        raise NotImplementedError("Not supported for integer `max_work`.")
+    a_ptrs, b_ptrs = _element_addresses(a), _element_addresses(b)
+    # CuPy: two pointer kernels, a sort, two searchsorted, a comparison, any() and bool().
+    _launch("elementwise", a.size)
+    _launch("elementwise", b.size)
+    for kind in ("sort", "elementwise", "elementwise", "elementwise", "reduction"):
+        _launch(kind)
+    counting.host_sync("bool")
+    return builtins.bool(numpy.isin(b_ptrs, a_ptrs).any())
+
+
+# The address ``&x`` of a 0-d array's element inside an elementwise kernel: a local
+# variable's (see shares_memory), the same for every 0-d array; never a pool address.
+_KERNEL_LOCAL_ADDRESS = 0xFFFF_FFFF_FFFF_F000
+
+
+def _element_addresses(x) -> numpy.ndarray:
+    """The address of every element of ``x`` (real and imaginary parts apart, as CuPy)."""
+    if x.ndim == 0:
+        ptrs = numpy.array([_KERNEL_LOCAL_ADDRESS], dtype=numpy.uint64)
+    else:
+        offsets = numpy.zeros(x.shape, dtype=numpy.int64)
+        for axis, (n, stride) in enumerate(zip(x.shape, x.strides)):
+            offsets += (numpy.arange(n, dtype=numpy.int64) * stride).reshape((-1,) + (1,) * (x.ndim - axis - 1))
+        ptrs = (numpy.int64(x.data.ptr) + offsets).astype(numpy.uint64).ravel()
+    if x.dtype.kind == "c":  # CuPy concatenates the addresses of x.real and x.imag
+        half = numpy.uint64(x.itemsize // 2) if x.ndim else numpy.uint64(0)
+        ptrs = numpy.concatenate([ptrs, ptrs + half])
+    return ptrs
+
+
+def _may_share_bounds(a, b) -> builtins.bool:
+    for x in (a, b):
+        if not isinstance(x, ndarray):
+            raise TypeError(f"Unsupported type {type(x)}")
+    if a.data.device_id != b.data.device_id or a.data.mem.ptr != b.data.mem.ptr or a.size == 0 or b.size == 0:
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = _bounds(a), _bounds(b)
+    return a_lo < b_hi and b_lo < a_hi
+
+
+def _bounds(x) -> tuple:
+    """``[first byte, last byte + 1)`` that ``x`` touches (CuPy's ``_memory_range.get_bound``)."""
+    lo = hi = x.data.ptr
+    for n, stride in zip(x.shape, x.strides):
+        step = (n - 1) * stride
+        if step > 0:
+            hi += step
+        else:
+            lo += step
+    return lo, hi + x.itemsize
 
 
 def result_type(*arrays_and_dtypes):
     return numpy.result_type(*[x.dtype if isinstance(x, ndarray) else x for x in arrays_and_dtypes])
+
+
+def _generated(host: numpy.ndarray) -> ndarray:
+    """A result a CuPy kernel computes on the device from its arguments alone (``arange``)."""
+    res = _from_host(host)
+    _launch("elementwise", res.size)
+    return res
 
 
 def get_array_module(*args):

@@ -16,11 +16,20 @@ hold launch and host-sync budgets, per op and per training step::
     assert c.launches <= 400 and c.host_syncs == 0
     print(c.by_kind())
 
-Kinds name what a real GPU would run: ``"elementwise"`` (ufuncs, fills, casts),
-``"reduction"``, ``"copy"``, ``"matmul"``, ``"kernel"`` (``ElementwiseKernel``,
-``ReductionKernel``, ``RawKernel``), ``"cudnn"`` (library calls), ``"nccl"``...; host
-synchronizations: ``"get"``, ``"item"``, ``"bool"``, ``"float"``, ``"int"``,
-``"synchronize"``...
+Kinds name what a real GPU would run: ``"elementwise"`` (ufuncs, fills, casts, ``where``),
+``"reduction"``, ``"scan"`` (cumsum, the count of a mask), ``"copy"`` (copies, copyto,
+concatenate, a reshape that must copy), ``"memset"`` (``zeros``), ``"matmul"`` (matmul,
+dot, einsum), ``"gather"`` and ``"scatter"`` (advanced indexing, take, put,
+``scatter_add``), ``"sort"``, ``"random"``, ``"h2d"`` (a host-to-device copy), ``"nccl"``,
+and for the kernels and libraries others add: ``"kernel"`` (``ElementwiseKernel``,
+``ReductionKernel``, ``RawKernel``), ``"cudnn"``. Views, ``empty`` and an operation on
+an empty array launch nothing (CuPy skips the kernel). Host synchronizations: ``"get"``
+(``.get()``, ``asnumpy``, printing), ``"float"``, ``"int"``, ``"bool"``, ``"complex"``,
+``"item"``, ``"tolist"``, ``"tobytes"``, ``"mask"`` and ``"nonzero"`` (the count of a
+boolean mask read back), ``"synchronize"`` (device, stream, event).
+
+The site of a count is the first frame outside the stand-in and ``framework/backend.py``
+(whose helpers only pass a call on).
 """
 
 from __future__ import annotations
@@ -31,6 +40,9 @@ import os
 import sys
 
 _STANDIN_DIR = os.path.dirname(os.path.abspath(__file__))
+# framework/backend.py: its helpers (to_numpy, to_device, synchronize...) only pass a call
+# on, so the site is their caller's line.
+_BACKEND = os.path.join(os.path.dirname(os.path.dirname(_STANDIN_DIR)), "backend.py")
 
 
 class Counts:
@@ -72,9 +84,13 @@ _active: list[Counts] = []
 
 
 def _call_site() -> str:
-    """``file:line`` of the first frame outside the stand-in (the code that made the call)."""
+    """``file:line`` of the first frame outside the stand-in and framework/backend.py (the
+    code that made the call)."""
     frame = sys._getframe(2)
-    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)).startswith(_STANDIN_DIR):
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not (path.startswith(_STANDIN_DIR + os.sep) or path == _BACKEND):
+            break
         frame = frame.f_back
     if frame is None:
         return "?"
@@ -95,6 +111,16 @@ def host_sync(kind: str) -> None:
         site = _call_site()
         for c in _active:
             c.sync_sites[(kind, site)] += 1
+
+
+def count_after(fn, warmup: int = 1) -> Counts:
+    """Counts one call of ``fn`` after ``warmup`` uncounted calls (which make the caches,
+    lazily built state and optimizer buffers a first call makes): e.g. one training step."""
+    for _ in range(warmup):
+        fn()
+    with count() as c:
+        fn()
+    return c
 
 
 @contextlib.contextmanager

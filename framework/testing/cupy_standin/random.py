@@ -39,6 +39,7 @@ class XORWOW(BitGenerator):
             size = 8 * 256 * sms
         self._state = _core.ndarray((_XORWOW_STATE_BYTES * size,), numpy.int8)
         self._state._a.fill(0)
+        _core._launch("random")  # CuPy initializes the states with one kernel
 
 
 class Generator:
@@ -65,10 +66,10 @@ class Generator:
 
     def uniform(self, low=0.0, high=1.0, size=None, dtype=numpy.float64):
         dtype = numpy.dtype(dtype)
-        return _core._from_host(numpy.asarray(self._rng().uniform(low, high, size)).astype(dtype))
+        return _drawn(numpy.asarray(self._rng().uniform(low, high, size)).astype(dtype))
 
     def integers(self, low, high=None, size=None, dtype=numpy.int64, endpoint=False):
-        return _core._from_host(numpy.asarray(self._rng().integers(low, high, size, dtype=dtype, endpoint=endpoint)))
+        return _drawn(numpy.asarray(self._rng().integers(low, high, size, dtype=dtype, endpoint=endpoint)))
 
     def standard_normal(self, size=None, dtype=numpy.float64, out=None):
         dtype = numpy.dtype(dtype)
@@ -81,7 +82,7 @@ class Generator:
         return self._draw(lambda shape: self._rng().standard_exponential(shape, dtype=dtype), size, dtype, out)
 
     def exponential(self, scale=1.0, size=None):
-        return _core._from_host(numpy.asarray(self._rng().exponential(scale, size)))
+        return _drawn(numpy.asarray(self._rng().exponential(scale, size)))
 
     def _draw(self, draw, size, dtype, out):
         if out is not None:
@@ -95,9 +96,17 @@ class Generator:
                 raise ValueError("size must match out.shape when used together")
             _core._check_current(out)
             out._a[...] = draw(out.shape)
+            _core._launch("random", out.size)
             return out
         shape = () if size is None else size
-        return _core._from_host(numpy.asarray(draw(shape)))
+        return _drawn(numpy.asarray(draw(shape)))
+
+
+def _drawn(host: numpy.ndarray):
+    """Values drawn on the device: one cuRAND kernel (CuPy's ``_launch_dist``)."""
+    res = _core._from_host(host)
+    _core._launch("random", res.size)
+    return res
 
 
 def default_rng(seed=None) -> Generator:

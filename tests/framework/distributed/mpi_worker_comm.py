@@ -167,13 +167,17 @@ def check_gpu_collectives(world: Communicator, backend: str) -> None:
     world.barrier()
 
 
+NCCL_INVALID_USAGE = 5  # ncclInvalidUsage in nccl.h; cupy.cuda.nccl.NcclError.status holds it
+
+
 def nccl_on_one_gpu(world: Communicator) -> None:
     """Every rank on GPU 0: NCCL refuses two ranks on one GPU, on every rank alike."""
     fw_backend.use_device(fw_backend.Device("cuda", 0))
     try:
         NcclCommunicator(world.mpi_comm, device=0)
     except RuntimeError as e:  # cupy.cuda.nccl.NcclError is a RuntimeError
-        assert "Duplicate GPU detected" in str(e), e
+        # NCCL's result code, not its wording: ncclInvalidUsage (5), as NCCL 2.28 answers.
+        assert getattr(e, "status", None) == NCCL_INVALID_USAGE, f"{type(e).__name__}: {e}"
     else:
         raise AssertionError("two ranks made an NCCL communicator on one GPU")
     world.barrier()

@@ -34,7 +34,11 @@ gradients; the inplace form against the CPU's ordinary form. Memory is measured 
 what applies on each device: on the CPU ``framework.memory``'s buffer counter and
 tracemalloc's NumPy domain; on the GPU ``framework.memory``'s CuPy pool hook (which counts
 allocations rounded up to the pool's 512-byte unit) and the ``inplace_copy_bytes``
-event counter; tracemalloc sees no GPU memory.
+event counter; tracemalloc sees no GPU memory. Where the GPU is the CuPy stand-in, each
+op's forward and backward are also held to the spec's :class:`Budget` of kernel launches
+and host synchronizations (counted by the stand-in; real CuPy counts nothing). Aliasing
+is checked by data-pointer ranges (:func:`memory_overlaps`) on every device, never with
+``xp.shares_memory``, whose CuPy answers are wrong for 0-d arrays.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ import framework as fw
 from framework import backend as fw_backend
 from framework import memory
 from framework.autograd import grad as autograd_grad
-from framework.testing import assert_close, gradcheck
+from framework.testing import assert_close, cupy_standin, gradcheck
+from framework.testing.cupy_standin import counting
 
 NUMPY_DOMAIN = np.lib.tracemalloc_domain  # 389047: where NumPy reports array data
 
@@ -72,6 +77,25 @@ BINARY = [
 # How inputs are laid out in memory: as allocated, as a transposed view of a storage in
 # reversed shape, or as every other element of the last dim (a strided slice).
 LAYOUTS = ("contiguous", "transposed", "strided")
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What one call of an op may cost on a GPU: kernel launches and host synchronizations
+    of its forward and of its backward, at most, over every case and layout of its spec.
+
+    Counted on the gpu leg when it runs on the CuPy stand-in (its ``counting``: one launch
+    per kernel real CuPy would run, one sync per call that waits for the device); real
+    CuPy counts nothing, so there the budget is not checked. The default fits one or two
+    kernels forward and a backward of a few elementwise kernels per input plus the
+    gradient's way back through the input's layout; ops that need more say so in their
+    spec, with the numbers they make today, so that any added launch or sync fails.
+    """
+
+    forward: int = 2
+    backward: int = 10
+    forward_syncs: int = 0
+    backward_syncs: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +120,7 @@ class OpSpec:
             for ops that return new memory, None to leave it to a dedicated test.
         layouts: the input layouts to try (``view`` needs contiguous inputs).
         rtol, atol: forward tolerances (float32 against the float64 reference).
+        budget: launches and host syncs allowed on a GPU (:class:`Budget`).
     """
 
     name: str
@@ -111,6 +136,7 @@ class OpSpec:
     layouts: tuple = LAYOUTS
     rtol: float = 1e-5
     atol: float = 1e-6
+    budget: Budget = Budget()
 
     def __post_init__(self):
         assert self.memory in (None, "free", "copy", "workspace"), self.memory
@@ -240,19 +266,63 @@ def _reference(case: Case, inputs):
     return np.asarray(case.spec.ref(*[a.astype(np.float64) for a in _arrays(inputs)]))
 
 
-def _shares_memory(a, b) -> bool:
-    return bool(fw_backend.get_array_module(a).shares_memory(a, b))
+def memory_range(a) -> tuple[int, int]:
+    """``[first byte, last byte + 1)`` of the elements of a NumPy or CuPy array, from its data
+    pointer, shape and strides (negative strides reach below the pointer)."""
+    iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+    lo = hi = iface["data"][0]
+    for n, stride in zip(a.shape, a.strides):
+        if stride > 0:
+            hi += (n - 1) * stride
+        else:
+            lo += (n - 1) * stride
+    return lo, hi + a.itemsize
+
+
+def memory_overlaps(a, b) -> bool:
+    """Whether two arrays' byte ranges overlap (neither empty): the aliasing check of these
+    tests, on every device. Not ``xp.shares_memory``: CuPy's answers by element addresses
+    that an elementwise kernel reports, which for 0-d arrays are a local variable's (two
+    distinct 0-d arrays "share", a 0-d view does not share with its base)."""
+    if a.size == 0 or b.size == 0:
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = memory_range(a), memory_range(b)
+    return a_lo < b_hi and b_lo < a_hi
+
+
+def counts_launches(device: str) -> bool:
+    """Whether ``device`` runs on the CuPy stand-in, which counts launches and host syncs."""
+    return device != "cpu" and fw_backend.cupy_module() is cupy_standin
+
+
+@contextlib.contextmanager
+def within_budget(case: Case, device: str, what: str):
+    """Counts the launches and host syncs of the block (on the stand-in) against the
+    spec's :class:`Budget` for ``what`` ("forward" or "backward")."""
+    if not counts_launches(device):
+        yield
+        return
+    with counting.count() as c:
+        yield
+    budget = case.spec.budget
+    launches, syncs = getattr(budget, what), getattr(budget, what + "_syncs")
+    assert c.host_syncs <= syncs, (
+        f"{case.id}: {what} made {c.host_syncs} host synchronizations (budget {syncs}): {c.by_site(syncs=True)}"
+    )
+    assert c.launches <= launches, f"{case.id}: {what} made {c.launches} launches (budget {launches}): {c.by_kind()}"
 
 
 def check_forward(case: Case, device: str = "cpu") -> None:
-    """float32 forward against the float64 reference; inputs stay untouched."""
+    """float32 forward against the float64 reference; inputs stay untouched; on the
+    stand-in's GPU, within the spec's launch and host-sync budget."""
     spec = case.spec
     storages = case.storages(np.float32, requires_grad=True, device=device)
     inputs = case.views(storages)
     before = _arrays(inputs)
     expected = _reference(case, inputs)
 
-    out = spec.fn(*inputs)
+    with within_budget(case, device, "forward"):
+        out = spec.fn(*inputs)
 
     want_dtype = np.dtype(np.float32) if expected.dtype.kind == "f" else expected.dtype
     assert out.dtype == want_dtype, f"{case.id}: dtype {out.dtype}, expected {want_dtype}"
@@ -262,11 +332,11 @@ def check_forward(case: Case, device: str = "cpu") -> None:
     for i, (t, b) in enumerate(zip(inputs, before)):
         np.testing.assert_array_equal(t.detach().numpy(), b, err_msg=f"{case.id}: input {i} was modified")
     if spec.view is True:
-        assert _shares_memory(out._data, inputs[0]._data), f"{case.id}: a view must share memory"
+        assert memory_overlaps(out._data, inputs[0]._data), f"{case.id}: a view must share memory"
         assert out._vc is inputs[0]._vc, f"{case.id}: a view must share the version counter"
     elif spec.view is False and out.numel():
         for i, t in enumerate(inputs):
-            assert not _shares_memory(out._data, t._data), f"{case.id}: output aliases input {i}"
+            assert not memory_overlaps(out._data, t._data), f"{case.id}: output aliases input {i}"
     if spec.grad:
         assert out.requires_grad and out.grad_fn is not None, f"{case.id}: no history recorded"
     else:
@@ -275,7 +345,8 @@ def check_forward(case: Case, device: str = "cpu") -> None:
 
 def check_backward(case: Case, device: str = "cpu") -> None:
     """float64 gradients of every input (through its layout) against finite differences,
-    the same gradients under policies ``on`` and ``off``, and on a GPU against the CPU's.
+    the same gradients under policies ``on`` and ``off``, and on a GPU against the CPU's
+    (and, on the stand-in, the backward within the spec's launch and host-sync budget).
 
     Under ``on`` the engine lets a backward write over a dead incoming gradient; ``off``
     takes every backward's allocating path (where NumPy returns scalars for 0-d results),
@@ -283,6 +354,11 @@ def check_backward(case: Case, device: str = "cpu") -> None:
     """
     storages = case.storages(np.float64, requires_grad=True, device=device)
     gradcheck(lambda *s: case.spec.fn(*case.views(s)), storages)
+    if counts_launches(device):
+        out = case.spec.fn(*case.views(storages))
+        loss = (out * _weights(out.shape, device=out.device)).sum()
+        with within_budget(case, device, "backward"):
+            autograd_grad(loss, storages, allow_unused=True)
     grads = {}
     for name in ("on", "off"):
         with fw.inplace.policy(name):

@@ -96,6 +96,7 @@ CONV_SPECS = [
         [(X, W, B)],
         rtol=1e-4,
         atol=1e-5,
+        budget=harness.Budget(23, 71),  # launches on a GPU today (strided layers take the most)
     )
     for a in CONV_ARGS
 ] + [
@@ -106,6 +107,7 @@ CONV_SPECS = [
         [(X, W), ((1, 3, 4, 7), (2, 3, 1, 3))],
         rtol=1e-4,
         atol=1e-5,
+        budget=harness.Budget(22, 68),
     )
 ]
 
@@ -531,22 +533,28 @@ POOL_ARGS = [
 PX = (2, 2, 5, 6)
 
 
-def _pool_specs(name, fn, ref):
+def _pool_specs(name, fn, ref, budget):
     return [
-        harness.OpSpec(f"{name}-{i}", lambda x, a=a: fn(x, **a), lambda x, a=a: ref(x, **a), [(PX,)])
+        harness.OpSpec(f"{name}-{i}", lambda x, a=a: fn(x, **a), lambda x, a=a: ref(x, **a), [(PX,)], budget=budget)
         for i, a in enumerate(POOL_ARGS)
     ]
 
 
 POOL_SPECS = (
-    _pool_specs("max_pool2d", max_pool2d, lambda x, **a: ref_max_pool2d(x, a.pop("kernel_size"), **a))
-    + _pool_specs("avg_pool2d", avg_pool2d, lambda x, **a: ref_avg_pool2d(x, a.pop("kernel_size"), **a))
+    # Launch budgets on a GPU: what the pooling loops make today.
+    _pool_specs(
+        "max_pool2d", max_pool2d, lambda x, **a: ref_max_pool2d(x, a.pop("kernel_size"), **a), harness.Budget(93, 41)
+    )
+    + _pool_specs(
+        "avg_pool2d", avg_pool2d, lambda x, **a: ref_avg_pool2d(x, a.pop("kernel_size"), **a), harness.Budget(29, 24)
+    )
     + [
         harness.OpSpec(
             f"adaptive_avg_pool2d-{s}".replace(" ", ""),
             lambda x, s=s: adaptive_avg_pool2d(x, s),
             lambda x, s=s: ref_adaptive_avg_pool2d(x, s),
             [(PX,)],
+            budget=harness.Budget(41, 66),
         )
         for s in [1, (1, 3), (5, 2), (2, 4), 3]  # divisible and not: both paths
     ]
@@ -695,6 +703,12 @@ def _forced(name, **args):
 # the transposed convolution of the input gradient crops the output gradient). grid and
 # F(2x2) meet im2col's tolerances; F(4x4) carries several times im2col's float32 rounding
 # (its transforms scale by up to 8 and 1/15), the price of "fast" mode.
+# Launches on a GPU today, forward and backward, per forced algorithm.
+STRIDE1_BUDGETS = {
+    "grid": harness.Budget(11, 31),
+    "winograd2": harness.Budget(51, 91),
+    "winograd4": harness.Budget(39, 75),
+}
 STRIDE1_SPECS = [
     harness.OpSpec(
         f"conv2d-{name}-p{p}",
@@ -703,6 +717,7 @@ STRIDE1_SPECS = [
         [((2, 3, 5, 6), (4, 3, 3, 3), (4,))] + ([((1, 2, 4, 3), (3, 2, 3, 2), (3,))] if name == "grid" else []),
         rtol=1e-4,
         atol=1e-4 if name == "winograd4" else 1e-5,
+        budget=STRIDE1_BUDGETS[name],
     )
     for name in STRIDE1
     for p in (0, 1, (2, 1), 3)

@@ -16,7 +16,7 @@ import framework as fw
 from framework.testing import assert_close, gradcheck
 
 from . import harness
-from .harness import BINARY, UNARY, OpSpec
+from .harness import BINARY, UNARY, Budget, OpSpec
 
 # Other spellings of an op already checked on all of BINARY: fewer cases suffice.
 FEW = [((2, 3), (2, 3)), ((3, 1), (1, 4)), ((2, 3, 4), (4,)), ((), ())]
@@ -39,7 +39,7 @@ SPECS = [
     OpSpec("exp", fw.exp, np.exp, UNARY, inplace=lambda x: x.exp_(), memory="free"),
     OpSpec("sqrt", fw.sqrt, np.sqrt, UNARY, domain=(POS,), inplace=lambda x: x.sqrt_(), memory="free"),
     OpSpec("tanh", fw.tanh, np.tanh, UNARY, inplace=lambda x: x.tanh_(), memory="free"),
-    OpSpec("sigmoid", fw.sigmoid, _sigmoid, UNARY, inplace=lambda x: x.sigmoid_(), memory="free"),
+    OpSpec("sigmoid", fw.sigmoid, _sigmoid, UNARY, inplace=lambda x: x.sigmoid_(), memory="free", budget=Budget(4, 7)),
     OpSpec("relu", fw.relu, lambda a: np.maximum(a, 0), UNARY, inplace=lambda x: x.relu_(), memory="free"),
     # leaky_relu_ keeps nothing, but its CPU kernel needs one counted temporary while it
     # runs; the GPU's fused kernel needs none.
@@ -61,7 +61,7 @@ SPECS = [
         memory="workspace",
         gpu_memory="free",
     ),
-    OpSpec("leaky_relu(-0.5)", lambda x: fw.leaky_relu(x, -0.5), _leaky(-0.5), UNARY),
+    OpSpec("leaky_relu(-0.5)", lambda x: fw.leaky_relu(x, -0.5), _leaky(-0.5), UNARY, budget=Budget(3, 8)),
     # --- unary: backward needs the overwritten input, so inplace copies it -------------
     OpSpec("abs", fw.abs, np.abs, UNARY, inplace=lambda x: x.abs_(), memory="copy"),
     OpSpec("abs()", abs, np.abs, UNARY),
@@ -106,7 +106,7 @@ SPECS = [
     OpSpec("2-x", lambda x: 2 - x, lambda a: 2 - a, UNARY),
     OpSpec("3*x", lambda x: 3 * x, lambda a: 3 * a, UNARY),
     OpSpec("1/x", lambda x: 1 / x, lambda a: 1 / a, UNARY, domain=(POS,)),
-    OpSpec("2**x", lambda x: 2**x, lambda a: 2.0**a, UNARY),
+    OpSpec("2**x", lambda x: 2**x, lambda a: 2.0**a, UNARY, budget=Budget(1, 12)),
     # --- two tensors, with broadcasting ------------------------------------------------
     OpSpec("add", operator.add, np.add, BINARY, inplace=lambda x, y: x.add_(y), memory="free"),
     OpSpec(
@@ -130,13 +130,29 @@ SPECS = [
     OpSpec("mul", operator.mul, np.multiply, BINARY, inplace=lambda x, y: x.mul_(y), memory="copy"),
     OpSpec("*=", operator.mul, np.multiply, FEW, inplace=operator.imul),
     OpSpec(
-        "div", operator.truediv, np.divide, BINARY, domain=(ANY, POS), inplace=lambda x, y: x.div_(y), memory="free"
+        "div",
+        operator.truediv,
+        np.divide,
+        BINARY,
+        domain=(ANY, POS),
+        inplace=lambda x, y: x.div_(y),
+        memory="free",
+        budget=Budget(1, 12),
     ),
-    OpSpec("/=", operator.truediv, np.divide, FEW, domain=(ANY, POS), inplace=operator.itruediv),
-    OpSpec("pow", operator.pow, np.power, BINARY, domain=(POS, ANY), inplace=lambda x, y: x.pow_(y), memory="copy"),
-    OpSpec("**=", operator.pow, np.power, FEW, domain=(POS, ANY), inplace=operator.ipow),
-    OpSpec("maximum", fw.maximum, np.maximum, BINARY),
-    OpSpec("max(x, y)", fw.max, np.maximum, FEW),
+    OpSpec("/=", operator.truediv, np.divide, FEW, domain=(ANY, POS), inplace=operator.itruediv, budget=Budget(1, 12)),
+    OpSpec(
+        "pow",
+        operator.pow,
+        np.power,
+        BINARY,
+        domain=(POS, ANY),
+        inplace=lambda x, y: x.pow_(y),
+        memory="copy",
+        budget=Budget(1, 19),
+    ),
+    OpSpec("**=", operator.pow, np.power, FEW, domain=(POS, ANY), inplace=operator.ipow, budget=Budget(1, 19)),
+    OpSpec("maximum", fw.maximum, np.maximum, BINARY, budget=Budget(1, 16)),
+    OpSpec("max(x, y)", fw.max, np.maximum, FEW, budget=Budget(1, 16)),
     OpSpec("where", lambda x, y: fw.where(x > 0, x, y), lambda a, b: np.where(a > 0, a, b), BINARY),
     OpSpec("where(scalar)", lambda x: fw.where(x < 0.5, x, -1.0), lambda a: np.where(a < 0.5, a, -1.0), UNARY),
     OpSpec("x.where", lambda x, y: x.where(y > 0, y), lambda a, b: np.where(b > 0, a, b), FEW),

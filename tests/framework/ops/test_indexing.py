@@ -9,7 +9,7 @@ import framework as fw
 from framework.testing import assert_close, gradcheck
 
 from . import harness
-from .harness import UNARY, OpSpec
+from .harness import UNARY, Budget, OpSpec
 
 ND = [((5,),), ((2, 3),), ((2, 3, 4),)]
 ND2 = [((2, 3),), ((2, 3, 4),)]
@@ -44,7 +44,7 @@ def getitem(index, shapes, view=True, **kw):
     return OpSpec(f"x[{_fmt(index)}]", lambda x: x[index], lambda a: a[_np_index(index)], shapes, view=view, **kw)
 
 
-def setitem(index, shapes, value=None, through=None):
+def setitem(index, shapes, value=None, through=None, **kw):
     """``y = x * 1; y[index] = v`` as a function of (x, v), or of x for a constant ``value``.
 
     ``through`` writes through a view of y instead: ``through(y)[index] = v``.
@@ -77,7 +77,7 @@ def setitem(index, shapes, value=None, through=None):
 
     what = "v" if value is None else repr(value)
     name = f"y{'.T' if through else ''}[{_fmt(index)}]={what}"
-    return OpSpec(name, fn, ref, shapes)
+    return OpSpec(name, fn, ref, shapes, **kw)
 
 
 SPECS = [
@@ -94,27 +94,27 @@ SPECS = [
     getitem((slice(None), -1), ND2),
     getitem(fw.tensor(1), ND),  # a 0-d integer tensor indexes like an int
     # --- advanced indexing: copies ------------------------------------------------------
-    getitem(IDX, [((3,),), ((3, 2),)], view=False),
-    getitem((slice(None), IDX), [((2, 3),)], view=False),
-    getitem((1, IDX), [((2, 3),)], view=False),
-    getitem((fw.tensor([1, 0, 1]), IDX), [((2, 3),)], view=False),
-    getitem([1, 0, 1], [((2, 3),)], view=False),
-    getitem(MASK, [((2, 3),)], view=False),
-    getitem((MASK, Ellipsis), [((2, 3, 4),)], view=False, layouts=("contiguous",)),
-    OpSpec("x[x>0]", lambda x: x[x > 0], lambda a: a[a > 0], ND),
+    getitem(IDX, [((3,),), ((3, 2),)], view=False, budget=Budget(6, 6, 1, 0)),
+    getitem((slice(None), IDX), [((2, 3),)], view=False, budget=Budget(6, 6, 1, 0)),
+    getitem((1, IDX), [((2, 3),)], view=False, budget=Budget(6, 6, 1, 0)),
+    getitem((fw.tensor([1, 0, 1]), IDX), [((2, 3),)], view=False, budget=Budget(12, 6, 1, 0)),
+    getitem([1, 0, 1], [((2, 3),)], view=False, budget=Budget(6, 6, 1, 0)),
+    getitem(MASK, [((2, 3),)], view=False, budget=Budget(3, 6, 1, 0)),
+    getitem((MASK, Ellipsis), [((2, 3, 4),)], view=False, layouts=("contiguous",), budget=Budget(3, 4, 1, 0)),
+    OpSpec("x[x>0]", lambda x: x[x > 0], lambda a: a[a > 0], ND, budget=Budget(3, 6, 1, 0)),
     # --- setitem: gradients to the kept part of y and to the value ----------------------
-    setitem(0, [((2, 3), (3,)), ((2, 3), ()), ((2, 3), (1,)), ((3,), ())]),
-    setitem((slice(None), slice(1, None)), [((2, 3), (2, 2)), ((2, 3), (2, 1))]),
-    setitem((Ellipsis, 0), [((2, 3, 4), (2, 3)), ((2, 3, 4), (3,))]),
+    setitem(0, [((2, 3), (3,)), ((2, 3), ()), ((2, 3), (1,)), ((3,), ())], budget=Budget(2, 11)),
+    setitem((slice(None), slice(1, None)), [((2, 3), (2, 2)), ((2, 3), (2, 1))], budget=Budget(2, 11)),
+    setitem((Ellipsis, 0), [((2, 3, 4), (2, 3)), ((2, 3, 4), (3,))], budget=Budget(2, 11)),
     setitem((slice(1, None), 0), [((3, 2),)], value=5.0),
     setitem(Ellipsis, [((), ())]),
-    setitem(fw.tensor([2, 0]), [((3, 2), (2, 2)), ((3, 2), (2,)), ((3,), (2,))]),
-    setitem(fw.tensor([2, 0]), [((3, 2),)], value=-1.0),
-    setitem((slice(None), fw.tensor([1])), [((2, 3), (2, 1)), ((2, 3), ())]),
-    setitem(MASK, [((2, 3), (3,)), ((2, 3), ())]),
-    setitem(MASK, [((2, 3),)], value=0.5),
+    setitem(fw.tensor([2, 0]), [((3, 2), (2, 2)), ((3, 2), (2,)), ((3,), (2,))], budget=Budget(7, 11, 1, 0)),
+    setitem(fw.tensor([2, 0]), [((3, 2),)], value=-1.0, budget=Budget(7, 7, 1, 0)),
+    setitem((slice(None), fw.tensor([1])), [((2, 3), (2, 1)), ((2, 3), ())], budget=Budget(7, 10, 1, 0)),
+    setitem(MASK, [((2, 3), (3,)), ((2, 3), ())], budget=Budget(4, 12, 0, 1)),
+    setitem(MASK, [((2, 3),)], value=0.5, budget=Budget(4, 8)),
     setitem(1, [((2, 3), (2,))], through=lambda y: y.T),  # writes column 1 of y
-    setitem(MASK, [((3, 2), ())], through=lambda y: y.T),
+    setitem(MASK, [((3, 2), ())], through=lambda y: y.T, budget=Budget(4, 15, 0, 1)),
 ]
 
 

@@ -9,7 +9,7 @@ import framework as fw
 from framework.testing import assert_close, gradcheck
 
 from . import harness
-from .harness import UNARY, OpSpec
+from .harness import UNARY, Budget, OpSpec
 
 ND = [((5,),), ((2, 3),), ((2, 3, 4),)]  # at least one dim
 ND2 = [((2, 3),), ((2, 3, 4),)]  # at least two dims
@@ -49,12 +49,12 @@ SPECS = [
     OpSpec("max()", fw.max, np.max, UNARY),
     OpSpec("max(1).values", lambda x: x.max(1).values, lambda a: a.max(1), ND2),
     OpSpec("max(0,keepdim).values", lambda x: x.max(0, keepdim=True)[0], lambda a: a.max(0, keepdims=True), ND),
-    OpSpec("softmax(-1)", fw.softmax, lambda a: _softmax(a, -1), ND),
-    OpSpec("softmax(0)", lambda x: x.softmax(0), lambda a: _softmax(a, 0), ND2),
-    OpSpec("softmax 0-d", lambda x: x.softmax(-1), lambda a: np.ones_like(a), [((),)]),
-    OpSpec("log_softmax(-1)", fw.log_softmax, lambda a: np.log(_softmax(a, -1)), ND),
-    OpSpec("log_softmax(1)", lambda x: x.log_softmax(1), lambda a: np.log(_softmax(a, 1)), ND2),
-    OpSpec("log_softmax 0-d", lambda x: x.log_softmax(0), lambda a: np.zeros_like(a), [((),)]),
+    OpSpec("softmax(-1)", fw.softmax, lambda a: _softmax(a, -1), ND, budget=Budget(5, 8)),
+    OpSpec("softmax(0)", lambda x: x.softmax(0), lambda a: _softmax(a, 0), ND2, budget=Budget(5, 8)),
+    OpSpec("softmax 0-d", lambda x: x.softmax(-1), lambda a: np.ones_like(a), [((),)], budget=Budget(5, 6)),
+    OpSpec("log_softmax(-1)", fw.log_softmax, lambda a: np.log(_softmax(a, -1)), ND, budget=Budget(6, 8)),
+    OpSpec("log_softmax(1)", lambda x: x.log_softmax(1), lambda a: np.log(_softmax(a, 1)), ND2, budget=Budget(6, 8)),
+    OpSpec("log_softmax 0-d", lambda x: x.log_softmax(0), lambda a: np.zeros_like(a), [((),)], budget=Budget(6, 6)),
 ]
 
 

@@ -9,7 +9,7 @@ import framework as fw
 from framework.testing import assert_close
 
 from . import harness
-from .harness import UNARY, OpSpec
+from .harness import UNARY, Budget, OpSpec
 
 ND = [((5,),), ((2, 3),), ((2, 3, 4),)]
 ND2 = [((2, 3),), ((2, 3, 4),)]
@@ -77,6 +77,7 @@ SPECS = [
         lambda x, y: fw.stack([x, y, y], dim=-1),
         lambda a, b: np.stack([a, b, b], -1),
         [((5,), (5,)), ((2, 3), (2, 3))],
+        budget=Budget(1, 13),
     ),
     OpSpec("stack(dim=1)", lambda x, y: fw.stack([x, y], 1), lambda a, b: np.stack([a, b], 1), [((2, 3), (2, 3))]),
 ]

@@ -18,7 +18,7 @@ import framework as fw
 from framework.testing import assert_close, gradcheck
 
 from . import harness
-from .harness import OpSpec
+from .harness import Budget, OpSpec
 
 MULTI_VIEW_MSG = "This view is the output of a function that returns multiple views."
 
@@ -59,6 +59,7 @@ SPECS = [
         lambda a: np.moveaxis(a, -1, 0),
         [((2, 3),), ((2, 3, 4),)],
         view=None,
+        budget=Budget(1, 23),
     ),
     OpSpec("split(2,1)[1]", lambda x: x.split(2, 1)[1], lambda a: a[:, 2:4], [((3, 5),), ((2, 4, 3),)], view=True),
     OpSpec("split(2,1)[-1]", lambda x: fw.split(x, 2, 1)[-1], lambda a: a[:, 4:], [((3, 5),)], view=True),
@@ -83,6 +84,7 @@ SPECS = [
         lambda a: np.concatenate([a[:, 4:], a[:, 2:4], a[:, :2]], 1),
         [((2, 5),)],
         view=None,
+        budget=Budget(1, 12),
     ),
     OpSpec(
         "as_strided((2,2),(1,3),1)",
@@ -91,6 +93,7 @@ SPECS = [
         [((2, 3),), ((6,),)],
         view=True,
         layouts=("contiguous",),
+        budget=Budget(0, 33, 0, 4),
     ),
     OpSpec(
         "as_strided overlapping",
@@ -99,6 +102,7 @@ SPECS = [
         [((5,),)],
         view=True,
         layouts=("contiguous",),
+        budget=Budget(0, 30, 0, 4),
     ),
 ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from .. import counting
 from . import runtime
 
 _stack = threading.local()  # .devices: the devices to restore when ``with Device(n)`` blocks end
@@ -57,8 +58,9 @@ class Device:
         runtime.setDevice(self.id)
 
     def synchronize(self) -> None:
-        """Returns at once: nothing is queued on a simulated device."""
+        """Returns at once: nothing is queued on a simulated device (a host synchronization on a GPU)."""
         runtime.getDeviceProperties(self.id)  # still refuses a device that does not exist
+        counting.host_sync("synchronize")
 
     @property
     def compute_capability(self) -> str:

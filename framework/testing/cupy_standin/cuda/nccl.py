@@ -22,9 +22,11 @@ import hashlib
 import importlib.util
 import os
 import socket
+import sys
 
 import numpy
 
+from .. import counting
 from . import memory, runtime, stream
 
 available = importlib.util.find_spec("mpi4py") is not None
@@ -55,30 +57,41 @@ _DTYPES = {
     NCCL_FLOAT64: numpy.float64,
 }
 
+# status -> (CuPy's name for it, NCCL's ncclGetErrorString): the stand-in's failures.
 _ERRORS = {
-    1: "NCCL_ERROR_UNHANDLED_CUDA_ERROR",
-    4: "NCCL_ERROR_INVALID_ARGUMENT",
-    5: "NCCL_ERROR_INVALID_USAGE",
+    1: ("NCCL_ERROR_UNHANDLED_CUDA_ERROR", "unhandled cuda error (run with NCCL_DEBUG=INFO for details)"),
+    4: ("NCCL_ERROR_INVALID_ARGUMENT", "invalid argument (run with NCCL_DEBUG=WARN for details)"),
+    5: ("NCCL_ERROR_INVALID_USAGE", "invalid usage (run with NCCL_DEBUG=WARN for details)"),
 }
 
 
 class NcclError(RuntimeError):
-    """A failed NCCL call: ``status`` is NCCL's result code."""
+    """A failed NCCL call, as CuPy raises it: ``NcclError(status)``, ``status`` NCCL's result
+    code, the message CuPy's name for it and NCCL's error string (never the details)."""
 
-    def __init__(self, status: int, detail: str = ""):
+    def __init__(self, status: int):
         self.status = status
-        super().__init__(f"{_ERRORS.get(status, 'NCCL_ERROR')}: {detail}")
+        name, text = _ERRORS[status]
+        super().__init__(f"{name}: {text}")
 
     def __reduce__(self):
-        return type(self), (self.status, str(self).split(": ", 1)[-1])
+        return type(self), (self.status,)
+
+
+def _fail(status: int, detail: str) -> NcclError:
+    """The error of a refused call. Like NCCL, the reason goes to stderr as a ``NCCL WARN``
+    line only when ``NCCL_DEBUG`` asks for warnings; the exception carries the status."""
+    if os.environ.get("NCCL_DEBUG", "").upper() in ("WARN", "INFO", "TRACE"):
+        print(f"{socket.gethostname()}:{os.getpid()} NCCL WARN {detail}", file=sys.stderr, flush=True)
+    return NcclError(status)
 
 
 def get_version() -> int:
-    return 22105  # reported as NCCL 2.21.5
+    return 22809  # reported as NCCL 2.28.9, the version measured on a GPU
 
 
 def get_build_version() -> int:
-    return 22105
+    return 22809
 
 
 def get_unique_id() -> bytes:
@@ -101,7 +114,7 @@ class NcclCommunicator:
         if len(commId) != NCCL_UNIQUE_ID_BYTES:
             raise ValueError(f"commId length {len(commId)} != {NCCL_UNIQUE_ID_BYTES}.")
         if not available:
-            raise NcclError(1, "the stand-in's NCCL runs over MPI: install mpi4py")
+            raise _fail(1, "the stand-in's NCCL runs over MPI: install mpi4py")
         from mpi4py import MPI  # noqa: PLC0415  (only where a communicator is made)
 
         self._MPI = MPI
@@ -111,12 +124,12 @@ class NcclCommunicator:
         ranks = self._comm.allgather(int(rank))
         if ranks != list(range(ndev)):
             self._comm.Free()
-            raise NcclError(4, f"ranks {sorted(ranks)} joined a communicator of {ndev} ranks")
+            raise _fail(4, f"ranks {sorted(ranks)} joined a communicator of {ndev} ranks")
         placed = self._comm.allgather((socket.gethostname(), self._device))
         for other, where in enumerate(placed):
             if other != rank and where == placed[rank]:
                 self._comm.Free()
-                raise NcclError(
+                raise _fail(
                     5, f"Duplicate GPU detected : rank {rank} and rank {other} both on CUDA device {self._device}"
                 )
         self._rank, self._size = int(rank), int(ndev)
@@ -146,12 +159,14 @@ class NcclCommunicator:
     # -- collectives -----------------------------------------------------------------------------
     def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int) -> None:  # noqa: N802
         self._check_stream(stream)
+        counting.launch("nccl")
         recv = self._buffer(recvbuf, count, datatype)
         send = recv if sendbuf == recvbuf else self._buffer(sendbuf, count, datatype)
         self._reduce_into(send, recv, op, root=None)
 
     def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int, stream: int) -> None:
         self._check_stream(stream)
+        counting.launch("nccl")
         self._check_root(root)
         recv = self._buffer(recvbuf, count, datatype) if self._rank == root else None
         send = recv if recv is not None and sendbuf == recvbuf else self._buffer(sendbuf, count, datatype)
@@ -159,11 +174,13 @@ class NcclCommunicator:
 
     def bcast(self, buff: int, count: int, datatype: int, root: int, stream: int) -> None:
         self._check_stream(stream)
+        counting.launch("nccl")
         self._check_root(root)
         self._comm.Bcast(self._buffer(buff, count, datatype).view(numpy.uint8), root=root)
 
     def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, stream: int) -> None:
         self._check_stream(stream)
+        counting.launch("nccl")
         self._check_root(root)
         recv = self._buffer(recvbuff, count, datatype)
         if self._rank == root and sendbuff != recvbuff:
@@ -172,6 +189,7 @@ class NcclCommunicator:
 
     def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int, stream: int) -> None:  # noqa: N802
         self._check_stream(stream)
+        counting.launch("nccl")
         recv = self._buffer(recvbuf, count * self._size, datatype)
         send = self._buffer(sendbuf, count, datatype).copy()  # may be recv's own slot (in place)
         self._comm.Allgather(send.view(numpy.uint8), recv.view(numpy.uint8))
@@ -186,6 +204,7 @@ class NcclCommunicator:
         stream: int,
     ) -> None:
         self._check_stream(stream)
+        counting.launch("nccl")
         send = self._buffer(sendbuf, recvcount * self._size, datatype)
         total = numpy.empty_like(send)
         self._reduce_into(send.copy(), total, op, root=None)
@@ -195,17 +214,17 @@ class NcclCommunicator:
     def _buffer(self, ptr: int, count: int, datatype: int) -> numpy.ndarray:
         """The ``count`` elements at device pointer ``ptr`` (host memory of a pool block)."""
         if self._comm is None:
-            raise NcclError(5, "the communicator was destroyed")
+            raise _fail(5, "the communicator was destroyed")
         dtype = _DTYPES.get(datatype)
         if dtype is None:
-            raise NcclError(4, f"datatype {datatype} is not supported by the stand-in")
+            raise _fail(4, f"datatype {datatype} is not supported by the stand-in")
         nbytes = int(count) * numpy.dtype(dtype).itemsize
         found = memory._block_at(int(ptr), nbytes)
         if found is None:
-            raise NcclError(4, f"pointer 0x{int(ptr):x} is not {nbytes} bytes of live device memory")
+            raise _fail(4, f"pointer 0x{int(ptr):x} is not {nbytes} bytes of live device memory")
         block, offset = found
         if block.device_id != self._device:
-            raise NcclError(
+            raise _fail(
                 4,
                 f"pointer 0x{int(ptr):x} is memory of device {block.device_id}, "
                 f"this communicator's device is {self._device}",
@@ -221,7 +240,7 @@ class NcclCommunicator:
         elif op in self._ops:
             mpi_op = self._ops[op]
         else:
-            raise NcclError(4, f"unknown reduction op {op}")
+            raise _fail(4, f"unknown reduction op {op}")
         if send.dtype == numpy.float16:  # MPI has no float16 reduction: reduce in float32, round once
             src = send.astype(numpy.float32)
             dst = None if recv is None else numpy.empty(src.shape, numpy.float32)
@@ -245,11 +264,11 @@ class NcclCommunicator:
 
     def _check_root(self, root: int) -> None:
         if not 0 <= root < self._size:
-            raise NcclError(4, f"root {root} out of range for {self._size} ranks")
+            raise _fail(4, f"root {root} out of range for {self._size} ranks")
 
     def _check_stream(self, handle: int) -> None:
         device = stream._stream_device(int(handle))
         if device is None:
-            raise NcclError(1, f"stream handle {handle} is not a live stream (cudaErrorInvalidResourceHandle)")
+            raise _fail(1, f"stream handle {handle} is not a live stream (cudaErrorInvalidResourceHandle)")
         if device not in (-1, self._device):
-            raise NcclError(1, f"stream of device {device} used with a communicator on device {self._device}")
+            raise _fail(1, f"stream of device {device} used with a communicator on device {self._device}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 import weakref
 
+from .. import counting
+
 #: How many GPUs the stand-in simulates. Two, so that code choosing a GPU per rank,
 #: moving arrays between GPUs and NCCL with one GPU per rank all run.
 _DEVICE_COUNT = 2
@@ -50,7 +52,9 @@ def setDevice(device: int) -> None:  # noqa: N802
 
 
 def deviceSynchronize() -> None:  # noqa: N802
-    """Nothing to wait for: the stand-in runs every operation when it is called."""
+    """Nothing to wait for: the stand-in runs every operation when it is called (a host
+    synchronization on a GPU)."""
+    counting.host_sync("synchronize")
 
 
 def runtimeGetVersion() -> int:  # noqa: N802

@@ -12,6 +12,7 @@ import itertools
 import threading
 import weakref
 
+from .. import counting
 from . import runtime
 
 _handles = itertools.count(0x5000)  # fake, unique, non-zero handles (0 is the null stream)
@@ -50,7 +51,8 @@ class Event:
         self._recorded_on = get_current_stream() if stream is None else stream
 
     def synchronize(self) -> None:
-        """Returns at once (nothing is pending)."""
+        """Returns at once (nothing is pending); a host synchronization on a GPU."""
+        counting.host_sync("synchronize")
 
 
 class _BaseStream:
@@ -93,7 +95,8 @@ class _BaseStream:
         return True
 
     def synchronize(self) -> None:
-        """Returns at once (nothing is pending)."""
+        """Returns at once (nothing is pending); a host synchronization on a GPU."""
+        counting.host_sync("synchronize")
 
     def record(self, event: Event | None = None) -> Event:
         """Records an event on this stream (a new one when ``event`` is None)."""

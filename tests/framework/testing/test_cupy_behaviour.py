@@ -1,0 +1,132 @@
+"""CuPy's odd behaviours, one table, checked on the stand-in and on real CuPy alike.
+
+Each row is something real CuPy does that NumPy does not (measured on CuPy 14.2 with an
+H200, see docs/GPU.md); the stand-in must do the same. The rows run on
+:mod:`framework.testing.cupy_standin` everywhere, and on real CuPy wherever it sees a GPU
+(skipped with the reason elsewhere), so a difference shows on the first GPU run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+
+import numpy as np
+import pytest
+
+
+def _real_cupy():
+    """Real CuPy, or the reason it cannot run here."""
+    if importlib.util.find_spec("cupy") is None:
+        return None, "CuPy is not installed"
+    try:
+        cupy = importlib.import_module("cupy")
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None, "CuPy sees no GPU"
+    except Exception as e:  # noqa: BLE001 - any failure means: no usable CuPy here
+        return None, f"CuPy cannot be used: {type(e).__name__}: {e}"
+    return cupy, None
+
+
+@pytest.fixture(params=["standin", pytest.param("cupy", marks=pytest.mark.gpu)])
+def xp(request):
+    if request.param == "standin":
+        return importlib.import_module("framework.testing.cupy_standin")
+    cupy, why = _real_cupy()
+    if cupy is None:
+        pytest.skip(f"needs real CuPy and a GPU: {why}")
+    return cupy
+
+
+def _arange(xp):
+    return xp.arange(6, dtype=xp.float32)
+
+
+def _nccl_error(xp, status):
+    if importlib.util.find_spec(xp.__name__ + ".cuda.nccl") is None:
+        pytest.skip(f"{xp.__name__}.cuda.nccl is missing")
+    nccl = importlib.import_module(xp.__name__ + ".cuda.nccl")
+    if not getattr(nccl, "available", False):
+        pytest.skip(f"{xp.__name__}.cuda.nccl is not available here")
+    e = nccl.NcclError(status)
+    return e.status, str(e)
+
+
+def _axis_error(axis, ndim):
+    return AxisErrorRow(f"axis {axis} is out of bounds for array of dimension {ndim}")
+
+
+class AxisErrorRow:
+    """An expected ``numpy.exceptions.AxisError`` with this message."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+# (id, f(xp), expected value or AxisErrorRow)
+ROWS = [
+    # shares_memory compares element addresses from a kernel; a 0-d element's is a local's.
+    ("shares_memory: two distinct 0-d arrays", lambda xp: xp.shares_memory(xp.asarray(1.0), xp.asarray(2.0)), True),
+    ("shares_memory: a 0-d array with itself", lambda xp: (lambda a: xp.shares_memory(a, a))(xp.asarray(1.0)), True),
+    ("shares_memory: x[1] (0-d view) with x", lambda xp: (lambda x: xp.shares_memory(x[1], x))(_arange(xp)), False),
+    ("shares_memory: x with x[1]", lambda xp: (lambda x: xp.shares_memory(x, x[1]))(_arange(xp)), False),
+    ("shares_memory: x[1:2] (1 element) with x", lambda xp: (lambda x: xp.shares_memory(x[1:2], x))(_arange(xp)), True),
+    (
+        "shares_memory: x[None] of 0-d with x",
+        lambda xp: (lambda x: xp.shares_memory(x[None], x))(xp.asarray(1.0)),
+        False,
+    ),
+    (
+        "shares_memory: broadcast of 0-d with it",
+        lambda xp: (lambda x: xp.shares_memory(xp.broadcast_to(x, (2, 3)), x))(xp.asarray(1.0)),
+        False,
+    ),
+    ("shares_memory: interleaved halves", lambda xp: (lambda x: xp.shares_memory(x[::2], x[1::2]))(_arange(xp)), False),
+    ("shares_memory: overlapping slices", lambda xp: (lambda x: xp.shares_memory(x[:4], x[3:]))(_arange(xp)), True),
+    ("shares_memory: empty with itself", lambda xp: (lambda x: xp.shares_memory(x, x))(xp.zeros(0)), False),
+    ("shares_memory: two arrays", lambda xp: xp.shares_memory(_arange(xp), _arange(xp)), False),
+    # may_share_memory compares byte bounds within one allocation.
+    ("may_share_memory: x[1] with x", lambda xp: (lambda x: xp.may_share_memory(x[1], x))(_arange(xp)), True),
+    (
+        "may_share_memory: interleaved halves",
+        lambda xp: (lambda x: xp.may_share_memory(x[::2], x[1::2]))(_arange(xp)),
+        True,
+    ),
+    (
+        "may_share_memory: two distinct 0-d arrays",
+        lambda xp: xp.may_share_memory(xp.asarray(1.0), xp.asarray(2.0)),
+        False,
+    ),
+    # Reductions and scans check the axis strictly: NumPy lets 0 and -1 through on 0-d.
+    ("sum(axis=-1) of 0-d", lambda xp: xp.asarray(1.0).sum(axis=-1), _axis_error(-1, 0)),
+    ("amax(axis=-1, keepdims) of 0-d", lambda xp: xp.amax(xp.asarray(1.0), axis=-1, keepdims=True), _axis_error(-1, 0)),
+    ("max(axis=0) of 0-d", lambda xp: xp.asarray(1.0).max(axis=0), _axis_error(0, 0)),
+    ("mean(axis=(0,)) of 0-d", lambda xp: xp.asarray(1.0).mean(axis=(0,)), _axis_error(0, 0)),
+    ("cumsum(axis=0) of 0-d", lambda xp: xp.asarray(1.0).cumsum(axis=0), _axis_error(0, 0)),
+    ("sum(axis=2) of 2-d", lambda xp: xp.zeros((2, 3)).sum(axis=2), _axis_error(2, 2)),
+    ("sum(axis=()) of 0-d", lambda xp: float(xp.asarray(2.5).sum(axis=())), 2.5),
+    ("sum(axis=None, keepdims) of 0-d", lambda xp: xp.asarray(2.5).sum(keepdims=True).shape, ()),
+    # NCCL errors: NcclError(status), the message CuPy's name and NCCL's string.
+    (
+        "NcclError(5)",
+        lambda xp: _nccl_error(xp, 5),
+        (5, "NCCL_ERROR_INVALID_USAGE: invalid usage (run with NCCL_DEBUG=WARN for details)"),
+    ),
+    (
+        "NcclError(4)",
+        lambda xp: _nccl_error(xp, 4),
+        (4, "NCCL_ERROR_INVALID_ARGUMENT: invalid argument (run with NCCL_DEBUG=WARN for details)"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
+def test_behaves_as_cupy(xp, row):
+    _, fn, expected = row
+    if isinstance(expected, AxisErrorRow):
+        with pytest.raises(np.exceptions.AxisError, match=re.escape(expected.message)):
+            fn(xp)
+        return
+    got = fn(xp)
+    assert got == expected and type(got) is type(expected), f"{xp.__name__}: {got!r}, CuPy gives {expected!r}"
