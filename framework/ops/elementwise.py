@@ -147,6 +147,7 @@ class Pow(Function):
     auto_inplace = True
     saves = ("x", "y", "result")
     saved_when = {"x": (0, 1), "y": (0, 1), "result": (1,)}
+    saved_as = {"x": "self", "y": "exponent"}
 
     def forward(ctx, x, y):
         ctx.mx, ctx.my = _meta(x), _meta(y)

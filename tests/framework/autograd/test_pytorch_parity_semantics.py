@@ -96,3 +96,81 @@ def test_empty_dim_reductions_match_torch(torch):
             theirs = getattr(t, name)(dim=(), keepdim=keepdim)
             assert ours.shape == tuple(theirs.shape)
             np.testing.assert_allclose(ours.numpy(), theirs.numpy())
+
+
+# --- grad_fn._saved_<name> ----------------------------------------------------------------
+
+
+def test_saved_self_and_other():
+    # test_grad_fn_attr_bindings: out2.grad_fn._saved_self == a * 2
+    a = fw.ones(1, requires_grad=True)
+    b = fw.zeros(1, requires_grad=True)
+    out2 = (a * 2) * b
+    assert isinstance(out2.grad_fn._saved_self, fw.Tensor)
+    assert out2.grad_fn._saved_self.tolist() == [2.0]
+    assert out2.grad_fn._saved_other.tolist() == [0.0]
+    out2.sum().backward()
+    with pytest.raises(RuntimeError, match="after they have already been freed"):
+        _ = out2.grad_fn._saved_self
+
+
+def test_saved_result_and_names_per_op():
+    x = fw.tensor([0.5, 2.0], requires_grad=True)
+    y = x.exp()
+    assert_close(y.grad_fn._saved_result, y)
+    assert_close(x.log().grad_fn._saved_self, x)
+    p = x ** fw.tensor([2.0, 3.0], requires_grad=True)  # PyTorch: PowBackward1
+    assert p.grad_fn._saved_exponent.tolist() == [2.0, 3.0]
+    assert_close(p.grad_fn._saved_result, p)
+    assert (x**2.0).grad_fn._saved_exponent == 2.0  # a scalar exponent stays a number
+    m = x.view(1, 2) @ x.view(2, 1)
+    assert m.grad_fn._saved_mat2.shape == (2, 1)  # PyTorch: MmBackward0
+    assert fw.where(x > 1, x, x).grad_fn._saved_condition.tolist() == [False, True]
+    with pytest.raises(AttributeError):
+        _ = y.grad_fn._saved_self  # exp saves its result only, as PyTorch's ExpBackward0
+
+
+def test_saved_tensor_shares_storage_and_version():
+    a = fw.ones(2, requires_grad=True)
+    h = a * 1
+    out = h * a
+    saved = out.grad_fn._saved_self
+    assert saved._version == h._version
+    h.add_(1)  # the saved input changed: reading it raises as backward would
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _ = out.grad_fn._saved_self
+
+
+def test_saved_not_needed_is_none():
+    # mul saves each factor only for the other's gradient (PyTorch: undefined -> None)
+    a = fw.ones(2, requires_grad=True)
+    out = a * fw.ones(2)
+    assert out.grad_fn._saved_self is None
+    assert out.grad_fn._saved_other.tolist() == [1.0, 1.0]
+
+
+def test_saved_names_match_torch(torch):
+    cases = {
+        "mul": lambda m, a, b: a * b,
+        "div": lambda m, a, b: a / b,
+        "pow": lambda m, a, b: a**b,
+        "exp": lambda m, a, b: a.exp(),
+        "log": lambda m, a, b: a.log(),
+        "sqrt": lambda m, a, b: a.sqrt(),
+        "tanh": lambda m, a, b: a.tanh(),
+        "sin": lambda m, a, b: a.sin(),
+        "relu": lambda m, a, b: a.relu(),
+        "maximum": lambda m, a, b: m.maximum(a, b),
+        "mm": lambda m, a, b: a.view(1, 2) @ b.view(2, 1),
+    }
+    for name, f in cases.items():
+        ours = f(fw, fw.tensor([0.5, 2.0], requires_grad=True), fw.tensor([1.5, 3.0], requires_grad=True))
+        theirs = f(torch, torch.tensor([0.5, 2.0], requires_grad=True), torch.tensor([1.5, 3.0], requires_grad=True))
+        compared = 0
+        for attr in dir(theirs.grad_fn):
+            value = getattr(theirs.grad_fn, attr)
+            # div saves its result where PyTorch saves self: what backward needs differs
+            if attr.startswith("_saved_") and isinstance(value, torch.Tensor) and hasattr(ours.grad_fn, attr):
+                np.testing.assert_allclose(getattr(ours.grad_fn, attr).numpy(), value.detach().numpy(), err_msg=name)
+                compared += 1
+        assert compared, name
