@@ -381,6 +381,9 @@ class Module:
     def double(self) -> Module:
         return self.to(dtype=np.float64)
 
+    def half(self) -> Module:
+        return self.to(dtype=np.float16)
+
     # --- state dict --------------------------------------------------------------------------
     def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):
         """An ordered dict ``dotted name -> tensor`` of parameters and persistent buffers.
