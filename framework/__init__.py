@@ -28,6 +28,8 @@ from .creation import (
     float64,
     from_numpy,
     full,
+    int8,
+    int16,
     int32,
     int64,
     manual_seed,
@@ -37,6 +39,7 @@ from .creation import (
     randn,
     randn_like,
     tensor,
+    uint8,
     zeros,
     zeros_like,
 )

@@ -19,44 +19,69 @@ from ..autograd.view_meta import ForbiddenReplay as _ForbiddenReplay
 from ..tensor import Tensor, _wrap
 from . import elementwise as E
 from . import linalg as L
+from . import promotion as _promotion
 from . import reduce as R
 from . import view as V
 from .broadcast import broadcast_shapes, sum_to  # noqa: F401  (re-exported)
 
-_DEFAULT_FLOAT = np.dtype(np.float32)
+_DEFAULT_FLOAT = _promotion.DEFAULT_FLOAT
+# The Python scalars that leave a tensor of these kinds its dtype (the fast path of _operand)
+_KEEPS_KIND = {float: "fc", int: "iufc", bool: "biufc"}
 
 
 def _operand(x, other):
-    """Prepares a binary op's second operand: tensors pass, Python scalars stay scalars.
+    """A binary op's operands, promoted as PyTorch promotes them (:mod:`.promotion`).
 
-    A Python float with an integer or bool tensor promotes to the default float dtype
-    (float32), as in PyTorch; NumPy alone would give float64. So does an integer tensor
-    with a float tensor: the result keeps the float tensor's dtype (NumPy: float64).
-    Runs for every binary op: the common cases are checked first.
+    Tensors are cast to the result type (``int64 tensor + float32 tensor`` is float32;
+    ``float32 tensor + float64 0-d tensor`` stays float32); a NumPy scalar becomes a
+    Python number, so the kernel sees nothing left to promote. Either operand may be a
+    number (the reflected operators). Runs for every binary op: the common cases first.
     """
     if isinstance(other, Tensor):
-        if isinstance(x, Tensor):
-            xk, ok = x._data.dtype.kind, other._data.dtype.kind
-            if xk in "biu" and ok == "f":
-                x = cast(x, other.dtype)
-            elif ok in "biu" and xk == "f":
-                other = cast(other, x.dtype)
+        if isinstance(x, Tensor) and x._data.dtype == other._data.dtype:
+            return x, other
+    elif isinstance(x, Tensor) and x._data.dtype.kind in _KEEPS_KIND.get(other.__class__, ""):
         return x, other
-    if other.__class__ is float:
-        if isinstance(x, Tensor) and x._data.dtype.kind in "biu":
-            x = cast(x, _DEFAULT_FLOAT)
-        return x, other
-    if _backend.is_array(other):
+    elif _backend.is_array(other) or _backend.is_array(x):
         raise TypeError("mix tensors with tensors or Python scalars, not NumPy arrays: wrap it with fw.tensor()")
-    if isinstance(other, float) and isinstance(x, Tensor) and x.dtype.kind in "biu":
-        x = cast(x, _DEFAULT_FLOAT)
-    return x, other
+    r = _promotion.result_type(x, other)
+    return _as_type(x, r), _as_type(other, r)
 
 
-def _reflected(other, x):
-    if isinstance(other, float) and x.dtype.kind in "biu":
-        x = cast(x, _DEFAULT_FLOAT)
-    return other, x
+def _as_type(v, dtype):
+    if dtype is None:  # a traced number (see promotion.result_type)
+        return v
+    if isinstance(v, Tensor):
+        return v if v._data.dtype == dtype else cast(v, dtype)
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _true_division(x, other):
+    """Operands of ``x / other``: an integer (or bool) result type divides as the default float."""
+    r = _promotion.result_type(x, other)
+    if r is None:  # a traced number: an integer tensor still divides as the default float
+        r = next(t.dtype for t in (x, other) if isinstance(t, Tensor))
+    if not _promotion.is_floating(r) and r.kind != "c":
+        r = _DEFAULT_FLOAT
+    return _as_type(x, r), _as_type(other, r)
+
+
+def _inplace_operand(x, other, floating=False):
+    """The second operand of an inplace op on ``x``: PyTorch computes in the result type
+    and writes it into ``x``, refusing (before anything changes) a result of a higher kind
+    than ``x``'s dtype ("result type Float can't be cast to the desired output type Long")."""
+    if isinstance(other, Tensor):
+        if other._data.dtype == x._data.dtype and not floating:
+            return other
+    elif x._data.dtype.kind in _KEEPS_KIND.get(other.__class__, "") and not floating:
+        return other
+    r = _promotion.result_type(x, other)
+    if r is None:  # a traced number
+        return other
+    if floating and _promotion.kind_rank(r) < 2:
+        r = _DEFAULT_FLOAT
+    _promotion.check_cast(r, x._data.dtype)
+    return _as_type(other, r)
 
 
 # --- elementwise ---------------------------------------------------------------------
@@ -78,10 +103,7 @@ def mul(x, other):
 
 
 def div(x, other):
-    if x.dtype.kind in "biu" and (not isinstance(other, Tensor) or other.dtype.kind in "biu"):
-        x = cast(x, _DEFAULT_FLOAT)  # true division of integers gives floats
-    x, other = _operand(x, other)  # then an integer tensor divisor follows x to float32
-    return E.Div.apply(x, other)
+    return E.Div.apply(*_true_division(x, other))
 
 
 def pow(x, exponent):  # noqa: A001  (PyTorch's name)
@@ -90,12 +112,12 @@ def pow(x, exponent):  # noqa: A001  (PyTorch's name)
 
 
 def maximum(x, other):
-    return E.Maximum.apply(x, other)
+    return E.Maximum.apply(*_operand(x, other))
 
 
 def where(condition, x, y):
     """Elementwise ``x if condition else y`` (x and y may be tensors or scalars)."""
-    return E.Where.apply(condition, x, y)
+    return E.Where.apply(condition, *_operand(x, y))
 
 
 def neg(x):
@@ -165,23 +187,23 @@ def to_device(x, device):
 
 
 def add_(x, other, alpha=1):
-    return E.Add.apply_(x, other, alpha=alpha)
+    return E.Add.apply_(x, _inplace_operand(x, other), alpha=alpha)
 
 
 def sub_(x, other, alpha=1):
-    return E.Sub.apply_(x, other, alpha=alpha)
+    return E.Sub.apply_(x, _inplace_operand(x, other), alpha=alpha)
 
 
 def mul_(x, other):
-    return E.Mul.apply_(x, other)
+    return E.Mul.apply_(x, _inplace_operand(x, other))
 
 
 def div_(x, other):
-    return E.Div.apply_(x, other)
+    return E.Div.apply_(x, _inplace_operand(x, other, floating=True))
 
 
 def pow_(x, exponent):
-    return E.Pow.apply_(x, exponent)
+    return E.Pow.apply_(x, _inplace_operand(x, exponent))
 
 
 def neg_(x):
@@ -778,27 +800,27 @@ def stack(tensors, dim=0):
 
 
 def eq(x, y):
-    return E.Eq.apply(x, y)
+    return E.Eq.apply(*_operand(x, y))
 
 
 def ne(x, y):
-    return E.Ne.apply(x, y)
+    return E.Ne.apply(*_operand(x, y))
 
 
 def lt(x, y):
-    return E.Lt.apply(x, y)
+    return E.Lt.apply(*_operand(x, y))
 
 
 def le(x, y):
-    return E.Le.apply(x, y)
+    return E.Le.apply(*_operand(x, y))
 
 
 def gt(x, y):
-    return E.Gt.apply(x, y)
+    return E.Gt.apply(*_operand(x, y))
 
 
 def ge(x, y):
-    return E.Ge.apply(x, y)
+    return E.Ge.apply(*_operand(x, y))
 
 
 # --- reflected operators (Tensor.__rsub__, ...): the scalar comes first -------------------
@@ -806,19 +828,17 @@ def ge(x, y):
 
 def rsub(x, other):
     """``other - x`` for ``x`` a tensor and ``other`` a tensor or a Python scalar."""
-    return sub(*_reflected(other, x))
+    return sub(other, x)
 
 
 def rdiv(x, other):
     """``other / x``: true division, so integer tensors divide as the default float."""
-    if isinstance(other, Tensor):
-        return div(*_reflected(other, x))
-    return E.Div.apply(*_reflected(other, x if x.dtype.kind == "f" else cast(x, _DEFAULT_FLOAT)))
+    return E.Div.apply(*_true_division(other, x))
 
 
 def rpow(x, other):
     """``other ** x``."""
-    return E.Pow.apply(*_reflected(other, x))
+    return E.Pow.apply(*_operand(other, x))
 
 
 # The entries policy auto sees through: each hands its first argument straight to its op.

@@ -174,3 +174,125 @@ def test_saved_names_match_torch(torch):
                 np.testing.assert_allclose(getattr(ours.grad_fn, attr).numpy(), value.detach().numpy(), err_msg=name)
                 compared += 1
         assert compared, name
+
+
+# --- type promotion (torch.result_type) -----------------------------------------------------
+
+# (program, PyTorch 2.13's dtype, PyTorch's values): m is the module (fw or torch)
+PROMOTIONS = {
+    "dims + float64 0-d": (lambda m: m.ones(2) + m.tensor(1.0, dtype=m.float64), "float32", [2.0, 2.0]),
+    "dims + np.float64": (lambda m: m.ones(2) + np.float64(1.5), "float32", [2.5, 2.5]),
+    "np.float64 + dims": (lambda m: np.float64(1.5) + m.ones(2), "float32", [2.5, 2.5]),
+    "int64 + float": (lambda m: m.ones(2, dtype=m.int64) + 1.5, "float32", [2.5, 2.5]),
+    "int32 + float64 0-d": (lambda m: m.ones(2, dtype=m.int32) + m.tensor(1.5, dtype=m.float64), "float64", [2.5, 2.5]),
+    "0-d + float64 0-d": (lambda m: m.tensor(1.0) + m.tensor(1.0, dtype=m.float64), "float64", 2.0),
+    "0-d float32 * float64 dims": (lambda m: m.tensor(2.0) * m.ones(2, dtype=m.float64), "float64", [2.0, 2.0]),
+    "int32 + int64 0-d": (lambda m: m.ones(2, dtype=m.int32) + m.tensor(1, dtype=m.int64), "int32", [2, 2]),
+    "int32 + np.int64": (lambda m: m.ones(2, dtype=m.int32) + np.int64(1), "int32", [2, 2]),
+    "bool + int": (lambda m: m.ones(2, dtype=m.bool_ if m is fw else m.bool) + 1, "int64", [2, 2]),
+    "float16 + float32 dims": (lambda m: m.ones(2, dtype=m.float16) + m.ones(2), "float32", [2.0, 2.0]),
+    "float16 + np.float32": (lambda m: m.ones(2, dtype=m.float16) + np.float32(1), "float16", [2.0, 2.0]),
+    "uint8 + int8": (lambda m: m.ones(2, dtype=m.uint8) + m.ones(2, dtype=m.int8), "int16", [2, 2]),
+    "int64 * float32": (lambda m: m.ones(2, dtype=m.int64) * m.ones(2), "float32", [1.0, 1.0]),
+    "int / int": (lambda m: m.ones(2, dtype=m.int32) / 2, "float32", [0.5, 0.5]),
+    "int / int (reflected)": (lambda m: 2 / m.ones(2, dtype=m.int32), "float32", [2.0, 2.0]),
+    "int / float64 0-d": (lambda m: m.ones(2, dtype=m.int32) / m.tensor(2.0, dtype=m.float64), "float64", [0.5, 0.5]),
+    "int ** float": (lambda m: m.full((2,), 4, dtype=m.int32) ** 0.5, "float32", [2.0, 2.0]),
+    "float - int (reflected)": (lambda m: 1.5 - m.ones(2, dtype=m.int32), "float32", [0.5, 0.5]),
+    "where": (
+        lambda m: m.where(m.tensor([True, False]), m.ones(2), m.tensor(2.0, dtype=m.float64)),
+        "float32",
+        [1.0, 2.0],
+    ),
+    "maximum": (lambda m: m.maximum(m.ones(2), m.tensor(2.0, dtype=m.float64)), "float32", [2.0, 2.0]),
+    # compared in float32, as PyTorch: 0.1 rounds to the same float32
+    "eq in the result type": (lambda m: m.tensor([0.1]) == m.tensor(0.1, dtype=m.float64), "bool", [True]),
+}
+
+
+@pytest.mark.parametrize("name", PROMOTIONS)
+def test_type_promotion(name):
+    program, dtype, values = PROMOTIONS[name]
+    out = program(fw)
+    assert str(out.dtype) == dtype
+    assert out.tolist() == values
+
+
+@pytest.mark.parametrize("name", PROMOTIONS)
+def test_type_promotion_matches_torch(name, torch):
+    program, dtype, values = PROMOTIONS[name]
+    theirs = program(torch)
+    assert str(theirs.dtype) == "torch." + dtype and theirs.tolist() == values
+
+
+def test_promotion_keeps_each_gradient_in_its_input_dtype():
+    x = fw.ones(2, requires_grad=True)
+    s = fw.tensor(3.0, dtype=fw.float64, requires_grad=True)
+    out = x * s
+    assert out.dtype == fw.float32
+    out.sum().backward()
+    assert x.grad.dtype == fw.float32 and s.grad.dtype == fw.float64
+    assert x.grad.tolist() == [3.0, 3.0] and s.grad.item() == 2.0
+
+
+@pytest.mark.parametrize(
+    "op, message",
+    [
+        (
+            lambda: fw.ones(2, dtype=fw.int64).add_(1.5),
+            "result type Float can't be cast to the desired output type Long",
+        ),
+        (lambda: fw.ones(2, dtype=fw.int32).div_(2), "result type Float can't be cast to the desired output type Int"),
+        (
+            lambda: fw.ones(2, dtype=fw.bool_).add_(fw.tensor([1, 2])),
+            "result type Long can't be cast to the desired output type Bool",
+        ),
+        (
+            lambda: fw.ones(2, dtype=fw.int64).mul_(fw.tensor(0.5, dtype=fw.float64)),
+            "result type Double can't be cast to the desired output type Long",
+        ),
+    ],
+)
+def test_inplace_result_that_cannot_be_cast_raises_torchs_error(op, message):
+    with pytest.raises(RuntimeError, match=message):
+        op()
+
+
+def test_inplace_computes_in_the_result_type():
+    x = fw.ones(2)
+    x.add_(fw.tensor([1.0, 2.0], dtype=fw.float64))  # float64 result, written as float32
+    assert x.dtype == fw.float32 and x.tolist() == [2.0, 3.0]
+    i = fw.ones(2, dtype=fw.int32)
+    i.add_(fw.tensor([1, 2]))
+    assert i.dtype == fw.int32 and i.tolist() == [2, 3]
+    # float32 x times a float64 0-d tensor: computed in float32 (the 0-d one does not promote)
+    y = fw.tensor([1 / 3])
+    y.mul_(fw.tensor(3.0000001, dtype=fw.float64))
+    assert y.numpy()[0] == np.float32(1 / 3) * np.float32(3.0000001)
+
+
+def test_inplace_promotion_matches_torch(torch):
+    for m in (fw, torch):
+        y = m.tensor([1 / 3, 0.7])
+        y.mul_(m.tensor(3.0000001, dtype=m.float64))
+        y.add_(np.float64(0.1))
+        y.div_(m.tensor([3.0, 7.0], dtype=m.float64))
+        if m is fw:
+            ours = y.numpy()
+    np.testing.assert_array_equal(ours, y.numpy())
+
+
+def test_type_promotion_on_every_device(backend):
+    # CuPy follows NumPy 2 (NEP 50), which would give float64 here: the rule is the framework's
+    ones = fw.ones(2, device=backend)
+    assert (ones + fw.tensor(1.0, dtype=fw.float64, device=backend)).dtype == fw.float32
+    assert (ones * np.float64(1.5)).dtype == fw.float32
+    assert (fw.ones(2, dtype=fw.int32, device=backend) + fw.tensor(1.5, dtype=fw.float64, device=backend)).dtype == (
+        fw.float64
+    )
+    assert (fw.ones(2, dtype=fw.int64, device=backend) / 2).dtype == fw.float32
+    x = fw.ones(2, device=backend)
+    x.mul_(fw.tensor(3.0, dtype=fw.float64, device=backend))
+    assert x.dtype == fw.float32 and x.tolist() == [3.0, 3.0]
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+        fw.ones(2, dtype=fw.int64, device=backend).add_(0.5)
