@@ -776,7 +776,7 @@ def allclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
 
 
 def contiguous(x):
-    return x if x.is_contiguous() else V.Clone.apply(x)
+    return x if x.is_contiguous() else V.Clone.apply(x, contiguous=True)
 
 
 def cat(tensors, dim=0):

@@ -296,3 +296,85 @@ def test_type_promotion_on_every_device(backend):
     assert x.dtype == fw.float32 and x.tolist() == [3.0, 3.0]
     with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
         fw.ones(2, dtype=fw.int64, device=backend).add_(0.5)
+
+
+# --- memory format: preserve_format and the gradient layout contract -----------------------
+
+LIKES = {
+    "clone": lambda m, t: t.clone(),
+    "empty_like": lambda m, t: m.empty_like(t),
+    "zeros_like": lambda m, t: m.zeros_like(t),
+    "ones_like": lambda m, t: m.ones_like(t, dtype=m.float64),
+    "full_like": lambda m, t: m.full_like(t, 2.0),
+    "rand_like": lambda m, t: m.rand_like(t),
+    "randn_like": lambda m, t: m.randn_like(t),
+}
+# (input, PyTorch's strides of the result): transposed and permuted inputs are dense and
+# keep their strides; a strided slice is not dense and gives a contiguous result
+LAYOUTS = {
+    "transposed": (lambda m: m.zeros(3, 4).t(), (1, 4)),
+    "permuted": (lambda m: m.zeros(2, 3, 4, 5).permute(0, 2, 3, 1), (60, 5, 1, 20)),
+    "strided slice": (lambda m: m.zeros(3, 8)[:, ::2], (4, 1)),
+    "contiguous": (lambda m: m.zeros(3, 4), (4, 1)),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("like", LIKES)
+def test_new_tensors_preserve_a_dense_layout(like, layout, backend):
+    make, strides = LAYOUTS[layout]
+    t = make(fw).to(backend)
+    out = LIKES[like](fw, t)
+    assert out.shape == t.shape and out.stride() == strides
+    if like == "clone":
+        assert out.tolist() == t.tolist()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("like", LIKES)
+def test_new_tensor_layouts_match_torch(like, layout, torch):
+    make, strides = LAYOUTS[layout]
+    assert LIKES[like](torch, make(torch)).stride() == strides
+
+
+def test_contiguous_of_a_transposed_tensor_is_contiguous():
+    t = fw.zeros(3, 4).t()
+    assert t.contiguous().stride() == (3, 1) and t.contiguous().is_contiguous()
+
+
+def test_clone_of_a_transposed_tensor_keeps_values_and_gradient():
+    x = fw.arange(12.0).reshape(3, 4).requires_grad_()
+    y = x.t().clone()
+    assert y.stride() == (1, 4) and y.tolist() == x.t().tolist()
+    (y * fw.arange(12.0).reshape(4, 3)).sum().backward()
+    assert x.grad.tolist() == fw.arange(12.0).reshape(4, 3).t().tolist()
+
+
+# (leaf, PyTorch's .grad strides): AccumulateGrad copies into the layout of a dense leaf
+LEAVES = {
+    "transposed": (lambda m: m.zeros(3, 4).t(), (1, 4)),
+    "strided slice": (lambda m: m.zeros(3, 8)[:, ::2], (4, 1)),
+    "size-1 dim": (lambda m: m.zeros(1, 4).t(), (1, 1)),
+    "permuted": (lambda m: m.zeros(2, 3, 4).permute(2, 0, 1), (1, 12, 4)),
+}
+
+
+@pytest.mark.parametrize("leaf", LEAVES)
+def test_grad_follows_the_leafs_layout(leaf, backend):
+    make, strides = LEAVES[leaf]
+    for policy in ("off", "auto", "on"):
+        with fw.inplace.policy(policy):
+            x = make(fw).to(backend).detach().requires_grad_()
+            (x * 2).sum().backward()
+            assert x.grad.stride() == strides and x.grad.tolist() == (fw.ones_like(x) * 2).tolist()
+            (x * 3).sum().backward()  # accumulation keeps it
+            assert x.grad.stride() == strides and x.grad.tolist() == (fw.ones_like(x) * 5).tolist()
+
+
+@pytest.mark.parametrize("leaf", LEAVES)
+def test_grad_layout_matches_torch(leaf, torch):
+    make, strides = LEAVES[leaf]
+    x = make(torch).detach().requires_grad_()
+    (x * 2).sum().backward()
+    (x * 3).sum().backward()
+    assert x.grad.stride() == strides
