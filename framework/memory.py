@@ -251,9 +251,10 @@ def _xp_of(array):
 def is_dense(array) -> bool:
     """Whether ``array``'s elements fill one block of memory without gaps or overlaps in
     some order of its dims (PyTorch's ``is_non_overlapping_and_dense``); dims of size 1
-    do not count. A transposed or permuted array is dense; a strided slice is not."""
+    do not count, and an empty array is dense. A transposed or permuted array is dense; a
+    strided slice is not."""
     if array.size == 0:
-        return False
+        return True
     dims = sorted((d for d in range(array.ndim) if array.shape[d] != 1), key=lambda d: -array.strides[d])
     expected = array.itemsize
     for d in reversed(dims):
