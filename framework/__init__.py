@@ -19,6 +19,7 @@ from .backend import device, is_cuda_available
 from .creation import (
     DEFAULT_DTYPE,
     arange,
+    bfloat16,
     bool_,
     empty,
     empty_like,

@@ -20,6 +20,31 @@ bool_ = np.dtype(np.bool_)
 DEFAULT_DTYPE = float32
 
 
+def _bfloat16():
+    """bfloat16 from the ``ml_dtypes`` package (NumPy has none; CuPy 14 takes it from there
+    too), or a stand-in that says what to install wherever it is used as a dtype."""
+    try:
+        import ml_dtypes  # noqa: PLC0415
+    except ImportError:
+        return _MissingDtype("bfloat16", "ml_dtypes")
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+class _MissingDtype:
+    def __init__(self, name, package):
+        self.name, self.package = name, package
+
+    @property
+    def dtype(self):  # np.dtype(x) reads this: the error comes where the dtype is used
+        raise TypeError(f"{self.name} needs the {self.package} package: pip install {self.package}")
+
+    def __repr__(self):
+        return f"{self.name} (unavailable: pip install {self.package})"
+
+
+bfloat16 = _bfloat16()
+
+
 def _new(array, requires_grad: bool) -> Tensor:
     memory.track(array)
     t = _wrap(array)

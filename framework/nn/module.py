@@ -7,10 +7,11 @@ from collections import OrderedDict, namedtuple
 import numpy as np
 
 from .. import backend, memory
+from .. import creation as _creation
 from .. import inplace as _inplace
 from ..autograd.function import _HookHandle
 from ..autograd.grad_mode import no_grad
-from ..tensor import Tensor, _wrap
+from ..tensor import Tensor, _is_float, _wrap
 from .parameter import Parameter
 
 
@@ -318,7 +319,7 @@ class Module:
         """
 
         def convert(array):
-            if floating_only and array.dtype.kind != "f":
+            if floating_only and not _is_float(array.dtype):
                 return array
             return fn(array)
 
@@ -356,12 +357,12 @@ class Module:
         dev = backend.device(device) if device is not None else None
         if dtype is not None:
             dtype = np.dtype(dtype)
-            if dtype.kind != "f":
+            if not _is_float(dtype):
                 raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
 
         def fn(array):
             out = array
-            if dtype is not None and array.dtype.kind == "f" and array.dtype != dtype:
+            if dtype is not None and _is_float(array.dtype) and array.dtype != dtype:
                 out = out.astype(dtype)
             if dev is not None and backend.device_of(out) != dev:
                 out = backend.to_device(out, dev)
@@ -383,6 +384,10 @@ class Module:
 
     def half(self) -> Module:
         return self.to(dtype=np.float16)
+
+    def bfloat16(self) -> Module:
+        """Floating parameters and buffers to bfloat16 (needs ``ml_dtypes``)."""
+        return self.to(dtype=_creation.bfloat16)
 
     # --- state dict --------------------------------------------------------------------------
     def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):

@@ -29,13 +29,14 @@ _DEFAULT_FLOAT = _promotion.DEFAULT_FLOAT
 _KEEPS_KIND = {float: "fc", int: "iufc", bool: "biufc"}
 
 
-def _operand(x, other):
+def _operand(x, other, opmath=False):
     """A binary op's operands, promoted as PyTorch promotes them (:mod:`.promotion`).
 
     Tensors are cast to the result type (``int64 tensor + float32 tensor`` is float32;
     ``float32 tensor + float64 0-d tensor`` stays float32); a NumPy scalar becomes a
     Python number, so the kernel sees nothing left to promote. Either operand may be a
-    number (the reflected operators). Runs for every binary op: the common cases first.
+    number (the reflected operators). ``opmath``: see :func:`_as_type`. Runs for every
+    binary op: the common cases first.
     """
     if isinstance(other, Tensor):
         if isinstance(x, Tensor) and x._data.dtype == other._data.dtype:
@@ -45,15 +46,34 @@ def _operand(x, other):
     elif _backend.is_array(other) or _backend.is_array(x):
         raise TypeError("mix tensors with tensors or Python scalars, not NumPy arrays: wrap it with fw.tensor()")
     r = _promotion.result_type(x, other)
-    return _as_type(x, r), _as_type(other, r)
+    return _as_type(x, r, opmath), _as_type(other, r, opmath)
 
 
-def _as_type(v, dtype):
+def _as_type(v, dtype, opmath=False):
+    """``v`` ready for a kernel computing in ``dtype``: a tensor cast, a number as is.
+
+    A number meeting bfloat16 (ml_dtypes) is rounded to bfloat16, as PyTorch's kernels
+    take it, except for mul and div (``opmath``), whose kernels keep it in float32 and
+    round the result once: it becomes a float32 scalar, which :func:`_opmath` sees.
+    """
     if dtype is None:  # a traced number (see promotion.result_type)
         return v
     if isinstance(v, Tensor):
         return v if v._data.dtype == dtype else cast(v, dtype)
+    if dtype.kind == "V":  # NumPy would take a Python float with bfloat16 as float32
+        return _OPMATH(v) if opmath else dtype.type(v)
     return v.item() if isinstance(v, np.generic) else v
+
+
+_OPMATH = np.float32  # the class of a scalar that _as_type keeps in float32 for bfloat16
+
+
+def _opmath(op, a, b, *rest, **params):
+    """``op`` on a bfloat16 tensor and a float32 scalar: computed in float32, as PyTorch
+    does, and rounded to bfloat16 once."""
+    out = op.apply(a, b, *rest, **params)
+    t = next(v for v in (a, b, *rest) if isinstance(v, Tensor) and v._data.dtype.kind == "V")
+    return out if out._data.dtype == t._data.dtype else cast(out, t._data.dtype)
 
 
 def _true_division(x, other):
@@ -63,10 +83,10 @@ def _true_division(x, other):
         r = next(t.dtype for t in (x, other) if isinstance(t, Tensor))
     if not _promotion.is_floating(r) and r.kind != "c":
         r = _DEFAULT_FLOAT
-    return _as_type(x, r), _as_type(other, r)
+    return _as_type(x, r, True), _as_type(other, r, True)
 
 
-def _inplace_operand(x, other, floating=False):
+def _inplace_operand(x, other, floating=False, opmath=False):
     """The second operand of an inplace op on ``x``: PyTorch computes in the result type
     and writes it into ``x``, refusing (before anything changes) a result of a higher kind
     than ``x``'s dtype ("result type Float can't be cast to the desired output type Long")."""
@@ -81,7 +101,7 @@ def _inplace_operand(x, other, floating=False):
     if floating and _promotion.kind_rank(r) < 2:
         r = _DEFAULT_FLOAT
     _promotion.check_cast(r, x._data.dtype)
-    return _as_type(other, r)
+    return _as_type(other, r, opmath)
 
 
 # --- elementwise ---------------------------------------------------------------------
@@ -98,12 +118,17 @@ def sub(x, other, alpha=1):
 
 
 def mul(x, other):
-    x, other = _operand(x, other)
+    x, other = _operand(x, other, opmath=True)
+    if x.__class__ is _OPMATH or other.__class__ is _OPMATH:
+        return _opmath(E.Mul, x, other)
     return E.Mul.apply(x, other)
 
 
 def div(x, other):
-    return E.Div.apply(*_true_division(x, other))
+    x, other = _true_division(x, other)
+    if x.__class__ is _OPMATH or other.__class__ is _OPMATH:
+        return _opmath(E.Div, x, other)
+    return E.Div.apply(x, other)
 
 
 def pow(x, exponent):  # noqa: A001  (PyTorch's name)
@@ -195,11 +220,11 @@ def sub_(x, other, alpha=1):
 
 
 def mul_(x, other):
-    return E.Mul.apply_(x, _inplace_operand(x, other))
+    return E.Mul.apply_(x, _inplace_operand(x, other, opmath=True))
 
 
 def div_(x, other):
-    return E.Div.apply_(x, _inplace_operand(x, other, floating=True))
+    return E.Div.apply_(x, _inplace_operand(x, other, floating=True, opmath=True))
 
 
 def pow_(x, exponent):
@@ -833,7 +858,7 @@ def rsub(x, other):
 
 def rdiv(x, other):
     """``other / x``: true division, so integer tensors divide as the default float."""
-    return E.Div.apply(*_true_division(other, x))
+    return div(other, x)
 
 
 def rpow(x, other):

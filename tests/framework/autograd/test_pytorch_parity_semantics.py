@@ -378,3 +378,96 @@ def test_grad_layout_matches_torch(leaf, torch):
     (x * 2).sum().backward()
     (x * 3).sum().backward()
     assert x.grad.stride() == strides
+
+
+# --- bfloat16 (through ml_dtypes, as CuPy 14) -------------------------------------------------
+
+
+@pytest.fixture
+def bf16():
+    pytest.importorskip("ml_dtypes")
+    return fw.bfloat16
+
+
+def test_bfloat16_creation_and_casts(bf16):
+    a = fw.tensor([1.0, 2.5, 3.3], dtype=bf16)
+    assert a.dtype == bf16 and a.tolist() == [1.0, 2.5, 3.296875]  # PyTorch's rounding
+    assert fw.zeros(2, dtype=bf16).tolist() == [0.0, 0.0] and fw.ones(2, 2, dtype=bf16).dtype == bf16
+    assert fw.ones(2).to(bf16).dtype == bf16 and fw.ones(2).bfloat16().dtype == bf16
+    assert a.float().dtype == fw.float32 and a.float().tolist() == [1.0, 2.5, 3.296875]
+    assert a.to(fw.int64).tolist() == [1, 2, 3]
+    b = fw.zeros(3, dtype=bf16)
+    b.copy_(fw.tensor([1.1, 2.2, 3.3]))
+    assert b.dtype == bf16 and b.tolist() == [1.1015625, 2.203125, 3.296875]
+
+
+def test_bfloat16_elementwise_rounds_each_result(bf16):
+    # PyTorch computes each op in float32 and rounds the result to bfloat16
+    a = fw.tensor([1.0, 2.5, 3.3], dtype=bf16)
+    assert (a * a).tolist() == [1.0, 6.25, 10.875]
+    assert (a / 3).tolist() == [0.333984375, 0.83203125, 1.1015625]
+    assert (a + 1.5).dtype == bf16 and (a + 1.5).tolist() == [2.5, 4.0, 4.8125]
+    assert (a - a).tolist() == [0.0, 0.0, 0.0] and (-a).dtype == bf16
+    assert fw.relu(fw.tensor([-1.0, 2.0], dtype=bf16)).tolist() == [0.0, 2.0]
+    assert (a + fw.ones(3)).dtype == fw.float32  # promotion: float32 dims win
+    assert (a * fw.tensor(2.0, dtype=fw.float64)).dtype == bf16  # a 0-d tensor does not promote
+    a.mul_(3)
+    assert a.dtype == bf16 and a.tolist() == [3.0, 7.5, 9.875]
+
+
+def test_bfloat16_gradients(bf16):
+    x = fw.tensor([1.0, -2.0, 3.0], dtype=bf16, requires_grad=True)
+    (x * x + x).relu().sum().backward()
+    assert x.grad.dtype == bf16 and x.grad.tolist() == [3.0, -3.0, 7.0]
+
+
+def test_bfloat16_gradient_through_a_scalar_matches_torch(bf16, torch):
+    values = [0.1, -1.7, 3.3]
+    ours = fw.tensor(values, dtype=bf16, requires_grad=True)
+    theirs = torch.tensor(values, dtype=torch.bfloat16, requires_grad=True)
+    for x in (ours, theirs):
+        (x * 1.7 + x * x).sum().backward()
+    assert ours.grad.dtype == bf16 and ours.grad.tolist() == theirs.grad.tolist()
+
+
+def test_bfloat16_module(bf16):
+    net = fw.nn.BatchNorm1d(3).bfloat16()
+    assert net.weight.dtype == bf16 and net.running_mean.dtype == bf16
+    assert net.num_batches_tracked.dtype == fw.int64
+    assert net.float().weight.dtype == fw.float32
+
+
+def test_bfloat16_elementwise_matches_torch(bf16, torch):
+    values = [0.1, -1.7, 3.3, 1e-3, 250.0, -0.0]
+    others = [0.3, 2.9, -7.1, 3e-2, 1.5, 2.0]
+    ours_a, ours_b = fw.tensor(values, dtype=bf16), fw.tensor(others, dtype=bf16)
+    their_a, their_b = torch.tensor(values, dtype=torch.bfloat16), torch.tensor(others, dtype=torch.bfloat16)
+    assert ours_a.tolist() == their_a.tolist()
+
+    def m_maximum(a, b):
+        return (fw if isinstance(a, fw.Tensor) else torch).maximum(a, b)
+
+    for f in (
+        lambda a, b: a + b,
+        lambda a, b: a - b,
+        lambda a, b: a * b,
+        lambda a, b: a / b,
+        lambda a, b: -a,
+        lambda a, b: a * 1.7,  # mul and div keep the scalar in float32 (PyTorch's opmath)
+        lambda a, b: a / 1.7,
+        lambda a, b: a + 1.7,  # the others round it to bfloat16 first, as PyTorch's kernels
+        lambda a, b: 1.7 - a,
+        lambda a, b: m_maximum(a, b),
+        lambda a, b: b**2,
+        lambda a, b: 1.3**a,
+        lambda a, b: a > 1.7,
+        lambda a, b: a.clone().mul_(1.7),
+        lambda a, b: a.clone().add_(1.7),
+        lambda a, b: a.clone().add_(b, alpha=1),
+        lambda a, b: a.relu() if hasattr(a, "relu") else a,
+        lambda a, b: a.float(),
+        lambda a, b: a.double() + 0.1,
+    ):
+        ours, theirs = f(ours_a, ours_b), f(their_a, their_b)
+        assert str(ours.dtype) == str(theirs.dtype).removeprefix("torch.")
+        assert ours.tolist() == theirs.tolist()
