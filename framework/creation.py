@@ -6,6 +6,7 @@ import numpy as np
 
 from . import backend, memory, random
 from .autograd import node as _node
+from .ops.promotion import bfloat16  # noqa: F401  (fw.bfloat16, beside the other dtypes)
 from .tensor import Tensor, _wrap
 
 float16 = np.dtype(np.float16)
@@ -18,31 +19,6 @@ int32 = np.dtype(np.int32)
 int64 = np.dtype(np.int64)
 bool_ = np.dtype(np.bool_)
 DEFAULT_DTYPE = float32
-
-
-def _bfloat16():
-    """bfloat16 from the ``ml_dtypes`` package (NumPy has none; CuPy 14 takes it from there
-    too), or a stand-in that says what to install wherever it is used as a dtype."""
-    try:
-        import ml_dtypes  # noqa: PLC0415
-    except ImportError:
-        return _MissingDtype("bfloat16", "ml_dtypes")
-    return np.dtype(ml_dtypes.bfloat16)
-
-
-class _MissingDtype:
-    def __init__(self, name, package):
-        self.name, self.package = name, package
-
-    @property
-    def dtype(self):  # np.dtype(x) reads this: the error comes where the dtype is used
-        raise TypeError(f"{self.name} needs the {self.package} package: pip install {self.package}")
-
-    def __repr__(self):
-        return f"{self.name} (unavailable: pip install {self.package})"
-
-
-bfloat16 = _bfloat16()
 
 
 def _new(array, requires_grad: bool) -> Tensor:

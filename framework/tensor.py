@@ -179,9 +179,7 @@ class Tensor:
 
     def bfloat16(self) -> Tensor:
         """A bfloat16 copy (needs the ``ml_dtypes`` package, as CuPy's bfloat16 does)."""
-        from .creation import bfloat16  # noqa: PLC0415  (creation sits above tensor)
-
-        return self.to(dtype=bfloat16)
+        return self.to(dtype=_ops.promotion.bfloat16)
 
     def long(self) -> Tensor:
         return self.to(dtype=np.int64)

@@ -7,10 +7,10 @@ from collections import OrderedDict, namedtuple
 import numpy as np
 
 from .. import backend, memory
-from .. import creation as _creation
 from .. import inplace as _inplace
 from ..autograd.function import _HookHandle
 from ..autograd.grad_mode import no_grad
+from ..ops import promotion as _promotion
 from ..tensor import Tensor, _is_float, _wrap
 from .parameter import Parameter
 
@@ -387,7 +387,7 @@ class Module:
 
     def bfloat16(self) -> Module:
         """Floating parameters and buffers to bfloat16 (needs ``ml_dtypes``)."""
-        return self.to(dtype=_creation.bfloat16)
+        return self.to(dtype=_promotion.bfloat16)
 
     # --- state dict --------------------------------------------------------------------------
     def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):

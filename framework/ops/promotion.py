@@ -20,6 +20,32 @@ import numpy as np
 from ..tensor import Tensor
 
 DEFAULT_FLOAT = np.dtype(np.float32)
+
+
+def _bfloat16():
+    """bfloat16 from the ``ml_dtypes`` package (NumPy has none; CuPy 14 takes it from there
+    too), or a stand-in that says what to install wherever it is used as a dtype."""
+    try:
+        import ml_dtypes  # noqa: PLC0415
+    except ImportError:
+        return _MissingDtype("bfloat16", "ml_dtypes")
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+class _MissingDtype:
+    def __init__(self, name, package):
+        self.name, self.package = name, package
+
+    @property
+    def dtype(self):  # np.dtype(x) reads this: the error comes where the dtype is used
+        raise TypeError(f"{self.name} needs the {self.package} package: pip install {self.package}")
+
+    def __repr__(self):
+        return f"{self.name} (unavailable: pip install {self.package})"
+
+
+bfloat16 = _bfloat16()
+
 _BOOL, _INT, _FLOAT, _COMPLEX = 0, 1, 2, 3
 _RANKS = {"b": _BOOL, "i": _INT, "u": _INT, "f": _FLOAT, "c": _COMPLEX}
 _SCALAR_DTYPES = {
