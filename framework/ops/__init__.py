@@ -78,6 +78,12 @@ def _opmath(op, a, b, *rest, **params):
 
 def _true_division(x, other):
     """Operands of ``x / other``: an integer (or bool) result type divides as the default float."""
+    if isinstance(x, Tensor) and x._data.dtype.kind in "fc":  # the common cases first
+        if isinstance(other, Tensor):
+            if x._data.dtype == other._data.dtype:
+                return x, other
+        elif other.__class__ is float or other.__class__ is int:
+            return x, other
     r = _promotion.result_type(x, other)
     if r is None:  # a traced number: an integer tensor still divides as the default float
         r = next(t.dtype for t in (x, other) if isinstance(t, Tensor))
