@@ -56,7 +56,7 @@ def _as_type(v, dtype, opmath=False):
     take it, except for mul and div (``opmath``), whose kernels keep it in float32 and
     round the result once: it becomes a float32 scalar, which :func:`_opmath` sees.
     """
-    if dtype is None:  # a traced number (see promotion.result_type)
+    if dtype is None or v is None:  # a traced number (see promotion.result_type), no bound
         return v
     if isinstance(v, Tensor):
         return v if v._data.dtype == dtype else cast(v, dtype)
@@ -155,7 +155,7 @@ def neg(x):
     return E.Neg.apply(x)
 
 
-def abs(x):  # noqa: A001
+def abs(x):
     return E.Abs.apply(x)
 
 
@@ -203,7 +203,14 @@ def _leaky_relu_negative(x, negative_slope):
 
 
 def clamp(x, min=None, max=None):  # noqa: A002
+    if x._data.dtype.kind not in "fc" or not (_plain(min) and _plain(max)):
+        r = _promotion.result_type(x, *(b for b in (min, max) if b is not None))
+        x, min, max = _as_type(x, r), _as_type(min, r), _as_type(max, r)
     return E.Clamp.apply(x, min=min, max=max)
+
+
+def _plain(bound):
+    return bound is None or bound.__class__ is float or bound.__class__ is int
 
 
 def cast(x, dtype):
@@ -282,6 +289,10 @@ def leaky_relu_(x, negative_slope=0.01):
 
 
 def clamp_(x, min=None, max=None):  # noqa: A002
+    if x._data.dtype.kind not in "fc" or not (_plain(min) and _plain(max)):
+        r = _promotion.result_type(x, *(b for b in (min, max) if b is not None))
+        _promotion.check_cast(r, x._data.dtype)
+        min, max = _as_type(min, r), _as_type(max, r)
     return E.Clamp.apply_(x, min=min, max=max)
 
 
@@ -312,7 +323,7 @@ def uniform_(x, a=0.0, b=1.0):
 # --- reductions ------------------------------------------------------------------------
 
 
-def sum(x, dim=None, keepdim=False):  # noqa: A001
+def sum(x, dim=None, keepdim=False):
     return R.Sum.apply(x, dim=dim, keepdim=keepdim)
 
 
@@ -335,7 +346,7 @@ def amax(x, dim=None, keepdim=False):
 MaxResult = namedtuple("MaxResult", ["values", "indices"])
 
 
-def max(x, dim=None, keepdim=False):  # noqa: A001
+def max(x, dim=None, keepdim=False):
     """``max(x)``: the largest value; ``max(x, dim)``: (values, indices) along ``dim``."""
     if isinstance(dim, Tensor):  # max(x, other) is maximum, as in PyTorch
         return maximum(x, dim)
@@ -830,28 +841,34 @@ def stack(tensors, dim=0):
 # --- comparisons -------------------------------------------------------------------------
 
 
+def _compared(x, y):
+    """A comparison's operands: promoted as arithmetic's; a NumPy or CuPy array (which
+    arithmetic refuses) is compared as it is, as before."""
+    return (x, y) if _backend.is_array(y) else _operand(x, y)
+
+
 def eq(x, y):
-    return E.Eq.apply(*_operand(x, y))
+    return E.Eq.apply(*_compared(x, y))
 
 
 def ne(x, y):
-    return E.Ne.apply(*_operand(x, y))
+    return E.Ne.apply(*_compared(x, y))
 
 
 def lt(x, y):
-    return E.Lt.apply(*_operand(x, y))
+    return E.Lt.apply(*_compared(x, y))
 
 
 def le(x, y):
-    return E.Le.apply(*_operand(x, y))
+    return E.Le.apply(*_compared(x, y))
 
 
 def gt(x, y):
-    return E.Gt.apply(*_operand(x, y))
+    return E.Gt.apply(*_compared(x, y))
 
 
 def ge(x, y):
-    return E.Ge.apply(*_operand(x, y))
+    return E.Ge.apply(*_compared(x, y))
 
 
 # --- reflected operators (Tensor.__rsub__, ...): the scalar comes first -------------------

@@ -205,6 +205,9 @@ PROMOTIONS = {
         [1.0, 2.0],
     ),
     "maximum": (lambda m: m.maximum(m.ones(2), m.tensor(2.0, dtype=m.float64)), "float32", [2.0, 2.0]),
+    "clamp int by float": (lambda m: m.clamp(m.tensor([1, 2]), min=0.5), "float32", [1.0, 2.0]),
+    "clamp float16 by float": (lambda m: m.ones(2, dtype=m.float16).clamp(min=0.3), "float16", [1.0, 1.0]),
+    "clamp int by int": (lambda m: m.tensor([1, 2]).clamp(max=1), "int64", [1, 1]),
     # compared in float32, as PyTorch: 0.1 rounds to the same float32
     "eq in the result type": (lambda m: m.tensor([0.1]) == m.tensor(0.1, dtype=m.float64), "bool", [True]),
 }
@@ -251,6 +254,7 @@ def test_promotion_keeps_each_gradient_in_its_input_dtype():
             lambda: fw.ones(2, dtype=fw.int64).mul_(fw.tensor(0.5, dtype=fw.float64)),
             "result type Double can't be cast to the desired output type Long",
         ),
+        (lambda: fw.tensor([1, 2]).clamp_(min=0.5), "result type Float can't be cast to the desired output type"),
     ],
 )
 def test_inplace_result_that_cannot_be_cast_raises_torchs_error(op, message):
