@@ -148,6 +148,11 @@ def maximum(x, other):
 
 def where(condition, x, y):
     """Elementwise ``x if condition else y`` (x and y may be tensors or scalars)."""
+    if not (isinstance(x, Tensor) or isinstance(y, Tensor)):
+        # two numbers: their result type (a Python float: the default float32)
+        r = _promotion.result_type(x, y)
+        if r is not None:
+            return E.Where.apply(condition, r.type(x), r.type(y))
     return E.Where.apply(condition, *_operand(x, y))
 
 

@@ -204,6 +204,7 @@ PROMOTIONS = {
         "float32",
         [1.0, 2.0],
     ),
+    "where of two numbers": (lambda m: m.where(m.tensor([True, False]), 1.0, 0.0), "float32", [1.0, 0.0]),
     "maximum": (lambda m: m.maximum(m.ones(2), m.tensor(2.0, dtype=m.float64)), "float32", [2.0, 2.0]),
     "clamp int by float": (lambda m: m.clamp(m.tensor([1, 2]), min=0.5), "float32", [1.0, 2.0]),
     "clamp float16 by float": (lambda m: m.ones(2, dtype=m.float16).clamp(min=0.3), "float16", [1.0, 1.0]),
