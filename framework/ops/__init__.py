@@ -160,7 +160,7 @@ def neg(x):
     return E.Neg.apply(x)
 
 
-def abs(x):
+def abs(x):  # noqa: A001
     return E.Abs.apply(x)
 
 
@@ -328,7 +328,7 @@ def uniform_(x, a=0.0, b=1.0):
 # --- reductions ------------------------------------------------------------------------
 
 
-def sum(x, dim=None, keepdim=False):
+def sum(x, dim=None, keepdim=False):  # noqa: A001
     return R.Sum.apply(x, dim=dim, keepdim=keepdim)
 
 
@@ -351,7 +351,7 @@ def amax(x, dim=None, keepdim=False):
 MaxResult = namedtuple("MaxResult", ["values", "indices"])
 
 
-def max(x, dim=None, keepdim=False):
+def max(x, dim=None, keepdim=False):  # noqa: A001
     """``max(x)``: the largest value; ``max(x, dim)``: (values, indices) along ``dim``."""
     if isinstance(dim, Tensor):  # max(x, other) is maximum, as in PyTorch
         return maximum(x, dim)
@@ -849,7 +849,9 @@ def stack(tensors, dim=0):
 def _compared(x, y):
     """A comparison's operands: promoted as arithmetic's; a NumPy or CuPy array (which
     arithmetic refuses) is compared as it is, as before."""
-    return (x, y) if _backend.is_array(y) else _operand(x, y)
+    if isinstance(y, Tensor) or y.__class__ in _KEEPS_KIND or not _backend.is_array(y):
+        return _operand(x, y)
+    return x, y
 
 
 def eq(x, y):
