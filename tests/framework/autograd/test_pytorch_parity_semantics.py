@@ -476,3 +476,23 @@ def test_bfloat16_elementwise_matches_torch(bf16, torch):
         ours, theirs = f(ours_a, ours_b), f(their_a, their_b)
         assert str(ours.dtype) == str(theirs.dtype).removeprefix("torch.")
         assert ours.tolist() == theirs.tolist()
+
+
+def test_promotion_and_layouts_change_no_number_under_any_policy():
+    def program():
+        fw.manual_seed(0)
+        w = fw.randn(3, 4).t().detach().requires_grad_()  # a transposed leaf
+        s = fw.tensor(0.7, dtype=fw.float64, requires_grad=True)
+        h = (w * s + np.float64(0.1)) ** 0
+        out = (h + w.clone() * 2 + fw.ones(4, 3, dtype=fw.int64)).relu() / 3
+        out.sum().backward()
+        return out.detach().numpy(), w.grad.numpy(), w.grad.stride(), s.grad.numpy()
+
+    results = {}
+    for policy in ("off", "auto", "on"):
+        with fw.inplace.policy(policy):
+            results[policy] = program()
+    for policy in ("auto", "on"):
+        for ours, reference in zip(results[policy], results["off"]):
+            np.testing.assert_array_equal(ours, reference)
+    assert results["off"][2] == (1, 4) and results["off"][0].dtype == np.float32
