@@ -6,11 +6,15 @@ import numpy as np
 
 from . import backend, memory, random
 from .autograd import node as _node
+from .ops.promotion import bfloat16  # noqa: F401  (fw.bfloat16, beside the other dtypes)
 from .tensor import Tensor, _wrap
 
 float16 = np.dtype(np.float16)
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
+uint8 = np.dtype(np.uint8)
+int8 = np.dtype(np.int8)
+int16 = np.dtype(np.int16)
 int32 = np.dtype(np.int32)
 int64 = np.dtype(np.int64)
 bool_ = np.dtype(np.bool_)
@@ -77,12 +81,17 @@ def _size(size):
     return tuple(int(s) for s in size)
 
 
-def _filled(fill, size, dtype, device, requires_grad):
+def _filled(fill, size, dtype, device, requires_grad, like=None):
     dev = backend.device(device)
     xp = backend.xp_for(dev)
     shape, dtype = _size(size), np.dtype(dtype) if dtype is not None else DEFAULT_DTYPE
     with backend.device_context(dev):
         array = fill(xp, shape, dtype)
+        if like is not None and memory.layout_order(like) == "K":
+            # PyTorch's preserve_format: the strides of a dense (e.g. transposed) input
+            laid_out = xp.empty_like(like, dtype=dtype, order="K")
+            xp.copyto(laid_out, array)
+            array = laid_out
     t = _new(array, requires_grad)
     if _node.capture is not None:  # a compiled step replays the recipe (framework/compile)
         _node.capture.created(t, fill, shape, dtype, dev)
@@ -134,7 +143,11 @@ def eye(n, m=None, dtype=None, device=None, requires_grad=False) -> Tensor:
 
 
 def _like(fill, t: Tensor, dtype, requires_grad):
-    return _filled(fill, (t.shape,), dtype if dtype is not None else t.dtype, t.device, requires_grad)
+    """A new tensor of ``t``'s shape and device, laid out as PyTorch's ``preserve_format``:
+    with ``t``'s strides where ``t`` is dense (a transposed tensor gives a transposed
+    one), else contiguous."""
+    dtype = dtype if dtype is not None else t.dtype
+    return _filled(fill, (t.shape,), dtype, t.device, requires_grad, like=t._data)
 
 
 def zeros_like(t: Tensor, dtype=None, requires_grad=False) -> Tensor:
@@ -149,8 +162,16 @@ def empty_like(t: Tensor, dtype=None, requires_grad=False) -> Tensor:
     return _like(lambda xp, s, d: xp.empty(s, dtype=d), t, dtype, requires_grad)
 
 
+def full_like(t: Tensor, fill_value, dtype=None, requires_grad=False) -> Tensor:
+    return _like(lambda xp, s, d: xp.full(s, fill_value, dtype=d), t, dtype, requires_grad)
+
+
 def randn_like(t: Tensor, dtype=None, requires_grad=False) -> Tensor:
     return _like(lambda xp, s, d: random.normal(s, d, xp=xp), t, dtype, requires_grad)
+
+
+def rand_like(t: Tensor, dtype=None, requires_grad=False) -> Tensor:
+    return _like(lambda xp, s, d: random.uniform(s, d, xp=xp), t, dtype, requires_grad)
 
 
 manual_seed = random.manual_seed

@@ -245,6 +245,62 @@ def _xp_of(array):
     return backend.get_array_module(array)
 
 
+# --- layouts (PyTorch's preserve_format and gradient layout contract) -----------------
+
+
+def is_dense(array) -> bool:
+    """Whether ``array``'s elements fill one block of memory without gaps or overlaps in
+    some order of its dims (PyTorch's ``is_non_overlapping_and_dense``); dims of size 1
+    do not count, and an empty array is dense. A transposed or permuted array is dense; a
+    strided slice is not."""
+    if array.size == 0:
+        return True
+    dims = sorted((d for d in range(array.ndim) if array.shape[d] != 1), key=lambda d: -array.strides[d])
+    expected = array.itemsize
+    for d in reversed(dims):
+        if array.strides[d] != expected:
+            return False
+        expected *= array.shape[d]
+    return True
+
+
+def layout_order(array) -> str:
+    """The ``order`` (of ``copy``, ``empty_like``) that lays a new array out as PyTorch's
+    ``preserve_format`` does: ``"K"`` (``array``'s own strides) for a dense array, else
+    ``"C"`` (contiguous)."""
+    if array.flags.c_contiguous:
+        return "C"
+    return "K" if is_dense(array) else "C"
+
+
+def obeys_layout(grad, variable) -> bool:
+    """PyTorch's gradient layout contract (``obeys_layout_contract``): ``grad`` has
+    ``variable``'s strides (dims of size 1 aside) where ``variable`` is dense, else it is
+    contiguous."""
+    if grad.flags.c_contiguous and variable.flags.c_contiguous:
+        return True
+    if not is_dense(variable):
+        return bool(grad.flags.c_contiguous)
+    for n, gs, vs in zip(grad.shape, grad.strides, variable.strides):
+        if (gs != vs) if n != 1 else (gs == 0):
+            return False
+    return True
+
+
+def empty_layout(variable, dtype=None, category: str | None = None):
+    """A counted, uninitialized array of ``variable``'s shape laid out as PyTorch lays out a
+    gradient for it: ``variable``'s strides where it is dense, else contiguous."""
+    xp = np if isinstance(variable, np.ndarray) else _xp_of(variable)
+    return track(xp.empty_like(variable, dtype=dtype, order=layout_order(variable)), category)
+
+
+def copy_to_layout(grad, variable, category: str | None = None):
+    """A counted copy of ``grad`` laid out as ``variable`` (``clone_obey_contract``)."""
+    out = empty_layout(variable, grad.dtype, category)
+    (np if isinstance(grad, np.ndarray) else _xp_of(grad)).copyto(out, grad)
+    return out
+
+
 @contextlib.contextmanager
 def category(name: str):
     """Buffers allocated inside the block default to category ``name``."""

@@ -27,7 +27,8 @@ _FLOAT_KINDS = ("f",)
 
 
 def _is_float(dtype) -> bool:
-    return np.dtype(dtype).kind in _FLOAT_KINDS
+    dtype = np.dtype(dtype)
+    return dtype.kind in _FLOAT_KINDS or dtype.name == "bfloat16"  # ml_dtypes' kind is "V"
 
 
 class Tensor:
@@ -172,6 +173,13 @@ class Tensor:
 
     def double(self) -> Tensor:
         return self.to(dtype=np.float64)
+
+    def half(self) -> Tensor:
+        return self.to(dtype=np.float16)
+
+    def bfloat16(self) -> Tensor:
+        """A bfloat16 copy (needs the ``ml_dtypes`` package, as CuPy's bfloat16 does)."""
+        return self.to(dtype=_ops.promotion.bfloat16)
 
     def long(self) -> Tensor:
         return self.to(dtype=np.int64)

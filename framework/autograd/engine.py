@@ -102,9 +102,13 @@ def _accumulate_leaf(leaf, box) -> None:
         grad = grad.astype(leaf._data.dtype)
     current = leaf._grad
     if current is None:
-        if not _is_exclusive(grad):
-            grad = grad.copy()
-        memory.track(grad, "gradients")
+        # PyTorch's AccumulateGrad: the gradient is adopted when nobody else holds it and it
+        # has the leaf's layout (the leaf's strides where it is dense, else contiguous);
+        # otherwise copied into that layout (a transposed leaf gets a transposed .grad)
+        if _is_exclusive(grad) and memory.obeys_layout(grad, leaf._data):
+            memory.track(grad, "gradients")
+        else:
+            grad = memory.copy_to_layout(grad, leaf._data, "gradients")
         leaf._grad = leaf._from_array(grad)
     elif inplace.enabled():
         # Like PyTorch's AccumulateGrad: .grad is updated in place (its version bumps).
@@ -112,7 +116,10 @@ def _accumulate_leaf(leaf, box) -> None:
         current._vc.bump("grad accumulation", ("<autograd engine>", 0))
         memory.count("inplace_grad_accumulations")
     else:
-        leaf._grad = leaf._from_array(memory.track(_as_array(current._data + grad), "gradients"))
+        # out of place (policy off), in the leaf's layout as the inplace sum keeps it
+        total = memory.empty_layout(leaf._data, grad.dtype, "gradients")
+        get_array_module(grad).add(current._data, grad, out=total)
+        leaf._grad = leaf._from_array(total)
     if leaf._post_acc_hooks:
         for hook in tuple(leaf._post_acc_hooks):
             hook(leaf)

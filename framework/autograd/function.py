@@ -70,6 +70,9 @@ class Function(Node):
     is_view = False
     differentiable = True
     inplace_name: str | None = None
+    # PyTorch's names (derivatives.yaml) for what ``saves`` names, where they differ: a
+    # node's saved value ``x`` is read back as ``grad_fn._saved_self``, as in PyTorch.
+    saved_as = {"x": "self", "y": "other"}
     # Policy ``auto`` may run an out-of-place call in place when its first input is dead
     # (inplace.auto_target): True, or a function (inputs, params) -> bool for ops whose
     # inplace form exists only for some parameters.
@@ -111,6 +114,29 @@ class Function(Node):
 
     def backward(ctx, grad):  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(ctx).__name__} must define backward")
+
+    def saved_by_torch_name(self, torch_name):
+        """``grad_fn._saved_<torch_name>``: what this node saved, under PyTorch's name.
+
+        A saved tensor comes back as a tensor sharing its storage and version counter
+        (without history); a Python scalar operand as itself; None where the value was not
+        saved because no gradient needed it (PyTorch's undefined tensor). After backward
+        freed the node, reading raises as a second backward would (``Node.__getattr__``).
+        """
+        saved_as = type(self).saved_as
+        for name, _, _ in type(self)._save_plan:
+            if saved_as.get(name, name) == torch_name:
+                break
+        else:
+            raise AttributeError(f"{self.name()} has no attribute '_saved_{torch_name}'")
+        saved = self.__dict__.get("_saved") or {}
+        if name in saved:
+            s = saved[name]
+            t = _wrap(s.unpack(self))  # the version check of a backward, and its error
+            if s.vc is not None:
+                t._vc = s.vc
+            return t
+        return self.__dict__.get(name)  # a constant operand, or None: not saved
 
     def keep(ctx, **arrays) -> None:
         """Holds arrays forward computed itself (statistics, masks, indices) for backward.

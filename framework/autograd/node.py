@@ -171,12 +171,17 @@ class Node:
             raise RuntimeError(_backward_twice_message(self))
         if saved is not None and name in saved:
             return saved[name].unpack(self)
+        if name.startswith("_saved_"):
+            return self.saved_by_torch_name(name[7:])
         if name in type(self).saves:
             raise AttributeError(
                 f"{self.name()} did not save {name!r}: saved_when says it is needed only for "
                 "inputs whose gradient was not requested"
             )
         raise AttributeError(f"{type(self).__name__!s} node has no attribute {name!r}")
+
+    def saved_by_torch_name(self, name):  # pragma: no cover - every op node is a Function
+        raise AttributeError(f"{type(self).__name__!s} node has no attribute '_saved_{name}'")
 
     def run_backward(self, grad):
         """Calls ``backward`` and checks the number of gradients it returned."""

@@ -10,7 +10,8 @@ from .. import backend, memory
 from .. import inplace as _inplace
 from ..autograd.function import _HookHandle
 from ..autograd.grad_mode import no_grad
-from ..tensor import Tensor, _wrap
+from ..ops import promotion as _promotion
+from ..tensor import Tensor, _is_float, _wrap
 from .parameter import Parameter
 
 
@@ -318,7 +319,7 @@ class Module:
         """
 
         def convert(array):
-            if floating_only and array.dtype.kind != "f":
+            if floating_only and not _is_float(array.dtype):
                 return array
             return fn(array)
 
@@ -356,12 +357,12 @@ class Module:
         dev = backend.device(device) if device is not None else None
         if dtype is not None:
             dtype = np.dtype(dtype)
-            if dtype.kind != "f":
+            if not _is_float(dtype):
                 raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
 
         def fn(array):
             out = array
-            if dtype is not None and array.dtype.kind == "f" and array.dtype != dtype:
+            if dtype is not None and _is_float(array.dtype) and array.dtype != dtype:
                 out = out.astype(dtype)
             if dev is not None and backend.device_of(out) != dev:
                 out = backend.to_device(out, dev)
@@ -380,6 +381,13 @@ class Module:
 
     def double(self) -> Module:
         return self.to(dtype=np.float64)
+
+    def half(self) -> Module:
+        return self.to(dtype=np.float16)
+
+    def bfloat16(self) -> Module:
+        """Floating parameters and buffers to bfloat16 (needs ``ml_dtypes``)."""
+        return self.to(dtype=_promotion.bfloat16)
 
     # --- state dict --------------------------------------------------------------------------
     def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):

@@ -19,44 +19,95 @@ from ..autograd.view_meta import ForbiddenReplay as _ForbiddenReplay
 from ..tensor import Tensor, _wrap
 from . import elementwise as E
 from . import linalg as L
+from . import promotion as _promotion
 from . import reduce as R
 from . import view as V
 from .broadcast import broadcast_shapes, sum_to  # noqa: F401  (re-exported)
 
-_DEFAULT_FLOAT = np.dtype(np.float32)
+_DEFAULT_FLOAT = _promotion.DEFAULT_FLOAT
+# The Python scalars that leave a tensor of these kinds its dtype (the fast path of _operand)
+_KEEPS_KIND = {float: "fc", int: "iufc", bool: "biufc"}
 
 
-def _operand(x, other):
-    """Prepares a binary op's second operand: tensors pass, Python scalars stay scalars.
+def _operand(x, other, opmath=False):
+    """A binary op's operands, promoted as PyTorch promotes them (:mod:`.promotion`).
 
-    A Python float with an integer or bool tensor promotes to the default float dtype
-    (float32), as in PyTorch; NumPy alone would give float64. So does an integer tensor
-    with a float tensor: the result keeps the float tensor's dtype (NumPy: float64).
-    Runs for every binary op: the common cases are checked first.
+    Tensors are cast to the result type (``int64 tensor + float32 tensor`` is float32;
+    ``float32 tensor + float64 0-d tensor`` stays float32); a NumPy scalar becomes a
+    Python number, so the kernel sees nothing left to promote. Either operand may be a
+    number (the reflected operators). ``opmath``: see :func:`_as_type`. Runs for every
+    binary op: the common cases first.
     """
     if isinstance(other, Tensor):
-        if isinstance(x, Tensor):
-            xk, ok = x._data.dtype.kind, other._data.dtype.kind
-            if xk in "biu" and ok == "f":
-                x = cast(x, other.dtype)
-            elif ok in "biu" and xk == "f":
-                other = cast(other, x.dtype)
+        if isinstance(x, Tensor) and x._data.dtype == other._data.dtype:
+            return x, other
+    elif isinstance(x, Tensor) and x._data.dtype.kind in _KEEPS_KIND.get(other.__class__, ""):
         return x, other
-    if other.__class__ is float:
-        if isinstance(x, Tensor) and x._data.dtype.kind in "biu":
-            x = cast(x, _DEFAULT_FLOAT)
-        return x, other
-    if _backend.is_array(other):
+    elif _backend.is_array(other) or _backend.is_array(x):
         raise TypeError("mix tensors with tensors or Python scalars, not NumPy arrays: wrap it with fw.tensor()")
-    if isinstance(other, float) and isinstance(x, Tensor) and x.dtype.kind in "biu":
-        x = cast(x, _DEFAULT_FLOAT)
-    return x, other
+    r = _promotion.result_type(x, other)
+    return _as_type(x, r, opmath), _as_type(other, r, opmath)
 
 
-def _reflected(other, x):
-    if isinstance(other, float) and x.dtype.kind in "biu":
-        x = cast(x, _DEFAULT_FLOAT)
-    return other, x
+def _as_type(v, dtype, opmath=False):
+    """``v`` ready for a kernel computing in ``dtype``: a tensor cast, a number as is.
+
+    A number meeting bfloat16 (ml_dtypes) is rounded to bfloat16, as PyTorch's kernels
+    take it, except for mul and div (``opmath``), whose kernels keep it in float32 and
+    round the result once: it becomes a float32 scalar, which :func:`_opmath` sees.
+    """
+    if dtype is None or v is None:  # a traced number (see promotion.result_type), no bound
+        return v
+    if isinstance(v, Tensor):
+        return v if v._data.dtype == dtype else cast(v, dtype)
+    if dtype.kind == "V":  # NumPy would take a Python float with bfloat16 as float32
+        return _OPMATH(v) if opmath else dtype.type(v)
+    return v.item() if isinstance(v, np.generic) else v
+
+
+_OPMATH = np.float32  # the class of a scalar that _as_type keeps in float32 for bfloat16
+
+
+def _opmath(op, a, b, *rest, **params):
+    """``op`` on a bfloat16 tensor and a float32 scalar: computed in float32, as PyTorch
+    does, and rounded to bfloat16 once."""
+    out = op.apply(a, b, *rest, **params)
+    t = next(v for v in (a, b, *rest) if isinstance(v, Tensor) and v._data.dtype.kind == "V")
+    return out if out._data.dtype == t._data.dtype else cast(out, t._data.dtype)
+
+
+def _true_division(x, other):
+    """Operands of ``x / other``: an integer (or bool) result type divides as the default float."""
+    if isinstance(x, Tensor) and x._data.dtype.kind in "fc":  # the common cases first
+        if isinstance(other, Tensor):
+            if x._data.dtype == other._data.dtype:
+                return x, other
+        elif other.__class__ is float or other.__class__ is int:
+            return x, other
+    r = _promotion.result_type(x, other)
+    if r is None:  # a traced number: an integer tensor still divides as the default float
+        r = next(t.dtype for t in (x, other) if isinstance(t, Tensor))
+    if not _promotion.is_floating(r) and r.kind != "c":
+        r = _DEFAULT_FLOAT
+    return _as_type(x, r, True), _as_type(other, r, True)
+
+
+def _inplace_operand(x, other, floating=False, opmath=False):
+    """The second operand of an inplace op on ``x``: PyTorch computes in the result type
+    and writes it into ``x``, refusing (before anything changes) a result of a higher kind
+    than ``x``'s dtype ("result type Float can't be cast to the desired output type Long")."""
+    if isinstance(other, Tensor):
+        if other._data.dtype == x._data.dtype and not floating:
+            return other
+    elif x._data.dtype.kind in _KEEPS_KIND.get(other.__class__, "") and not floating:
+        return other
+    r = _promotion.result_type(x, other)
+    if r is None:  # a traced number
+        return other
+    if floating and _promotion.kind_rank(r) < 2:
+        r = _DEFAULT_FLOAT
+    _promotion.check_cast(r, x._data.dtype)
+    return _as_type(other, r, opmath)
 
 
 # --- elementwise ---------------------------------------------------------------------
@@ -73,14 +124,16 @@ def sub(x, other, alpha=1):
 
 
 def mul(x, other):
-    x, other = _operand(x, other)
+    x, other = _operand(x, other, opmath=True)
+    if x.__class__ is _OPMATH or other.__class__ is _OPMATH:
+        return _opmath(E.Mul, x, other)
     return E.Mul.apply(x, other)
 
 
 def div(x, other):
-    if x.dtype.kind in "biu" and (not isinstance(other, Tensor) or other.dtype.kind in "biu"):
-        x = cast(x, _DEFAULT_FLOAT)  # true division of integers gives floats
-    x, other = _operand(x, other)  # then an integer tensor divisor follows x to float32
+    x, other = _true_division(x, other)
+    if x.__class__ is _OPMATH or other.__class__ is _OPMATH:
+        return _opmath(E.Div, x, other)
     return E.Div.apply(x, other)
 
 
@@ -90,12 +143,17 @@ def pow(x, exponent):  # noqa: A001  (PyTorch's name)
 
 
 def maximum(x, other):
-    return E.Maximum.apply(x, other)
+    return E.Maximum.apply(*_operand(x, other))
 
 
 def where(condition, x, y):
     """Elementwise ``x if condition else y`` (x and y may be tensors or scalars)."""
-    return E.Where.apply(condition, x, y)
+    if not (isinstance(x, Tensor) or isinstance(y, Tensor)):
+        # two numbers: their result type (a Python float: the default float32)
+        r = _promotion.result_type(x, y)
+        if r is not None:
+            return E.Where.apply(condition, r.type(x), r.type(y))
+    return E.Where.apply(condition, *_operand(x, y))
 
 
 def neg(x):
@@ -150,7 +208,14 @@ def _leaky_relu_negative(x, negative_slope):
 
 
 def clamp(x, min=None, max=None):  # noqa: A002
+    if x._data.dtype.kind not in "fc" or not (_plain(min) and _plain(max)):
+        r = _promotion.result_type(x, *(b for b in (min, max) if b is not None))
+        x, min, max = _as_type(x, r), _as_type(min, r), _as_type(max, r)
     return E.Clamp.apply(x, min=min, max=max)
+
+
+def _plain(bound):
+    return bound is None or bound.__class__ is float or bound.__class__ is int
 
 
 def cast(x, dtype):
@@ -165,23 +230,23 @@ def to_device(x, device):
 
 
 def add_(x, other, alpha=1):
-    return E.Add.apply_(x, other, alpha=alpha)
+    return E.Add.apply_(x, _inplace_operand(x, other), alpha=alpha)
 
 
 def sub_(x, other, alpha=1):
-    return E.Sub.apply_(x, other, alpha=alpha)
+    return E.Sub.apply_(x, _inplace_operand(x, other), alpha=alpha)
 
 
 def mul_(x, other):
-    return E.Mul.apply_(x, other)
+    return E.Mul.apply_(x, _inplace_operand(x, other, opmath=True))
 
 
 def div_(x, other):
-    return E.Div.apply_(x, other)
+    return E.Div.apply_(x, _inplace_operand(x, other, floating=True, opmath=True))
 
 
 def pow_(x, exponent):
-    return E.Pow.apply_(x, exponent)
+    return E.Pow.apply_(x, _inplace_operand(x, exponent))
 
 
 def neg_(x):
@@ -229,6 +294,10 @@ def leaky_relu_(x, negative_slope=0.01):
 
 
 def clamp_(x, min=None, max=None):  # noqa: A002
+    if x._data.dtype.kind not in "fc" or not (_plain(min) and _plain(max)):
+        r = _promotion.result_type(x, *(b for b in (min, max) if b is not None))
+        _promotion.check_cast(r, x._data.dtype)
+        min, max = _as_type(min, r), _as_type(max, r)
     return E.Clamp.apply_(x, min=min, max=max)
 
 
@@ -754,7 +823,7 @@ def allclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
 
 
 def contiguous(x):
-    return x if x.is_contiguous() else V.Clone.apply(x)
+    return x if x.is_contiguous() else V.Clone.apply(x, contiguous=True)
 
 
 def cat(tensors, dim=0):
@@ -777,28 +846,36 @@ def stack(tensors, dim=0):
 # --- comparisons -------------------------------------------------------------------------
 
 
+def _compared(x, y):
+    """A comparison's operands: promoted as arithmetic's; a NumPy or CuPy array (which
+    arithmetic refuses) is compared as it is, as before."""
+    if isinstance(y, Tensor) or y.__class__ in _KEEPS_KIND or not _backend.is_array(y):
+        return _operand(x, y)
+    return x, y
+
+
 def eq(x, y):
-    return E.Eq.apply(x, y)
+    return E.Eq.apply(*_compared(x, y))
 
 
 def ne(x, y):
-    return E.Ne.apply(x, y)
+    return E.Ne.apply(*_compared(x, y))
 
 
 def lt(x, y):
-    return E.Lt.apply(x, y)
+    return E.Lt.apply(*_compared(x, y))
 
 
 def le(x, y):
-    return E.Le.apply(x, y)
+    return E.Le.apply(*_compared(x, y))
 
 
 def gt(x, y):
-    return E.Gt.apply(x, y)
+    return E.Gt.apply(*_compared(x, y))
 
 
 def ge(x, y):
-    return E.Ge.apply(x, y)
+    return E.Ge.apply(*_compared(x, y))
 
 
 # --- reflected operators (Tensor.__rsub__, ...): the scalar comes first -------------------
@@ -806,19 +883,17 @@ def ge(x, y):
 
 def rsub(x, other):
     """``other - x`` for ``x`` a tensor and ``other`` a tensor or a Python scalar."""
-    return sub(*_reflected(other, x))
+    return sub(other, x)
 
 
 def rdiv(x, other):
     """``other / x``: true division, so integer tensors divide as the default float."""
-    if isinstance(other, Tensor):
-        return div(*_reflected(other, x))
-    return E.Div.apply(*_reflected(other, x if x.dtype.kind == "f" else cast(x, _DEFAULT_FLOAT)))
+    return div(other, x)
 
 
 def rpow(x, other):
     """``other ** x``."""
-    return E.Pow.apply(*_reflected(other, x))
+    return E.Pow.apply(*_operand(other, x))
 
 
 # The entries policy auto sees through: each hands its first argument straight to its op.

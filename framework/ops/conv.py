@@ -215,6 +215,7 @@ class Conv2d(Function):
 
     saves = ("x", "w")
     saved_when = {"x": (1,), "w": (0,)}  # x only for w's gradient, w only for x's
+    saved_as = {"x": "input", "w": "weight"}  # PyTorch's ConvolutionBackward0
 
     def forward(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), contraction=AUTO, limit=None, math="fp32"):
         fn = "conv2d"

@@ -151,7 +151,8 @@ class Pow(Function):
     inplace_name = "pow_"
     auto_inplace = True
     saves = ("x", "y", "result")
-    saved_when = {"x": (0, 1), "y": (0,), "result": (1,)}
+    saved_when = {"x": (0, 1), "y": (0, 1), "result": (1,)}
+    saved_as = {"x": "self", "y": "exponent"}
 
     def forward(ctx, x, y):
         ctx.mx, ctx.my = _meta(x), _meta(y)
@@ -162,12 +163,20 @@ class Pow(Function):
         gx = gy = None
         if ctx.needs_input_grad[0]:
             x, y = ctx.x, ctx.y
-            gx = _grad_for(g * y * xp.power(x, y - 1), ctx.mx)
+            # d/dx x**y = y * x**(y-1), taken as 0 where y == 0 (PyTorch's pow_backward:
+            # x**0 is constant, even at x == 0 where the formula gives 0 * inf): there
+            # the exponent y - 1 becomes 0, and y * x**0 = 0
+            if hasattr(y, "shape"):
+                gx = g * y * xp.power(x, xp.where(y == 0, 1, y) - 1)
+            else:
+                gx = g * y * xp.power(x, (y if y != 0 else 1) - 1)
+            gx = _grad_for(gx, ctx.mx)
         if ctx.needs_input_grad[1]:
             x = xp.asarray(ctx.x)
-            # d/dy x**y = x**y * log(x), taken as 0 where x == 0 (PyTorch's convention)
-            logx = xp.log(xp.where(x == 0, 1, x))
-            gy = _grad_for(g * ctx.result * xp.where(x == 0, 0, logx), ctx.my)
+            # d/dy x**y = x**y * log(x), taken as 0 where x == 0 and y >= 0
+            # (PyTorch's pow_backward_exponent; for y < 0 it is inf * -inf there)
+            zero = (x == 0) & (xp.asarray(ctx.y) >= 0)
+            gy = _grad_for(g * xp.where(zero, 0, ctx.result * xp.log(x)), ctx.my)
         return gx, gy
 
 

@@ -12,6 +12,7 @@ from .broadcast import sum_to
 class Matmul(Function):
     saves = ("x", "y")
     saved_when = {"x": (1,), "y": (0,)}
+    saved_as = {"x": "self", "y": "mat2"}  # PyTorch's mm and bmm
 
     def forward(ctx, x, y):
         if x.ndim == 0 or y.ndim == 0:

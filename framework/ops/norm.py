@@ -219,6 +219,7 @@ class BatchNorm(Function):
     inplace_name = "batch_norm_"
     saves = ("x", "weight")
     saved_when = {"weight": (0,)}  # weight enters only the input's gradient
+    saved_as = {"x": "input"}  # PyTorch's NativeBatchNormBackward0
 
     def forward(ctx, x, weight, bias, eps=1e-5, stats=None, comm=None):
         xp = get_array_module(x)
@@ -289,6 +290,7 @@ class BatchNormEval(Function):
 
     saves = ("x", "weight")
     saved_when = {"x": (1,), "weight": (0,)}
+    saved_as = {"x": "input"}  # PyTorch's NativeBatchNormBackward0
 
     def forward(ctx, x, weight, bias, mean=None, var=None, eps=1e-5):
         xp = get_array_module(x)

@@ -7,10 +7,13 @@ from ..backend import get_array_module
 
 
 def _axes(dim, ndim):
-    """Normalizes ``dim`` (None, int or tuple, negatives allowed) to a tuple of axes."""
-    if dim is None:
+    """Normalizes ``dim`` (None, int or tuple, negatives allowed) to a tuple of axes.
+
+    An empty ``dim`` (``()``, ``[]``) reduces every dim, as None does (PyTorch 2.x).
+    """
+    dims = (dim,) if isinstance(dim, int) else tuple(dim) if dim is not None else ()
+    if not dims:
         return tuple(range(ndim))
-    dims = (dim,) if isinstance(dim, int) else tuple(dim)
     out = []
     for d in dims:
         if not -max(ndim, 1) <= d < max(ndim, 1):

@@ -238,8 +238,10 @@ class IndexPut(Function):
 
 
 class Clone(Function):
-    def forward(ctx, x):
-        return x.copy()
+    def forward(ctx, x, contiguous=False):
+        # PyTorch's preserve_format: a dense input's strides (a transposed tensor clones
+        # transposed), else contiguous; contiguous(): always C order
+        return x.copy(order="C" if contiguous else memory.layout_order(x))
 
     def backward(ctx, g):
         return g

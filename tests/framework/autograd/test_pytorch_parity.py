@@ -21,11 +21,12 @@ Left out, with the reason (outside this framework's scope or API):
 - sparse tensors, CUDA/multi-device, streams, threads, TorchScript/dynamo, functorch,
   forward-mode AD, profiler, checkpointing, nested tensors: every test of those
   families (test_set_data_tensorimpl_type is sparse-only).
-- saved-tensor hooks and raw SavedVariable accessors (``grad_fn._saved_self``,
-  ``_raw_saved_*``, ``saved_tensors_hooks``): nodes here hold raw arrays, not
-  SavedVariable objects: test_saved_variable_version_counter,
-  test_saved_variable_packing_unpacking_*, test_grad_fn_attr_bindings,
-  test_no_unnecessary_unwrapping.
+- saved-tensor hooks and raw SavedVariable accessors (``_raw_saved_*``,
+  ``saved_tensors_hooks``): nodes here hold raw arrays, not SavedVariable objects:
+  test_saved_variable_version_counter, test_saved_variable_packing_unpacking_*,
+  test_no_unnecessary_unwrapping. (``grad_fn._saved_self`` and the other
+  ``_saved_<name>`` readers, test_grad_fn_attr_bindings's first half, are in
+  ``test_pytorch_parity_semantics.py``.)
 - inplace *view* ops that change a tensor's geometry in place (``t_``, ``transpose_``,
   ``squeeze_``, ``unsqueeze_``, ``swapdims_``, ``as_strided_``, ``set_``, ``resize_``)
   do not exist here: test_autograd_inplace_views_creation_meta, test_resize_version_bump.

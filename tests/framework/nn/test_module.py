@@ -233,6 +233,28 @@ def test_to_double_keeps_parameter_objects():
         net.to(dtype=fw.int64)
 
 
+def test_half_float_double_cast_floating_parameters_grads_and_buffers():
+    # PyTorch's Module.half/float/double: floating parameters, their grads and floating
+    # buffers change dtype in place of the module; num_batches_tracked stays int64
+    net = Net()
+    net(fw.randn(4, 3)).sum().backward()
+    assert net.half() is net
+    assert all(p.dtype == np.float16 and p.grad.dtype == np.float16 for p in net.parameters())
+    assert net.bn.running_var.dtype == np.float16 and net.bn.num_batches_tracked.dtype == np.int64
+    net.float()
+    assert all(p.dtype == np.float32 and p.grad.dtype == np.float32 for p in net.parameters())
+    assert {b.dtype for b in net.buffers()} == {np.dtype(np.float32), np.dtype(np.int64)}
+
+
+def test_module_casts_match_torch():
+    torch = pytest.importorskip("torch")
+    ours, theirs = nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+    for cast in ("half", "double", "float"):
+        getattr(ours, cast)(), getattr(theirs, cast)()
+        for (name, b), (tname, tb) in zip(ours.state_dict().items(), theirs.state_dict().items()):
+            assert name == tname and str(b.dtype) == str(tb.dtype).removeprefix("torch."), cast
+
+
 @pytest.mark.gpu
 def test_to_cuda_and_back():
     net = Net().cuda()

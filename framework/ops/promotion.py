@@ -1,0 +1,169 @@
+"""PyTorch's type promotion: the ONE place that decides the dtype of an op on several operands.
+
+``result_type(a, b)`` is ``torch.result_type``: operands fall into three categories,
+dimensioned tensors > zero-dim tensors > scalars (Python or NumPy numbers), and a lower
+category decides the dtype only when it is of a higher kind (bool < integer < floating
+< complex). So ``ones(2) + tensor(1., dtype=float64)`` and ``ones(2) + np.float64(1.5)``
+stay float32, while ``int32 tensor + 1.5`` is float32 (the default float) and
+``int32 tensor + tensor(1.5, dtype=float64)`` is float64. NumPy 2 (NEP 50) agrees for
+Python scalars only: it lets a float64 0-d array or NumPy scalar promote a float32 array.
+
+Binary ops cast their tensor operands to the result type (a ``Cast`` node, so gradients
+come back in each input's own dtype) and turn NumPy scalars into Python ones, so the
+kernels of every array module (NumPy, CuPy) see operands that need no promotion of theirs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..tensor import Tensor
+
+DEFAULT_FLOAT = np.dtype(np.float32)
+
+
+def _bfloat16():
+    """bfloat16 from the ``ml_dtypes`` package (NumPy has none; CuPy 14 takes it from there
+    too), or a stand-in that says what to install wherever it is used as a dtype."""
+    try:
+        import ml_dtypes  # noqa: PLC0415
+    except ImportError:
+        return _MissingDtype("bfloat16", "ml_dtypes")
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+class _MissingDtype:
+    def __init__(self, name, package):
+        self.name, self.package = name, package
+
+    @property
+    def dtype(self):  # np.dtype(x) reads this: the error comes where the dtype is used
+        raise TypeError(f"{self.name} needs the {self.package} package: pip install {self.package}")
+
+    def __repr__(self):
+        return f"{self.name} (unavailable: pip install {self.package})"
+
+
+bfloat16 = _bfloat16()
+
+_BOOL, _INT, _FLOAT, _COMPLEX = 0, 1, 2, 3
+_RANKS = {"b": _BOOL, "i": _INT, "u": _INT, "f": _FLOAT, "c": _COMPLEX}
+_SCALAR_DTYPES = {
+    _BOOL: np.dtype(np.bool_),
+    _INT: np.dtype(np.int64),
+    _FLOAT: DEFAULT_FLOAT,
+    _COMPLEX: np.dtype(np.complex64),
+}
+# PyTorch's names for dtypes, in its messages ("result type Float can't be cast ...")
+_TORCH_NAMES = {
+    "bool": "Bool",
+    "uint8": "Byte",
+    "int8": "Char",
+    "int16": "Short",
+    "int32": "Int",
+    "int64": "Long",
+    "float16": "Half",
+    "bfloat16": "BFloat16",
+    "float32": "Float",
+    "float64": "Double",
+    "complex64": "ComplexFloat",
+    "complex128": "ComplexDouble",
+}
+
+
+def kind_rank(dtype) -> int:
+    """0 bool, 1 integer, 2 floating (bfloat16 included: NumPy calls its kind 'V'), 3 complex."""
+    rank = _RANKS.get(dtype.kind)
+    if rank is None:
+        if dtype.name == "bfloat16":
+            return _FLOAT
+        raise TypeError(f"unsupported dtype {dtype} in an arithmetic op")
+    return rank
+
+
+def is_floating(dtype) -> bool:
+    """Whether ``dtype`` is a floating-point dtype (float16/32/64 or bfloat16)."""
+    return kind_rank(np.dtype(dtype)) == _FLOAT
+
+
+def promote_types(a, b):
+    """``torch.promote_types``: the smallest dtype both ``a`` and ``b`` convert to within
+    PyTorch's rules (an integer meets a float in the float: int64 + float32 is float32,
+    where NumPy says float64; float16 and bfloat16 meet in float32)."""
+    if a == b:
+        return a
+    ra, rb = kind_rank(a), kind_rank(b)
+    if ra != rb and min(ra, rb) <= _INT:
+        return a if ra > rb else b
+    if ra == rb == _FLOAT and {a.name, b.name} == {"float16", "bfloat16"}:
+        return np.dtype(np.float32)
+    return np.promote_types(a, b)
+
+
+def _combine(higher, lower):
+    # c10's combine_categories: a lower category counts only when of a higher kind
+    if higher is None:
+        return lower
+    if lower is None:
+        return higher
+    rh, rl = kind_rank(higher), kind_rank(lower)
+    if rh == _COMPLEX:
+        return higher
+    if rl == _COMPLEX:
+        return np.promote_types(higher, np.complex64) if rh == _FLOAT else lower
+    if rh == _FLOAT:
+        return higher
+    if rh == _BOOL or rl == _FLOAT:
+        return promote_types(higher, lower)
+    return higher
+
+
+def _scalar_dtype(value):
+    if isinstance(value, (bool, np.bool_)):
+        return _SCALAR_DTYPES[_BOOL]
+    if isinstance(value, np.generic):
+        return _SCALAR_DTYPES[kind_rank(value.dtype)]
+    if isinstance(value, int):
+        return _SCALAR_DTYPES[_INT]
+    if isinstance(value, float):
+        return _SCALAR_DTYPES[_FLOAT]
+    if isinstance(value, complex):
+        return _SCALAR_DTYPES[_COMPLEX]
+    return None
+
+
+def result_type(*operands):
+    """``torch.result_type`` of tensors and numbers (see the module docstring).
+
+    None when an operand is neither: a number traced by a compiled step's capture
+    (``framework.compile.scalars.Sym``) takes its part in the kernel as it is.
+    """
+    dims = zero = scalars = None
+    for a in operands:
+        if isinstance(a, Tensor):
+            d = a._data.dtype
+            if a._data.ndim:
+                dims = d if dims is None else promote_types(dims, d)
+            else:
+                zero = d if zero is None else promote_types(zero, d)
+        else:
+            d = _scalar_dtype(a)
+            if d is None:
+                return None
+            scalars = d if scalars is None else promote_types(scalars, d)
+    return _combine(dims, _combine(zero, scalars))
+
+
+def can_cast(source, target) -> bool:
+    """``torch.can_cast``: no complex to real, no floating to integer, nothing to bool but bool."""
+    return kind_rank(source) <= kind_rank(target)
+
+
+def check_cast(result, target) -> None:
+    """Raises PyTorch's error when an inplace op's result type cannot be written into
+    a tensor of dtype ``target``."""
+    if not can_cast(result, target):
+        raise RuntimeError(
+            f"result type {_TORCH_NAMES.get(result.name, result.name)} can't be cast to the desired "
+            f"output type {_TORCH_NAMES.get(target.name, target.name)}"
+        )
