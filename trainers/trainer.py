@@ -60,8 +60,10 @@ class RunResult:
     policy: str
     losses: list = field(default_factory=list)
     timeline: object = None
-    auto_ops_per_step: float = 0.0  # ops policy auto ran in place, per training step
-    auto_saved_mb_per_step: float = 0.0  # and the MB they did not allocate
+    # Writes policy auto ran in place per training step (the ops it proved dead and its writes
+    # over gradients, optimizer state and linear's product), and the MB they did not allocate.
+    auto_ops_per_step: float = 0.0
+    auto_saved_mb_per_step: float = 0.0
     planned_peak_mb: float | None = None  # compile: true: the compiled step's planned peak
     inplace_chains: int | None = None  # compile: true: buffers the compiled step writes in place
 
@@ -296,10 +298,18 @@ def _read_text(path: str) -> str | None:
 def _add_auto_stats(window: dict, before: dict, after: dict) -> None:
     """Adds one step's auto-inplace counters (``memory.stats()`` deltas) to ``window``."""
     for key, value in after.items():
-        if key.startswith("auto_inplace"):
+        if key.startswith(("auto_inplace", "auto_owned")):
             delta = value - before.get(key, 0)
             if delta:
                 window[key] = window.get(key, 0) + delta
+
+
+def _auto_totals(counters: dict) -> tuple[int, int]:
+    """Policy auto's writes in place and the bytes they did not allocate: the ops it proved
+    dead plus its writes over the framework's own buffers (gradients, optimizer state)."""
+    ops = counters.get("auto_inplace_ops", 0)
+    ops += sum(v for k, v in counters.items() if k.startswith("auto_owned_ops."))
+    return ops, counters.get("auto_inplace_bytes", 0) + counters.get("auto_owned_bytes", 0)
 
 
 def _new_window() -> dict:
@@ -814,13 +824,16 @@ class Trainer:
         if self.classification:
             correct = 0 if window["correct"] is None else int(to_host(window["correct"]))
             metrics["train/accuracy"] = correct / max(window["seen"], 1)
-        # What policy auto did, per training step: ops it ran in place (in total and by
-        # op or site) and the bytes they did not allocate. Zero under on and off.
-        metrics["inplace/auto_ops_per_step"] = window.get("auto_inplace_ops", 0) / n
-        metrics["inplace/auto_saved_mb_per_step"] = window.get("auto_inplace_bytes", 0) / n / MB
+        # What policy auto did, per training step: writes it ran in place (in total and by
+        # op or site: the ops it proved dead, and its writes over the framework's own
+        # buffers, framework.inplace.count_owned) and the bytes they did not allocate.
+        # Zero under on and off.
+        ops, saved = _auto_totals(window)
+        metrics["inplace/auto_ops_per_step"] = ops / n
+        metrics["inplace/auto_saved_mb_per_step"] = saved / n / MB
         for key, count in window.items():
-            if key.startswith("auto_inplace_ops."):
-                metrics["inplace/auto_ops_per_step/" + key[len("auto_inplace_ops.") :]] = count / n
+            if key.startswith(("auto_inplace_ops.", "auto_owned_ops.")):
+                metrics["inplace/auto_ops_per_step/" + key.split(".", 1)[1]] = count / n
         if self.compiled is not None:  # what the compiled step's plan expects, beside the measured tags
             plan = self.compiled.plan
             metrics["memory/planned_peak_mb"] = plan.planned_peak_bytes / MB
@@ -853,8 +866,8 @@ class Trainer:
             policy=self.cfg.inplace,
             losses=losses,
             timeline=timeline,
-            auto_ops_per_step=self._auto_run.get("auto_inplace_ops", 0) / max(self.step, 1),
-            auto_saved_mb_per_step=self._auto_run.get("auto_inplace_bytes", 0) / max(self.step, 1) / MB,
+            auto_ops_per_step=_auto_totals(self._auto_run)[0] / max(self.step, 1),
+            auto_saved_mb_per_step=_auto_totals(self._auto_run)[1] / max(self.step, 1) / MB,
             planned_peak_mb=self.compiled.plan.planned_peak_bytes / MB
             if self.compiled and self.compiled.last
             else None,

@@ -208,11 +208,15 @@ def _auto_policy_logs(tmp_path):
     result = Trainer(tiny_config(tmp_path, "inplace=auto", "model.args.dropout=0.0")).fit()
     assert result.run_dir.endswith("inplace-auto_np1")
     scalars = read_scalars(result.run_dir)
-    assert [v for _, v in scalars["inplace/auto_ops_per_step"]] == [1.0] * 4
     assert [v for _, v in scalars["inplace/auto_ops_per_step/ReLU"]] == [1.0] * 4
+    # The total adds auto's writes over the framework's own buffers (count_owned's sites).
+    sites = [t for t in scalars if t.startswith("inplace/auto_ops_per_step/")]
+    assert {t.rsplit("/", 1)[1] for t in sites} >= {"ReLU", "optimizer", "linear_bias"}
+    total = [sum(scalars[t][i][1] for t in sites) for i in range(4)]
+    assert [v for _, v in scalars["inplace/auto_ops_per_step"]] == pytest.approx(total)
     relu_mb = 32 * 16 * 4 / 2**20  # batch 32 x 16 hidden units, float32
-    assert scalars["inplace/auto_saved_mb_per_step"][-1][1] == pytest.approx(relu_mb)
-    assert result.auto_ops_per_step == 1.0
+    assert scalars["inplace/auto_saved_mb_per_step"][-1][1] > relu_mb
+    assert result.auto_ops_per_step == pytest.approx(sum(total) / 4)  # four windows of two steps
     with_on = Trainer(tiny_config(tmp_path, "inplace=on", "model.args.dropout=0.0")).fit()
     assert read_scalars(with_on.run_dir)["inplace/auto_ops_per_step"][-1][1] == 0.0
     assert with_on.losses == result.losses  # same arithmetic, only buffers differ
