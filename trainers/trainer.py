@@ -50,6 +50,8 @@ class RunResult:
 
     run_dir: str
     steps: int
+    # train/loss's last point: the mean loss over the last log window (train.log_every
+    # steps), as the progress display's last line shows it; ``losses[-1]`` is the last step's.
     final_loss: float
     eval_metric: float | None
     eval_name: str
@@ -302,6 +304,32 @@ def _add_auto_stats(window: dict, before: dict, after: dict) -> None:
             delta = value - before.get(key, 0)
             if delta:
                 window[key] = window.get(key, 0) + delta
+
+
+# Where the layout below opens, with tensorboard's default port.
+DASHBOARD_URL = "http://localhost:6006/#custom_scalars"
+
+
+def dashboard_layout(eval_name: str) -> dict:
+    """The CUSTOM SCALARS tab: memory and speed first, each chart overlaying the runs of
+    the experiment (its inplace policies). The one-point ``summary/*`` tags (the HPARAMS
+    tab's metrics) sort after the curves in the SCALARS tab."""
+    return {
+        "memory and speed (one line per run: the inplace policies overlaid)": {
+            "peak MB of a training step (memory/peak_mb)": [r"^memory/peak_mb$"],
+            "floor MB: parameters, gradients, optimizer state, saved for backward (memory/floor_mb)": [
+                r"^memory/floor_mb$"
+            ],
+            "samples/s (perf/samples_per_sec)": [r"^perf/samples_per_sec$"],
+            "policy auto: MB per step it did not allocate (inplace/auto_saved_mb_per_step)": [
+                r"^inplace/auto_saved_mb_per_step$"
+            ],
+        },
+        "training: loss and held-out metric": {
+            "loss, mean over each log window (train/loss)": [r"^train/loss$"],
+            f"held-out {eval_name} (eval/{eval_name})": [rf"^eval/{eval_name}$"],
+        },
+    }
 
 
 def _auto_totals(counters: dict) -> tuple[int, int]:
@@ -647,6 +675,7 @@ class Trainer:
         logger = RunLogger(self.run_dir, enabled=self.comm.is_main, purge_step=first_step)
         if not self.resumed or _read_text(os.path.join(self.run_dir, "config.yaml")) != cfg.to_yaml():
             logger.config_text(cfg.to_yaml(), step=first_step)  # again only if it changed
+        logger.layout(dashboard_layout("accuracy" if self.classification else "mse"), step=first_step)
         progress = Progress(
             total=self.total_steps,
             initial=self.step,
@@ -664,6 +693,7 @@ class Trainer:
         timed = {"time": 0.0, "samples": 0, "steps": 0}
         self._auto_run: dict = {}  # auto-inplace counters over the whole run
         eval_metric = None
+        last_loss = float("nan")  # train/loss at the last log point
         # The timeline of one step, the third (the first two warm caches and the allocator),
         # logged when recorded: a run resumed after it already has it.
         timeline = None
@@ -727,6 +757,7 @@ class Trainer:
                         peak = window["peak"]
                         peak_run = max(peak_run, peak)
                         metrics = self._window_metrics(window, peak, floor)
+                        last_loss = metrics["train/loss"]
                         logger.scalars(self.step, metrics)
                         progress.update(
                             self.step,
@@ -747,15 +778,15 @@ class Trainer:
             logger.flush()
             self.save()
         peak_run = max(peak_run, window["peak"])
-        result = self._result(losses, eval_metric, eval_name, peak_run, floor, timeline, timed)
+        result = self._result(losses, last_loss, eval_metric, eval_name, peak_run, floor, timeline, timed)
         logger.hparams(
             self.hparams(),
             {
-                "hparams/peak_mb": result.peak_mb,
-                "hparams/floor_mb": result.floor_mb,
-                "hparams/samples_per_sec": result.samples_per_sec,
-                "hparams/final_loss": result.final_loss,
-                f"hparams/eval_{eval_name}": eval_metric if eval_metric is not None else float("nan"),
+                "summary/peak_mb": result.peak_mb,
+                "summary/floor_mb": result.floor_mb,
+                "summary/samples_per_sec": result.samples_per_sec,
+                "summary/final_loss": result.final_loss,
+                f"summary/eval_{eval_name}": eval_metric if eval_metric is not None else float("nan"),
             },
         )
         logger.close()
@@ -852,11 +883,11 @@ class Trainer:
             metrics["train/loss"] = self.comm.allreduce_scalar(metrics["train/loss"], "mean")
         return metrics
 
-    def _result(self, losses, eval_metric, eval_name, peak, floor, timeline, timed) -> RunResult:
+    def _result(self, losses, last_loss, eval_metric, eval_name, peak, floor, timeline, timed) -> RunResult:
         return RunResult(
             run_dir=self.run_dir,
             steps=self.step,
-            final_loss=losses[-1] if losses else float("nan"),
+            final_loss=last_loss,
             eval_metric=eval_metric,
             eval_name=eval_name,
             peak_mb=peak / MB,
@@ -916,4 +947,24 @@ def summary_table(results: list[RunResult]) -> str:
         for r in results
     ]
     columns = [(k, k) for k in rows[0]] if rows else []
-    return format_summary(rows, columns)
+    return format_summary(rows, columns, SUMMARY_LEGEND)
+
+
+# What the summary tables' columns mean (scripts/train.py's and compare_inplace.py's).
+SUMMARY_LEGEND = (
+    (
+        "final loss",
+        "train/loss's last point: the mean over the last train.log_every steps, as on the progress line",
+    ),
+    ("eval accuracy", "on the held-out set at the last step"),
+    ("eval mse", "on the held-out set at the last step"),
+    (
+        "peak MB",
+        "the highest live array memory of a training step (evaluation left out); MB = 2^20 bytes",
+    ),
+    (
+        "floor MB",
+        "what a step cannot do without: parameters, gradients, optimizer state and what autograd holds for backward",
+    ),
+    ("samples/s", "over the whole run, leaving out the first step (warm-up)"),
+)
