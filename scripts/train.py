@@ -25,7 +25,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--config", required=True, help="YAML config file (see configs/ and the README's config reference)")
+    p.add_argument("--config", required=True, help="YAML config file (see configs/ and docs/CONFIG.md)")
     p.add_argument(
         "--set",
         dest="overrides",
