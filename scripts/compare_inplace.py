@@ -50,6 +50,9 @@ VARIANTS = {
 }
 
 
+WARMUP_STEPS = 5  # untimed training steps before the runs (see compare)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="YAML config file")
@@ -106,6 +109,14 @@ def compare(args) -> int:
     if args.rounds < 1 or args.round_steps < 1:
         raise ConfigError(f"--rounds and --round-steps must be >= 1, got {args.rounds} and {args.round_steps}")
     configs = {name: policy_config(args, name) for name in names}
+
+    # The first training steps of a process run slower for a while: on the quickstart
+    # config, the first of three identical runs logged about half the samples/s of the
+    # other two, and after 5 untimed steps of a throwaway trainer all three agreed. Warm
+    # up once, so that no policy's logged throughput carries that cost.
+    warm = Trainer(configs[names[0]], resume=False)
+    warm.time_steps(WARMUP_STEPS)
+    del warm
 
     # Memory, losses and TensorBoard runs: one training run per policy. Only one trainer
     # is alive at a time, so no run's peak holds another run's model.
