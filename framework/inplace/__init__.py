@@ -120,8 +120,11 @@ def count_owned(site: str, nbytes: int) -> None:
     added into linear's fresh product).
     """
     if _policy == "auto":
-        memory.count(_owned_keys.get(site) or _owned_keys.setdefault(site, "auto_owned_ops." + site))
-        memory.count("auto_owned_bytes", nbytes)
+        # Straight into memory's plain-dict counters: this runs once per backward op.
+        key = _owned_keys.get(site) or _owned_keys.setdefault(site, "auto_owned_ops." + site)
+        counts = memory._plain_stats
+        counts[key] = counts.get(key, 0) + 1
+        counts["auto_owned_bytes"] = counts.get("auto_owned_bytes", 0) + nbytes
 
 
 _owned_keys: dict = {}  # site -> its memory.stats() key
