@@ -92,9 +92,6 @@ DOCS = ["README.md"] + sorted(
 # The history records commands as they were run then; the current docs must run now.
 HISTORY = {os.path.join("docs", "BENCHMARKS-HISTORY.md")}
 # Written by another line of work and merged with it; until then, not in this tree.
-ARRIVING = {"benchmarks/gpu_check.py"}
-
-
 def doc_commands():
     """``(doc, command)``: each ``python ...`` command of the docs' bash blocks and inline
     code, one per ``&&``-separated part, with what comes before ``python`` (environment
@@ -154,8 +151,6 @@ def test_every_command_in_the_docs_runs_as_written(doc, command):
         target, args = words[:1], words[1:]
         path = os.path.join(ROOT, words[0])
     rel = os.path.relpath(path, ROOT)
-    if rel in ARRIVING and not os.path.exists(path):
-        pytest.skip(f"{rel} arrives with another line of work")
     assert os.path.isfile(path), f"{doc}: {command}: no {rel}"
     options = [word.split("=")[0] for word in args if word.startswith("--")]
     if options:
