@@ -55,9 +55,13 @@ class _Kernel:
         return self._kernel()(*args, **kwargs)
 
 
-def elementwise(in_params, out_params, operation, name, reference, preamble=""):
-    """A ``cupy.ElementwiseKernel``; ``reference(*inputs, *outputs)`` writes the outputs."""
-    return _Kernel("ElementwiseKernel", (in_params, out_params, operation, name), {"preamble": preamble}, reference)
+def elementwise(in_params, out_params, operation, name, reference, preamble="", options=()):
+    """A ``cupy.ElementwiseKernel``; ``reference(*inputs, *outputs)`` writes the outputs.
+    ``options``: NVRTC's compile options (e.g. ``("--fmad=false",)``)."""
+    kwargs = {"preamble": preamble}
+    if options:
+        kwargs["options"] = tuple(options)
+    return _Kernel("ElementwiseKernel", (in_params, out_params, operation, name), kwargs, reference)
 
 
 def reduction(in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name, reference, **kwargs):
