@@ -250,6 +250,13 @@ bn_grad_sums = reduction(
 )
 
 
+_BN_BACKWARD_OP = (
+    "double mean, invstd; bn_stats(s, inv_m, eps, mean, invstd);"
+    " T xhat = (x - (T)mean) * (T)invstd;"
+    " gx = ((T)invstd * w) * (g - (xhat * (T)(r.imag() * inv_m) + (T)(r.real() * inv_m)));"
+)
+
+
 def _bn_backward(g, x, s, inv_m, eps, w, r, gx):
     mean, invstd = _bn_stats(s, inv_m, eps, x.dtype)
     xhat = (x - mean) * invstd
@@ -261,11 +268,30 @@ def _bn_backward(g, x, s, inv_m, eps, w, r, gx):
 bn_backward = elementwise(
     "T g, T x, complex128 s, float64 inv_m, float64 eps, T w, C r",
     "T gx",
-    "double mean, invstd; bn_stats(s, inv_m, eps, mean, invstd);"
-    " T xhat = (x - (T)mean) * (T)invstd;"
-    " gx = ((T)invstd * w) * (g - (xhat * (T)(r.imag() * inv_m) + (T)(r.real() * inv_m)));",
+    _BN_BACKWARD_OP,
     "fused_bn_backward",
     _bn_backward,
+    preamble=_BN_PREAMBLE,
+)
+
+
+def _bn_backward_affine(g, x, s, inv_m, eps, w, r, channels, inner, gx, gw, gb):
+    _bn_backward(g, x, s, inv_m, eps, w, r, gx)
+    first = (0, slice(None)) + (0,) * (x.ndim - 2)  # each channel's first element
+    gw[...] = r[first].imag.astype(x.dtype)
+    gb[...] = r[first].real.astype(x.dtype)
+
+
+# bn_backward plus the weight's and bias's gradients (r's two sums, in x's dtype) into the
+# raw (C,) outputs gw and gb, written by the thread of each channel's first element (as
+# abn_backward's gw): the engine gets two arrays of their own, no launch is spent on C values.
+bn_backward_affine = elementwise(
+    "T g, T x, complex128 s, float64 inv_m, float64 eps, T w, C r, int64 channels, int64 inner",
+    "T gx, raw T gw, raw T gb",
+    _BN_BACKWARD_OP + " if (i < channels * inner && i % inner == 0) {"
+    " gw[i / inner] = (T)r.imag(); gb[i / inner] = (T)r.real(); }",
+    "fused_bn_backward_affine",
+    _bn_backward_affine,
     preamble=_BN_PREAMBLE,
 )
 

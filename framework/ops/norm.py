@@ -257,12 +257,19 @@ class BatchNorm(Function):
         cs = _cshape(x.shape)
         if on_gpu(g) and ctx.comm is None:
             r = _gpu_grad_sums(g, x, ctx.stats, 1.0 / ctx.m, ctx.eps, xp)
-            gx = None
-            if need_x:
-                gx = memory.empty(x.shape, x.dtype, xp)
-                w = _gpu_param(ctx.weight, x.dtype, cs, x.dtype.type(1))
-                K.bn_backward(g, x, ctx.stats.reshape(cs), 1.0 / ctx.m, ctx.eps, w, r.reshape(cs), gx)
-            return gx, r.imag if need_w else None, r.real if need_b else None
+            if not need_x:  # the weight's and bias's gradients are r's two sums
+                return None, r.imag if need_w else None, r.real if need_b else None
+            gx = memory.empty(x.shape, x.dtype, xp)
+            w = _gpu_param(ctx.weight, x.dtype, cs, x.dtype.type(1))
+            args = (g, x, ctx.stats.reshape(cs), 1.0 / ctx.m, ctx.eps, w, r.reshape(cs))
+            if not (need_w or need_b):
+                K.bn_backward(*args, gx)
+                return gx, None, None
+            # the same kernel writes r's sums as arrays of their own (no copy of a view later)
+            c = x.shape[1]
+            gw, gb = memory.empty((c,), x.dtype, xp), memory.empty((c,), x.dtype, xp)
+            K.bn_backward_affine(*args, c, x.size // (x.shape[0] * c), gx, gw, gb)
+            return gx, gw if need_w else None, gb if need_b else None
         mean, invstd = ctx.mean, ctx.invstd
         xhat = memory.empty(x.shape, x.dtype, xp)  # becomes the input's gradient
         xp.subtract(x, mean.reshape(cs), out=xhat)

@@ -81,6 +81,11 @@ def test_batch_norm_training_two_kernels_each_way(counting, no_host_reads, affin
     with counting.count() as bwd:
         y.backward(g)
     _check(bwd, 2)  # the sums of g and g * x_hat, then x's gradient
+    # and, written by that second kernel, the weight's and bias's gradients as arrays of
+    # their own: the engine adopts them with no copy
+    assert bwd.launches == 2, bwd.by_site()
+    if affine:
+        assert w.grad._data.base is None and b.grad._data.base is None
 
 
 def test_batch_norm_running_stats_cost_three_tiny_kernels(counting, no_host_reads):
