@@ -381,10 +381,11 @@ def _abn_backward_kernel(batch: bool, with_dz: bool, with_gw: bool):
 
     ``batch``: batch statistics, ``dx = a * invstd * (dz - mean(dz) - x_hat * mean(dz * x_hat))``
     with the means from ``sums``; else given statistics, ``dx = a * invstd * dz``.
-    ``with_gw``: also weight's gradient ``sign(w) * sum(dz * x_hat)`` into the raw (C,)
-    output ``gw``, written by the thread of each channel's first element (``i`` is the
-    index in the loop's C order over (N, C, inner): channel ``i / inner`` when
-    ``i < C * inner``, first when ``i % inner == 0``), so no launch is spent on C values.
+    ``with_gw``: also weight's gradient ``sign(w) * sum(dz * x_hat)`` and bias's
+    ``sum(dz)`` into the raw (C,) outputs ``gw`` and ``gb``, written by the thread of each
+    channel's first element (``i`` is the index in the loop's C order over (N, C, inner):
+    channel ``i / inner`` when ``i < C * inner``, first when ``i % inner == 0``), so no
+    launch is spent on C values and the engine gets arrays of their own.
     """
     params = "T y, T g, T r, T b, T w, T aeps, T slope, complex128 s, float64 inv_m, float64 eps"
     op = (
@@ -406,10 +407,11 @@ def _abn_backward_kernel(batch: bool, with_dz: bool, with_gw: bool):
         op += " dz = dzv;"
     if with_gw:
         params += ", int64 channels, int64 inner"
-        outs += ", raw T gw"
+        outs += ", raw T gw, raw T gb"
         op += (
-            " if (i < channels * inner && i % inner == 0)"
+            " if (i < channels * inner && i % inner == 0) {"
             " gw[i / inner] = (T)sums.imag() * (w > (T)0 ? (T)1 : (w < (T)0 ? (T)-1 : (T)0));"
+            " gb[i / inner] = (T)sums.real(); }"
         )
 
     def reference(y, g, r, b, w, aeps, slope, s, inv_m, eps, *rest):
@@ -427,7 +429,8 @@ def _abn_backward_kernel(batch: bool, with_dz: bool, with_gw: bool):
             gx = dz * (invstd * a)
         if with_gw:
             first = (0, slice(None)) + (0,) * (y.ndim - 2)  # each channel's first element
-            rest[-1][...] = sums[first].imag.astype(y.dtype) * np.sign(np.broadcast_to(w, y.shape)[first])
+            rest[-2][...] = sums[first].imag.astype(y.dtype) * np.sign(np.broadcast_to(w, y.shape)[first])
+            rest[-1][...] = sums[first].real.astype(y.dtype)
         if with_dz:
             rest[1][...] = dz
         rest[0][...] = gx

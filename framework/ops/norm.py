@@ -474,8 +474,8 @@ class InPlaceABN(Function):
 
     def gpu_backward(ctx, g, y, cs, xp):
         """The fused path: one reduction (sum dz, sum dz * x_hat) and one elementwise kernel
-        for the gradients of x, the residual (dz) and weight; without x's gradient, a tiny
-        kernel over C values for weight's (and one for dz when the residual needs it)."""
+        for the gradients of x, the residual (dz), weight and bias; without x's gradient, a
+        tiny kernel over C values for weight's (and one for dz when the residual needs it)."""
         need_x, need_w, need_b, need_r = ctx.needs_input_grad
         t = y.dtype.type
         w, aeps = _gpu_abs_weight(ctx.weight, y.dtype, cs, ctx.eps)
@@ -488,25 +488,29 @@ class InPlaceABN(Function):
             sums = memory.empty((y.shape[1],), np.result_type(y.dtype, np.complex64), xp)
             K.abn_grad_sums(y, g, r, b, w, aeps, ctx.slope, sums, axis=_caxes(y.ndim))
         gx = dz = gw = None
+        gb = sums.real if need_b else None  # a view, unless the kernel below writes its own
         if need_w:
             gw = memory.empty(sums.shape, y.dtype, xp)
-        if need_x:  # x's gradient, and in the same kernel the residual's and weight's
+        if need_x:  # x's gradient, and in the same kernel the residual's, weight's and bias's
+            affine = need_w or need_b
             outs = [memory.empty(y.shape, y.dtype, xp)] + ([memory.empty(y.shape, y.dtype, xp)] if need_r else [])
-            args = (sums.reshape(cs),) if ctx.batch or need_w else ()
-            if need_w:
-                args += (y.shape[1], _count(y.shape) // y.shape[0], *outs, gw)
+            args = (sums.reshape(cs),) if ctx.batch or affine else ()
+            if affine:
+                gw = gw if gw is not None else memory.empty(sums.shape, y.dtype, xp)
+                gb = memory.empty(sums.shape, y.dtype, xp)
+                args += (y.shape[1], _count(y.shape) // y.shape[0], *outs, gw, gb)
             else:
                 args += tuple(outs)
             inv_m = 1.0 / ctx.m if ctx.batch else 0.0
             s = ctx.stats.reshape(cs)
-            K.abn_backward[ctx.batch, need_r, need_w](y, g, r, b, w, aeps, ctx.slope, s, inv_m, ctx.eps, *args)
+            K.abn_backward[ctx.batch, need_r, affine](y, g, r, b, w, aeps, ctx.slope, s, inv_m, ctx.eps, *args)
             gx, dz = outs[0], (outs[1] if need_r else None)
         else:
             if need_r:
                 dz = K.abn_dz(y, g, ctx.slope, memory.empty(y.shape, y.dtype, xp))
             if need_w:
                 K.abn_weight_grad(sums, _channel(ctx.weight, y.dtype), gw)
-        return gx, gw, sums.real if need_b else None, dz
+        return gx, gw if need_w else None, gb if need_b else None, dz
 
 
 # --- public functions -----------------------------------------------------------------
