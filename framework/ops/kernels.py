@@ -194,25 +194,32 @@ bn_eval_stats = elementwise(
 )
 
 
-def _batch_stats(s, inv_m, mean, var):
-    mu = s.real * inv_m
-    mean[...] = mu
-    var[...] = np.maximum(s.imag * inv_m - mu * mu, 0.0)
-
-
-bn_batch_stats = elementwise(
-    "complex128 s, float64 inv_m",
-    "T mean, T var",
-    "double mu = s.real() * inv_m; mean = (T)mu; var = (T)max(s.imag() * inv_m - mu * mu, 0.0);",
-    "fused_bn_batch_stats",
-    _batch_stats,
-)
 running_stat_update = elementwise(
     "T r, U batch, float64 keep, float64 w",
     "T out",
     "out = (T)(keep * (double)r + w * (double)batch);",
     "fused_running_stat_update",
     lambda r, batch, keep, w, out: _put(out, keep * r.astype(np.float64) + w * batch.astype(np.float64)),
+)
+
+
+def _running_stat_from_moments(r, s, inv_m, var, keep, w, out):
+    mu = s.real * inv_m
+    stat = (np.maximum(s.imag * inv_m - mu * mu, 0.0) if var else mu).astype(r.dtype)
+    out[...] = keep * r.astype(np.float64) + w * stat.astype(np.float64)
+
+
+# running_stat_update of the batch mean (or, with ``var``, the biased variance) that it
+# derives from the batch's complex sums, rounded to r's dtype first as a statistic array
+# would be: one kernel per running buffer, none for the statistics themselves.
+running_stat_from_moments = elementwise(
+    "T r, complex128 s, float64 inv_m, int32 var, float64 keep, float64 w",
+    "T out",
+    "double mu = s.real() * inv_m;"
+    " T stat = var ? (T)max(s.imag() * inv_m - mu * mu, 0.0) : (T)mu;"
+    " out = (T)(keep * (double)r + w * (double)stat);",
+    "fused_running_stat_from_moments",
+    _running_stat_from_moments,
 )
 
 

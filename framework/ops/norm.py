@@ -548,20 +548,26 @@ def _check_batch(name, input):
 class RunningStatUpdate(Function):
     """``r = (1 - momentum) * r + momentum * scale * batch``, written over ``r``'s buffer.
 
-    Allocates nothing (three passes over the C values: scale, add, scale back), so the
-    update is inplace for the allocator as well as for the version counter. Not
-    differentiable: running statistics are buffers, updated under ``no_grad``.
+    Allocates nothing (three passes over the C values: scale, add, scale back; one kernel
+    on a GPU, which derives the batch statistic from BatchNorm's sums itself when given
+    ``moments``), so the update is inplace for the allocator as well as for the version
+    counter. Not differentiable: running statistics are buffers, updated under ``no_grad``.
     """
 
     differentiable = False
     inplace_name = "running_stat_update_"
 
-    def forward(ctx, r, batch, momentum=0.1, scale=1.0):
+    def forward(ctx, r, batch, momentum=0.1, scale=1.0, moments=None):
+        # moments: (inv_m, var) when batch is a GPU's complex per-channel sums, from which
+        # the kernel derives the batch mean (var False) or biased variance (var True)
         xp = get_array_module(r)
         out = ctx.out if ctx.out is not None else memory.empty(r.shape, r.dtype, xp)
         w = momentum * scale
         if w == 0:
             xp.multiply(r, 1.0 - momentum, out=out)
+            return out
+        if moments is not None:  # one kernel, the statistic included
+            K.running_stat_from_moments(r, batch, moments[0], int(moments[1]), 1.0 - momentum, w, out)
             return out
         if on_gpu(r):  # one kernel
             K.running_stat_update(r, batch, 1.0 - momentum, w, out)
@@ -578,17 +584,16 @@ def _update_running(running_mean, running_var, stats, momentum):
     m = stats["count"]
     if running_mean is None and running_var is None:
         return
-    if "mean" not in stats:  # the GPU path keeps the sums: one kernel makes mean and variance
-        s = stats["moments"]
-        xp = get_array_module(s)
-        dtype = (running_mean if running_mean is not None else running_var).dtype
-        stats["mean"], stats["var"] = memory.empty(s.shape, dtype, xp), memory.empty(s.shape, dtype, xp)
-        K.bn_batch_stats(s, 1.0 / m, stats["mean"], stats["var"])
+    if "mean" in stats:
+        mean, var, moments = stats["mean"], stats["var"], {}
+    else:  # the GPU path keeps the sums: each update's kernel derives its statistic from them
+        mean = var = stats["moments"]
+        moments = {"mean": (1.0 / m, False), "var": (1.0 / m, True)}
     with no_grad():
         if running_mean is not None:
-            RunningStatUpdate.apply_(running_mean, stats["mean"], momentum=momentum)
+            RunningStatUpdate.apply_(running_mean, mean, momentum=momentum, moments=moments.get("mean"))
         if running_var is not None:
-            RunningStatUpdate.apply_(running_var, stats["var"], momentum=momentum, scale=m / (m - 1))
+            RunningStatUpdate.apply_(running_var, var, momentum=momentum, scale=m / (m - 1), moments=moments.get("var"))
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
