@@ -78,7 +78,7 @@ class SGD(Optimizer):
             K.sgd(pa, grad._data, weight_decay, -lr, p_out)
         else:
             buf = state.get("momentum_buffer")
-            first = buf is None  # the kernel makes the buffer (b = d) and never reads b_in
+            first = buf is None  # the kernel makes the buffer (b = d): b_in's values go unused
             b_in = memory.empty(pa.shape, pa.dtype, get_array_module(pa), "optimizer_state") if first else buf._data
             b_out = b_in if first else _fused_out(b_in, inplace, "optimizer_state")
             damp, flags = 1 - dampening, (int(first), int(nesterov))
