@@ -79,6 +79,9 @@ FULL = {"warmup": 3, "mem_steps": 3, "rounds": 7, "steps": 20}
 DEFAULT = {"warmup": 2, "mem_steps": 2, "rounds": 3, "steps": 5}
 QUICK = {"warmup": 1, "mem_steps": 1, "rounds": 2, "steps": 2}
 QUICKSTART = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "quickstart.yaml")
+# Launches one training step may make (SGD with momentum; counted on the CuPy stand-in,
+# with no host synchronization), whatever the batch: tests/benchmarks/test_gpu_step_budget.py.
+STEP_LAUNCH_BUDGET = {"resnet20": 400, "quickstart": 40}
 NOT_COUNTED = "not counted: real CuPy counts nothing (--count counts one step on the CuPy stand-in)"
 
 

@@ -404,6 +404,9 @@ class Trainer:
         # The GPU first: CuPy allocates on its current device, and the pool hook must be
         # registered before the model reaches the GPU for memory/* to be the GPU's.
         self.device = select_device(cfg.device, self.comm.local_rank)
+        # On a GPU a step's loss stays on the device and is read at log points (reading it
+        # each step would wait for the whole step): the one place that decides it.
+        self.losses_on_device = self.device.type != "cpu"
         self.mem_device = self.device.type  # which memory counter the logs read
         fw.manual_seed(cfg.seed)
 
@@ -603,6 +606,9 @@ class Trainer:
             # A step that captured (and planned) is left out of memory/peak_mb, which shows the
             # replayed steps; what capturing held is logged as memory/capture_peak_mb.
             memory.reset_peak()
+        correct = (fw.argmax(out, dim=1) == y).sum()._data if self.classification else None
+        if self.losses_on_device:  # a copy: the next replay may write over the program's output
+            return loss._data.copy(), correct, None
         loss_value = float(loss.item())
         finite = math.isfinite(loss_value)
         if self.comm.size > 1:
@@ -613,7 +619,6 @@ class Trainer:
                 f"loss is not finite at step {self.step} (lr {lr:g}); a compiled step has already applied "
                 "its update. Lower optim.lr"
             )
-        correct = (fw.argmax(out, dim=1) == y).sum()._data if self.classification else None
         return loss_value, correct, None
 
     def _memory_checked_step(self, x, y, lr: float, window):
@@ -632,18 +637,11 @@ class Trainer:
         memory.mark("forward")
         out = self.net(x)
         loss = self.criterion(out, y)
-        loss_value = float(loss.item())
-        finite = math.isfinite(loss_value)
-        if self.comm.size > 1:  # every rank stops at the same step, or none does
-            finite = self.comm.allreduce_scalar(0.0 if finite else 1.0, "max") == 0.0
-        if not finite:
-            check_targets()  # an out-of-range target (a GPU's deferred check) is the better report
-            where = f"; the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else ""
-            what = f"loss is {loss_value}" if not math.isfinite(loss_value) else "another rank's loss is not finite"
-            raise TrainingError(
-                f"{what} at step {self.step} (lr {lr:g}): training stopped before the update"
-                f"{where}. Lower optim.lr or set train.grad_clip"
-            )
+        if self.losses_on_device:
+            loss_value = loss._data  # read with the others at the next log point (_read_losses)
+        else:
+            loss_value = float(loss.item())
+            self._check_finite([(self.step, lr, loss_value)], "training stopped before the update")
         saved = memory.saved_bytes(parameters=False)
         self.optimizer.zero_grad(set_to_none=True)
         memory.mark("backward")
@@ -660,6 +658,36 @@ class Trainer:
             # for the whole step and lose the overlap of the next step's launch with it).
             correct = (fw.argmax(out.detach(), dim=1) == y).sum()._data
         return loss_value, correct, saved
+
+    def _check_finite(self, steps, when: str) -> None:
+        """Raises TrainingError at the first non-finite loss of ``steps`` (``(step, lr,
+        loss)`` each) on any rank; every rank stops at the same point, or none does."""
+        bad = next(((k, lr, v) for k, lr, v in steps if not math.isfinite(v)), None)
+        finite = bad is None
+        if self.comm.size > 1:
+            finite = self.comm.allreduce_scalar(0.0 if finite else 1.0, "max") == 0.0
+        if finite:
+            return
+        check_targets()  # an out-of-range target (a GPU's deferred check) is the better report
+        k, lr, _ = bad if bad is not None else steps[0]
+        where = f"; the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else ""
+        what = f"loss is {bad[2]}" if bad is not None else "another rank's loss is not finite"
+        raise TrainingError(f"{what} at step {k} (lr {lr:g}): {when}{where}. Lower optim.lr or set train.grad_clip")
+
+    def _read_losses(self, pending: list) -> list[float]:
+        """The losses of ``pending`` (``(step, lr, device scalar)`` each, a GPU's steps
+        since the last log point) read back in one transfer, checked, as floats."""
+        if not pending:
+            return []
+        xp = backend.get_array_module(pending[0][2])
+        values = to_host(xp.stack([loss for _, _, loss in pending]))
+        read = [(k, lr, float(v)) for (k, lr, _), v in zip(pending, values.tolist())]
+        pending.clear()
+        self._check_finite(
+            read,
+            f"on a GPU the loss is read at log points, so the steps up to {read[-1][0]} have applied their updates",
+        )
+        return [v for _, _, v in read]
 
     def floor_bytes(self, saved: int) -> int:
         """Parameters + gradients + optimizer state + activations saved for backward.
@@ -724,6 +752,7 @@ class Trainer:
         )
         eval_name = "accuracy" if self.classification else "mse"
         losses: list[float] = []
+        pending: list = []  # on a GPU: (step, lr, loss on the device) since the last log point
         window = _new_window()
         if self.device.type == "cuda":
             memory.enable_gpu_hook()  # CuPy's hooks are per thread: fit() may run in another one
@@ -774,12 +803,19 @@ class Trainer:
                     dt = time.perf_counter() - t0
                     window["peak"] = max(window["peak"], memory.max_allocated_bytes(self.mem_device))
                     del x, y
+                    if self.losses_on_device:
+                        pending.append((self.step, lr, loss))
                     self.step += 1
-                    losses.append(loss)
+                    if not self.losses_on_device:
+                        read = [loss]
+                    else:
+                        read = self._read_losses(pending) if log_now else []
+                    losses.extend(read)
                     floor = max(floor, self.floor_bytes(saved))
                     if record:
                         logger.timeline_figure(timeline_step, timeline, floor_bytes=self.floor_bytes(saved))
-                    window["loss"] += loss
+                    for value in read:  # step by step, in order: the same sum on every device
+                        window["loss"] += value
                     if correct is not None:  # summed on the device, read at the log point
                         window["correct"] = correct if window["correct"] is None else window["correct"] + correct
                     window["seen"] += len(xb)

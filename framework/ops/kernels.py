@@ -55,9 +55,13 @@ class _Kernel:
         return self._kernel()(*args, **kwargs)
 
 
-def elementwise(in_params, out_params, operation, name, reference, preamble=""):
-    """A ``cupy.ElementwiseKernel``; ``reference(*inputs, *outputs)`` writes the outputs."""
-    return _Kernel("ElementwiseKernel", (in_params, out_params, operation, name), {"preamble": preamble}, reference)
+def elementwise(in_params, out_params, operation, name, reference, preamble="", options=()):
+    """A ``cupy.ElementwiseKernel``; ``reference(*inputs, *outputs)`` writes the outputs.
+    ``options``: NVRTC's compile options (e.g. ``("--fmad=false",)``)."""
+    kwargs = {"preamble": preamble}
+    if options:
+        kwargs["options"] = tuple(options)
+    return _Kernel("ElementwiseKernel", (in_params, out_params, operation, name), kwargs, reference)
 
 
 def reduction(in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name, reference, **kwargs):
@@ -190,25 +194,32 @@ bn_eval_stats = elementwise(
 )
 
 
-def _batch_stats(s, inv_m, mean, var):
-    mu = s.real * inv_m
-    mean[...] = mu
-    var[...] = np.maximum(s.imag * inv_m - mu * mu, 0.0)
-
-
-bn_batch_stats = elementwise(
-    "complex128 s, float64 inv_m",
-    "T mean, T var",
-    "double mu = s.real() * inv_m; mean = (T)mu; var = (T)max(s.imag() * inv_m - mu * mu, 0.0);",
-    "fused_bn_batch_stats",
-    _batch_stats,
-)
 running_stat_update = elementwise(
     "T r, U batch, float64 keep, float64 w",
     "T out",
     "out = (T)(keep * (double)r + w * (double)batch);",
     "fused_running_stat_update",
     lambda r, batch, keep, w, out: _put(out, keep * r.astype(np.float64) + w * batch.astype(np.float64)),
+)
+
+
+def _running_stat_from_moments(r, s, inv_m, var, keep, w, out):
+    mu = s.real * inv_m
+    stat = (np.maximum(s.imag * inv_m - mu * mu, 0.0) if var else mu).astype(r.dtype)
+    out[...] = keep * r.astype(np.float64) + w * stat.astype(np.float64)
+
+
+# running_stat_update of the batch mean (or, with ``var``, the biased variance) that it
+# derives from the batch's complex sums, rounded to r's dtype first as a statistic array
+# would be: one kernel per running buffer, none for the statistics themselves.
+running_stat_from_moments = elementwise(
+    "T r, complex128 s, float64 inv_m, int32 var, float64 keep, float64 w",
+    "T out",
+    "double mu = s.real() * inv_m;"
+    " T stat = var ? (T)max(s.imag() * inv_m - mu * mu, 0.0) : (T)mu;"
+    " out = (T)(keep * (double)r + w * (double)stat);",
+    "fused_running_stat_from_moments",
+    _running_stat_from_moments,
 )
 
 
@@ -246,6 +257,13 @@ bn_grad_sums = reduction(
 )
 
 
+_BN_BACKWARD_OP = (
+    "double mean, invstd; bn_stats(s, inv_m, eps, mean, invstd);"
+    " T xhat = (x - (T)mean) * (T)invstd;"
+    " gx = ((T)invstd * w) * (g - (xhat * (T)(r.imag() * inv_m) + (T)(r.real() * inv_m)));"
+)
+
+
 def _bn_backward(g, x, s, inv_m, eps, w, r, gx):
     mean, invstd = _bn_stats(s, inv_m, eps, x.dtype)
     xhat = (x - mean) * invstd
@@ -257,11 +275,30 @@ def _bn_backward(g, x, s, inv_m, eps, w, r, gx):
 bn_backward = elementwise(
     "T g, T x, complex128 s, float64 inv_m, float64 eps, T w, C r",
     "T gx",
-    "double mean, invstd; bn_stats(s, inv_m, eps, mean, invstd);"
-    " T xhat = (x - (T)mean) * (T)invstd;"
-    " gx = ((T)invstd * w) * (g - (xhat * (T)(r.imag() * inv_m) + (T)(r.real() * inv_m)));",
+    _BN_BACKWARD_OP,
     "fused_bn_backward",
     _bn_backward,
+    preamble=_BN_PREAMBLE,
+)
+
+
+def _bn_backward_affine(g, x, s, inv_m, eps, w, r, channels, inner, gx, gw, gb):
+    _bn_backward(g, x, s, inv_m, eps, w, r, gx)
+    first = (0, slice(None)) + (0,) * (x.ndim - 2)  # each channel's first element
+    gw[...] = r[first].imag.astype(x.dtype)
+    gb[...] = r[first].real.astype(x.dtype)
+
+
+# bn_backward plus the weight's and bias's gradients (r's two sums, in x's dtype) into the
+# raw (C,) outputs gw and gb, written by the thread of each channel's first element (as
+# abn_backward's gw): the engine gets two arrays of their own, no launch is spent on C values.
+bn_backward_affine = elementwise(
+    "T g, T x, complex128 s, float64 inv_m, float64 eps, T w, C r, int64 channels, int64 inner",
+    "T gx, raw T gw, raw T gb",
+    _BN_BACKWARD_OP + " if (i < channels * inner && i % inner == 0) {"
+    " gw[i / inner] = (T)r.imag(); gb[i / inner] = (T)r.real(); }",
+    "fused_bn_backward_affine",
+    _bn_backward_affine,
     preamble=_BN_PREAMBLE,
 )
 
@@ -351,10 +388,11 @@ def _abn_backward_kernel(batch: bool, with_dz: bool, with_gw: bool):
 
     ``batch``: batch statistics, ``dx = a * invstd * (dz - mean(dz) - x_hat * mean(dz * x_hat))``
     with the means from ``sums``; else given statistics, ``dx = a * invstd * dz``.
-    ``with_gw``: also weight's gradient ``sign(w) * sum(dz * x_hat)`` into the raw (C,)
-    output ``gw``, written by the thread of each channel's first element (``i`` is the
-    index in the loop's C order over (N, C, inner): channel ``i / inner`` when
-    ``i < C * inner``, first when ``i % inner == 0``), so no launch is spent on C values.
+    ``with_gw``: also weight's gradient ``sign(w) * sum(dz * x_hat)`` and bias's
+    ``sum(dz)`` into the raw (C,) outputs ``gw`` and ``gb``, written by the thread of each
+    channel's first element (``i`` is the index in the loop's C order over (N, C, inner):
+    channel ``i / inner`` when ``i < C * inner``, first when ``i % inner == 0``), so no
+    launch is spent on C values and the engine gets arrays of their own.
     """
     params = "T y, T g, T r, T b, T w, T aeps, T slope, complex128 s, float64 inv_m, float64 eps"
     op = (
@@ -376,10 +414,11 @@ def _abn_backward_kernel(batch: bool, with_dz: bool, with_gw: bool):
         op += " dz = dzv;"
     if with_gw:
         params += ", int64 channels, int64 inner"
-        outs += ", raw T gw"
+        outs += ", raw T gw, raw T gb"
         op += (
-            " if (i < channels * inner && i % inner == 0)"
+            " if (i < channels * inner && i % inner == 0) {"
             " gw[i / inner] = (T)sums.imag() * (w > (T)0 ? (T)1 : (w < (T)0 ? (T)-1 : (T)0));"
+            " gb[i / inner] = (T)sums.real(); }"
         )
 
     def reference(y, g, r, b, w, aeps, slope, s, inv_m, eps, *rest):
@@ -397,7 +436,8 @@ def _abn_backward_kernel(batch: bool, with_dz: bool, with_gw: bool):
             gx = dz * (invstd * a)
         if with_gw:
             first = (0, slice(None)) + (0,) * (y.ndim - 2)  # each channel's first element
-            rest[-1][...] = sums[first].imag.astype(y.dtype) * np.sign(np.broadcast_to(w, y.shape)[first])
+            rest[-2][...] = sums[first].imag.astype(y.dtype) * np.sign(np.broadcast_to(w, y.shape)[first])
+            rest[-1][...] = sums[first].real.astype(y.dtype)
         if with_dz:
             rest[1][...] = dz
         rest[0][...] = gx

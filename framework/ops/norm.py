@@ -258,12 +258,19 @@ class BatchNorm(Function):
         cs = _cshape(x.shape)
         if on_gpu(g) and ctx.comm is None:
             r = _gpu_grad_sums(g, x, ctx.stats, 1.0 / ctx.m, ctx.eps, xp)
-            gx = None
-            if need_x:
-                gx = memory.empty(x.shape, x.dtype, xp)
-                w = _gpu_param(ctx.weight, x.dtype, cs, x.dtype.type(1))
-                K.bn_backward(g, x, ctx.stats.reshape(cs), 1.0 / ctx.m, ctx.eps, w, r.reshape(cs), gx)
-            return gx, r.imag if need_w else None, r.real if need_b else None
+            if not need_x:  # the weight's and bias's gradients are r's two sums
+                return None, r.imag if need_w else None, r.real if need_b else None
+            gx = memory.empty(x.shape, x.dtype, xp)
+            w = _gpu_param(ctx.weight, x.dtype, cs, x.dtype.type(1))
+            args = (g, x, ctx.stats.reshape(cs), 1.0 / ctx.m, ctx.eps, w, r.reshape(cs))
+            if not (need_w or need_b):
+                K.bn_backward(*args, gx)
+                return gx, None, None
+            # the same kernel writes r's sums as arrays of their own (no copy of a view later)
+            c = x.shape[1]
+            gw, gb = memory.empty((c,), x.dtype, xp), memory.empty((c,), x.dtype, xp)
+            K.bn_backward_affine(*args, c, x.size // (x.shape[0] * c), gx, gw, gb)
+            return gx, gw if need_w else None, gb if need_b else None
         mean, invstd = ctx.mean, ctx.invstd
         xhat = memory.empty(x.shape, x.dtype, xp)  # becomes the input's gradient
         xp.subtract(x, mean.reshape(cs), out=xhat)
@@ -469,8 +476,8 @@ class InPlaceABN(Function):
 
     def gpu_backward(ctx, g, y, cs, xp):
         """The fused path: one reduction (sum dz, sum dz * x_hat) and one elementwise kernel
-        for the gradients of x, the residual (dz) and weight; without x's gradient, a tiny
-        kernel over C values for weight's (and one for dz when the residual needs it)."""
+        for the gradients of x, the residual (dz), weight and bias; without x's gradient, a
+        tiny kernel over C values for weight's (and one for dz when the residual needs it)."""
         need_x, need_w, need_b, need_r = ctx.needs_input_grad
         t = y.dtype.type
         w, aeps = _gpu_abs_weight(ctx.weight, y.dtype, cs, ctx.eps)
@@ -483,25 +490,29 @@ class InPlaceABN(Function):
             sums = memory.empty((y.shape[1],), np.result_type(y.dtype, np.complex64), xp)
             K.abn_grad_sums(y, g, r, b, w, aeps, ctx.slope, sums, axis=_caxes(y.ndim))
         gx = dz = gw = None
+        gb = sums.real if need_b else None  # a view, unless the kernel below writes its own
         if need_w:
             gw = memory.empty(sums.shape, y.dtype, xp)
-        if need_x:  # x's gradient, and in the same kernel the residual's and weight's
+        if need_x:  # x's gradient, and in the same kernel the residual's, weight's and bias's
+            affine = need_w or need_b
             outs = [memory.empty(y.shape, y.dtype, xp)] + ([memory.empty(y.shape, y.dtype, xp)] if need_r else [])
-            args = (sums.reshape(cs),) if ctx.batch or need_w else ()
-            if need_w:
-                args += (y.shape[1], _count(y.shape) // y.shape[0], *outs, gw)
+            args = (sums.reshape(cs),) if ctx.batch or affine else ()
+            if affine:
+                gw = gw if gw is not None else memory.empty(sums.shape, y.dtype, xp)
+                gb = memory.empty(sums.shape, y.dtype, xp)
+                args += (y.shape[1], _count(y.shape) // y.shape[0], *outs, gw, gb)
             else:
                 args += tuple(outs)
             inv_m = 1.0 / ctx.m if ctx.batch else 0.0
             s = ctx.stats.reshape(cs)
-            K.abn_backward[ctx.batch, need_r, need_w](y, g, r, b, w, aeps, ctx.slope, s, inv_m, ctx.eps, *args)
+            K.abn_backward[ctx.batch, need_r, affine](y, g, r, b, w, aeps, ctx.slope, s, inv_m, ctx.eps, *args)
             gx, dz = outs[0], (outs[1] if need_r else None)
         else:
             if need_r:
                 dz = K.abn_dz(y, g, ctx.slope, memory.empty(y.shape, y.dtype, xp))
             if need_w:
                 K.abn_weight_grad(sums, _channel(ctx.weight, y.dtype), gw)
-        return gx, gw, sums.real if need_b else None, dz
+        return gx, gw if need_w else None, gb if need_b else None, dz
 
 
 # --- public functions -----------------------------------------------------------------
@@ -539,20 +550,26 @@ def _check_batch(name, input):
 class RunningStatUpdate(Function):
     """``r = (1 - momentum) * r + momentum * scale * batch``, written over ``r``'s buffer.
 
-    Allocates nothing (three passes over the C values: scale, add, scale back), so the
-    update is inplace for the allocator as well as for the version counter. Not
-    differentiable: running statistics are buffers, updated under ``no_grad``.
+    Allocates nothing (three passes over the C values: scale, add, scale back; one kernel
+    on a GPU, which derives the batch statistic from BatchNorm's sums itself when given
+    ``moments``), so the update is inplace for the allocator as well as for the version
+    counter. Not differentiable: running statistics are buffers, updated under ``no_grad``.
     """
 
     differentiable = False
     inplace_name = "running_stat_update_"
 
-    def forward(ctx, r, batch, momentum=0.1, scale=1.0):
+    def forward(ctx, r, batch, momentum=0.1, scale=1.0, moments=None):
+        # moments: (inv_m, var) when batch is a GPU's complex per-channel sums, from which
+        # the kernel derives the batch mean (var False) or biased variance (var True)
         xp = get_array_module(r)
         out = ctx.out if ctx.out is not None else memory.empty(r.shape, r.dtype, xp)
         w = momentum * scale
         if w == 0:
             xp.multiply(r, 1.0 - momentum, out=out)
+            return out
+        if moments is not None:  # one kernel, the statistic included
+            K.running_stat_from_moments(r, batch, moments[0], int(moments[1]), 1.0 - momentum, w, out)
             return out
         if on_gpu(r):  # one kernel
             K.running_stat_update(r, batch, 1.0 - momentum, w, out)
@@ -569,17 +586,16 @@ def _update_running(running_mean, running_var, stats, momentum):
     m = stats["count"]
     if running_mean is None and running_var is None:
         return
-    if "mean" not in stats:  # the GPU path keeps the sums: one kernel makes mean and variance
-        s = stats["moments"]
-        xp = get_array_module(s)
-        dtype = (running_mean if running_mean is not None else running_var).dtype
-        stats["mean"], stats["var"] = memory.empty(s.shape, dtype, xp), memory.empty(s.shape, dtype, xp)
-        K.bn_batch_stats(s, 1.0 / m, stats["mean"], stats["var"])
+    if "mean" in stats:
+        mean, var, moments = stats["mean"], stats["var"], {}
+    else:  # the GPU path keeps the sums: each update's kernel derives its statistic from them
+        mean = var = stats["moments"]
+        moments = {"mean": (1.0 / m, False), "var": (1.0 / m, True)}
     with no_grad():
         if running_mean is not None:
-            RunningStatUpdate.apply_(running_mean, stats["mean"], momentum=momentum)
+            RunningStatUpdate.apply_(running_mean, mean, momentum=momentum, moments=moments.get("mean"))
         if running_var is not None:
-            RunningStatUpdate.apply_(running_var, stats["var"], momentum=momentum, scale=m / (m - 1))
+            RunningStatUpdate.apply_(running_var, var, momentum=momentum, scale=m / (m - 1), moments=moments.get("var"))
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):

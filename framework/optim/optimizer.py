@@ -32,8 +32,10 @@ from ..autograd.grad_mode import enable_grad, no_grad
 from ..callsite import call_site
 from ..nn.module import _zero_grad
 from ..ops.elementwise import AddScaled
+from ..ops.kernels import on_gpu
 from ..tensor import Tensor, _wrap
 from .flat import FlatGroup, own
+from .kernels import FUSED_DTYPES
 
 
 class _Required:
@@ -335,10 +337,27 @@ class Optimizer:
 
         The rule is :meth:`_update`'s, run over the whole slice: a fixed number of
         whole-buffer operations per dtype, whatever the number of parameters. This is the
-        one place where a device may run a fused kernel instead (one ``ElementwiseKernel``
-        per step on a GPU).
+        one place where a device runs a fused kernel instead: on a GPU, for the dtypes of
+        :data:`framework.optim.kernels.FUSED_DTYPES`, :meth:`_update_fused` (one
+        ``ElementwiseKernel`` per step and dtype) under every policy, so that no policy
+        changes a number there; the CPU keeps the rule.
         """
+        if on_gpu(p._data) and p._data.dtype in FUSED_DTYPES:
+            new_p = self._update_fused(p, grad, state, group, u.inplace)
+            if new_p is not None:
+                return new_p
         return self._update(p, grad, state, group, u)
+
+    def _update_fused(self, p: Tensor, grad: Tensor, state: dict, group: dict, inplace: bool) -> Tensor | None:
+        """:meth:`_update` of a GPU's flat slice as one fused kernel
+        (:mod:`framework.optim.kernels`), or None where this optimizer has none (the rule
+        then runs op by op).
+
+        In place (``inplace``) the kernel writes over ``p`` and the state tensors and
+        returns ``p``; otherwise it writes new buffers (:func:`_fused_out`), stores new
+        state tensors with :meth:`_set_state` and returns the new parameter tensor.
+        """
+        return None
 
     def _update(self, p: Tensor, grad: Tensor, state: dict, group: dict, u: _Updater) -> Tensor:
         """Updates one parameter; returns ``p`` (updated in place) or its new value.
@@ -437,6 +456,12 @@ def _cast_state(value, p: Tensor, key: str):
         array = array.astype(p.dtype, copy=False)
     array = array.copy()
     return _wrap(memory.track(array, "optimizer_state"))
+
+
+def _fused_out(array, inplace: bool, category: str):
+    """Where a fused update writes the new values of ``array``: over it in place, else
+    into a new buffer of ``category``."""
+    return array if inplace else memory.empty(array.shape, array.dtype, backend.get_array_module(array), category)
 
 
 def _rebind(p: Tensor, new: Tensor, who: str, site) -> None:

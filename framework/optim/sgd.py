@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from .. import memory
-from .optimizer import Optimizer, _Updater, required
+from ..backend import get_array_module
+from ..tensor import _wrap
+from . import kernels as K
+from .optimizer import Optimizer, _fused_out, _Updater, required
 
 
 class SGD(Optimizer):
@@ -17,6 +20,8 @@ class SGD(Optimizer):
 
     Parameters and the momentum buffer are updated in place under the inplace policy
     ``on`` and rebound to new storage under ``off`` (see :mod:`framework.optim.optimizer`).
+    On a GPU the flat buffers' update is one fused kernel per dtype
+    (:data:`framework.optim.kernels.sgd` / ``sgd_momentum``).
 
     Raises:
         ValueError: for a negative lr, momentum or weight decay, and for ``nesterov``
@@ -63,3 +68,20 @@ class SGD(Optimizer):
             self._set_state(state, "momentum_buffer", buf)
             d_p = d_p.add(buf, alpha=momentum) if nesterov else buf
         return u.add(p, d_p, alpha=-lr)
+
+    def _update_fused(self, p, grad, state, group, inplace):
+        lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
+        weight_decay, nesterov = group["weight_decay"], group["nesterov"]
+        pa = p._data
+        p_out = _fused_out(pa, inplace, "parameters")
+        if momentum == 0:
+            K.sgd(pa, grad._data, weight_decay, -lr, p_out)
+        else:
+            buf = state.get("momentum_buffer")
+            first = buf is None  # the kernel makes the buffer (b = d): b_in's values go unused
+            b_in = memory.empty(pa.shape, pa.dtype, get_array_module(pa), "optimizer_state") if first else buf._data
+            b_out = b_in if first else _fused_out(b_in, inplace, "optimizer_state")
+            damp, flags = 1 - dampening, (int(first), int(nesterov))
+            K.sgd_momentum(pa, grad._data, b_in, weight_decay, momentum, damp, -lr, *flags, p_out, b_out)
+            self._set_state(state, "momentum_buffer", buf if buf is not None and b_out is buf._data else _wrap(b_out))
+        return p if p_out is pa else _wrap(p_out)

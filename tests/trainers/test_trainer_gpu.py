@@ -335,3 +335,59 @@ def test_gpu_and_cpu_runs_agree(tmp_path, gpu_run):
     gpu = Trainer(_config(tmp_path / "gpu", "device=cuda", "model.args.dropout=0.0")).fit()
     np.testing.assert_allclose(gpu.losses, cpu.losses, rtol=1e-3)  # cuBLAS vs BLAS summation order
     assert gpu.eval_metric == pytest.approx(cpu.eval_metric, abs=0.02)
+
+
+@pytest.mark.gpu
+def test_gpu_steps_read_nothing_back_and_the_losses_are_read_at_log_points(tmp_path, gpu_run):
+    if backend.cupy_choice() != "standin":
+        pytest.skip("host synchronizations are counted on the CuPy stand-in only")
+    from framework.testing.cupy_standin import counting
+
+    cfg = ("model.args.dropout=0.0", "train.log_every=4", "checkpoint.every=0")
+    trainer = Trainer(_config(tmp_path / "gpu", "device=cuda", *cfg))
+    step_syncs, reads = [], []
+    original_step, original_read = trainer._train_step, trainer._read_losses
+
+    def counted_step(*args):
+        with counting.count() as c:
+            out = original_step(*args)
+        step_syncs.append(c.host_syncs)
+        return out
+
+    def counted_read(pending):
+        with counting.count() as c:
+            values = original_read(pending)
+        reads.append((trainer.step, len(values), c.host_syncs))
+        return values
+
+    trainer._train_step, trainer._read_losses = counted_step, counted_read
+    gpu = trainer.fit()
+    assert step_syncs == [0] * 8
+    assert [(step, n) for step, n, _ in reads if n] == [(4, 4), (8, 4)]  # each window's losses at its log point
+    assert all(syncs == 1 for _, n, syncs in reads if n)  # in one transfer
+    cpu = Trainer(_config(tmp_path / "cpu", *cfg)).fit()
+    assert len(gpu.losses) == 8 and gpu.final_loss == gpu.losses[-1]
+    np.testing.assert_allclose(gpu.losses, cpu.losses, rtol=1e-3)
+    logged = [v for _, v in read_scalars(gpu.run_dir)["train/loss"]]
+    np.testing.assert_allclose(logged, [np.mean(gpu.losses[:4]), np.mean(gpu.losses[4:])], rtol=1e-6)
+
+
+@pytest.mark.gpu
+def test_a_non_finite_loss_on_the_gpu_is_reported_at_the_log_point_with_its_step(tmp_path, gpu_run):
+    cfg = _config(
+        tmp_path,
+        "device=cuda",
+        "optim.lr=1e6",
+        "schedule.name=none",
+        "model.args.dropout=0.0",
+        "train.max_steps=50",
+        "train.log_every=4",
+    )
+    trainer = Trainer(cfg)
+    with pytest.raises(trainer_mod.TrainingError) as info, np.errstate(over="ignore", invalid="ignore"):
+        trainer.fit()
+    msg = str(info.value)
+    assert "on a GPU the loss is read at log points" in msg and "Lower optim.lr" in msg
+    bad = int(msg.split(" at step ")[1].split(" ")[0])
+    assert bad < trainer.step and trainer.step % cfg.train.log_every == 0  # found at the log point after it
+    assert f"steps up to {trainer.step - 1} have applied their updates" in msg

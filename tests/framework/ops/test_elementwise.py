@@ -39,7 +39,7 @@ SPECS = [
     OpSpec("exp", fw.exp, np.exp, UNARY, inplace=lambda x: x.exp_(), memory="free"),
     OpSpec("sqrt", fw.sqrt, np.sqrt, UNARY, domain=(POS,), inplace=lambda x: x.sqrt_(), memory="free"),
     OpSpec("tanh", fw.tanh, np.tanh, UNARY, inplace=lambda x: x.tanh_(), memory="free"),
-    OpSpec("sigmoid", fw.sigmoid, _sigmoid, UNARY, inplace=lambda x: x.sigmoid_(), memory="free", budget=Budget(4, 7)),
+    OpSpec("sigmoid", fw.sigmoid, _sigmoid, UNARY, inplace=lambda x: x.sigmoid_(), memory="free", budget=Budget(1, 5)),
     OpSpec("relu", fw.relu, lambda a: np.maximum(a, 0), UNARY, inplace=lambda x: x.relu_(), memory="free"),
     # leaky_relu_ keeps nothing, but its CPU kernel needs one counted temporary while it
     # runs; the GPU's fused kernel needs none.

@@ -81,14 +81,20 @@ def test_batch_norm_training_two_kernels_each_way(counting, no_host_reads, affin
     with counting.count() as bwd:
         y.backward(g)
     _check(bwd, 2)  # the sums of g and g * x_hat, then x's gradient
+    # and, written by that second kernel, the weight's and bias's gradients as arrays of
+    # their own: the engine adopts them with no copy
+    assert bwd.launches == 2, bwd.by_site()
+    if affine:
+        assert w.grad._data.base is None and b.grad._data.base is None
 
 
-def test_batch_norm_running_stats_cost_three_tiny_kernels(counting, no_host_reads):
+def test_batch_norm_running_stats_cost_two_tiny_kernels(counting, no_host_reads):
     rm, rv = fw.zeros(4, device="cuda"), fw.ones(4, device="cuda")
     versions = rm._version, rv._version
+    x = _t((8, 4, 3, 3))
     with counting.count() as c:
-        batch_norm(_t((8, 4, 3, 3)), rm, rv, training=True)
-    _check(c, 2 + 3)  # + batch mean and variance in one kernel, one update per buffer
+        batch_norm(x, rm, rv, training=True)
+    _check(c, 2 + 2)  # + one update per buffer, each deriving its statistic from the sums
     assert (rm._version, rv._version) == (versions[0] + 1, versions[1] + 1)
 
 
@@ -108,19 +114,23 @@ def test_batch_norm_eval_two_kernels_each_way(counting, no_host_reads, need):
 
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("residual", [False, True])
-def test_inplace_abn_two_kernels_each_way(counting, no_host_reads, training, residual):
+@pytest.mark.parametrize("bias_grad", [False, True])
+def test_inplace_abn_two_kernels_each_way(counting, no_host_reads, training, residual, bias_grad):
     x = _t((8, 4, 3, 3), requires_grad=True)
-    w, b = _t((4,), 1, True), _t((4,), 2)  # the bias needs no gradient: x, weight (and residual)
+    w, b = _t((4,), 1, True), _t((4,), 2, bias_grad)  # x, weight, (bias) and (residual)
     r = _t((8, 4, 3, 3), 4, requires_grad=True) if residual else None
     rm, rv = fw.zeros(4, device="cuda"), fw.ones(4, device="cuda")
     h = x.clone()  # a non-leaf whose backward launches nothing
     rm, rv = (None, None) if training else (rm, rv)  # training without running statistics
+    gy = _t((8, 4, 3, 3), 3)
     with counting.count() as fwd:
         y = inplace_abn(h, rm, rv, w, b, training=training, residual=r)
     _check(fwd, 2)
     with counting.count() as bwd:
-        y.backward(_t((8, 4, 3, 3), 3))
-    _check(bwd, 2)  # the sums, then the gradients of x, weight (and the residual) in one kernel
+        y.backward(gy)
+    _check(bwd, 2)  # the sums, then the gradients of x, weight (bias and residual) in one kernel
+    assert bwd.launches == 2, bwd.by_site()  # weight's and bias's are arrays of their own: no copy
+    assert w.grad._data.base is None and (b.grad._data.base is None if bias_grad else b.grad is None)
 
 
 @pytest.mark.parametrize("shape", [(8, 4), (8, 4, 3, 3)])

@@ -1,5 +1,7 @@
 """Optimizers over flat buffers: layout, whole-buffer steps, and the per-parameter numbers."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -7,6 +9,7 @@ import framework as fw
 from framework import memory, nn, optim
 from framework.autograd import function as _function
 from framework.optim import flat as _flat
+from tests.conftest import requires_gpu
 
 POLICIES = ["on", "auto", "off"]
 
@@ -87,6 +90,23 @@ def test_flat_step_is_bitwise_the_per_parameter_step(cls, kwargs, policy):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("cls,kwargs", CASES)
+def test_on_the_gpu_the_fused_kernel_is_bitwise_the_rule_under_every_policy(cls, kwargs):
+    # the rule op by op (one parameter at a time) against the fused kernel over flat buffers
+    want = run(per_parameter(cls), kwargs, "on", device="cuda", dtypes=(fw.float32, fw.float64))[0]
+    for policy in POLICIES:
+        got = run(cls, kwargs, policy, device="cuda", dtypes=(fw.float32, fw.float64))[0]
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b, err_msg=policy)
+    for zero in (True, False):  # gradients from backward, into what zero_grad left
+        got = run(cls, kwargs, "auto", device="cuda", zero=zero)[0]
+        for a, b in zip(got, run(per_parameter(cls), kwargs, "auto", device="cuda", zero=zero)[0]):
+            np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("zero", [True, False])
 @pytest.mark.parametrize("cls,kwargs", [CASES[1], CASES[3]])
 def test_backward_gradients_and_zero_grad_give_the_same_numbers(cls, kwargs, zero):
@@ -149,26 +169,58 @@ def count_ops(monkeypatch):
     return calls
 
 
+def _counted_step(kind, kwargs, n, device, measure, dtypes=(fw.float32,)):
+    """``measure()`` (a context manager yielding a count) around the 4th step of ``kind``
+    over ``n`` parameters of ``dtypes`` (in turn), with fresh gradients each step."""
+    params = [nn.Parameter(fw.randn(60 // n, 5, device=device, dtype=dtypes[i % len(dtypes)])) for i in range(n)]
+    opt = kind(params, **kwargs)
+    for _ in range(3):  # the first step creates the state
+        for p in params:
+            p.grad = fw.randn(*p.shape, device=device, dtype=p.dtype)
+        opt.step()
+    for p in params:
+        p.grad = fw.randn(*p.shape, device=device, dtype=p.dtype)
+    with measure() as counted:
+        opt.step()
+    return counted
+
+
 @pytest.mark.parametrize("cls,kwargs", CASES)
-def test_a_step_runs_as_many_ops_for_3_parameters_as_for_30(cls, kwargs, backend, monkeypatch):
+def test_a_step_runs_as_many_ops_for_3_parameters_as_for_30(cls, kwargs, monkeypatch):
     fw.inplace.set_policy("auto")
     calls = count_ops(monkeypatch)
+
+    @contextlib.contextmanager
+    def ops():
+        del calls[:]
+        yield calls
+
     counts = {}
     for n, kind in ((3, cls), (30, cls), (3, per_parameter(cls)), (30, per_parameter(cls))):
-        params = [nn.Parameter(fw.randn(60 // n, 5, device=backend)) for _ in range(n)]
-        opt = kind(params, **kwargs)
-        for _ in range(3):  # the first step creates the state
-            for p in params:
-                p.grad = fw.randn(*p.shape, device=backend)
-            opt.step()
-        for p in params:
-            p.grad = fw.randn(*p.shape, device=backend)
-        del calls[:]
-        opt.step()
-        counts[n, kind is cls] = len(calls)
+        counts[n, kind is cls] = len(_counted_step(kind, kwargs, n, "cpu", ops))
     assert counts[3, True] == counts[30, True] > 0  # flat: independent of the parameter count
     assert counts[30, False] == 10 * counts[3, False]  # one by one: proportional to it
     assert counts[3, True] == counts[3, False] // 3
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("cls,kwargs", CASES)
+def test_on_the_gpu_a_step_is_one_fused_kernel_per_dtype(cls, kwargs, policy):
+    if fw.backend.cupy_choice() != "standin":
+        pytest.skip("launch counting needs the CuPy stand-in")
+    from framework.testing.cupy_standin import counting
+
+    fw.inplace.set_policy(policy)
+    dtypes = (fw.float32, fw.float64)
+    flat = {n: _counted_step(cls, kwargs, n, "cuda", counting.count, dtypes) for n in (4, 30)}
+    for c in flat.values():
+        # per dtype: the new gradients gathered into the flat gradient buffer, one update kernel
+        assert c.by_kind() == {"copy": 2, "kernel": 2}, c.by_site()
+        assert c.host_syncs == 0
+    one_by_one = _counted_step(per_parameter(cls), kwargs, 4, "cuda", counting.count, dtypes)
+    assert one_by_one.launches > 4 and "kernel" not in one_by_one.by_kind()  # the rule, op by op
 
 
 def test_on_the_gpu_a_step_is_one_pass_over_the_whole_buffer(backend, monkeypatch):

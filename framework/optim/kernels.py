@@ -1,0 +1,113 @@
+"""The optimizers' fused GPU kernels: one launch per step and dtype over the flat buffers.
+
+On a GPU an update written as whole-buffer ops costs one launch per op (SGD with momentum
+and weight decay: six; Adam: about a dozen), each 7-10 µs from Python. Over the flat
+buffers (:mod:`framework.optim.flat`) the whole rule is elementwise, so it runs as ONE
+``cupy.ElementwiseKernel`` per step and dtype, in place (policies ``auto`` and ``on``:
+the outputs are the flat buffers) or into new buffers (``off``), the same kernel and the
+same numbers either way.
+
+Each kernel is defined once, as its CUDA source and a NumPy reference that the CuPy
+stand-in runs in its place (:func:`framework.ops.kernels.elementwise`). Both do the
+per-parameter rule's operations in its order and dtype (``Optimizer._update``: the
+hyperparameters cast to the parameters' dtype, one rounding per operation), and the
+source is compiled with ``--fmad=false`` so that CUDA contracts no multiply and add into
+one FMA: the kernel rounds as the reference does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops.kernels import elementwise
+
+__all__ = ["sgd", "sgd_momentum", "adam", "FUSED_DTYPES"]
+
+# The dtypes the kernels take (CUDA's float and double); others run the rule op by op.
+FUSED_DTYPES = frozenset(np.dtype(t) for t in ("float32", "float64"))
+
+# One rounding per operation, as the reference: no FMA contraction.
+_OPTIONS = ("--fmad=false",)
+
+
+def _reads(*arrays):
+    """Copies of the inputs a reference reads after writing an output that may be their
+    buffer (the kernel reads each element before it writes it)."""
+    return [np.array(a, copy=True) for a in arrays]
+
+
+# --- SGD ---------------------------------------------------------------------------------------
+# d = g (+ p * wd); with momentum: b = d on the first step, else b * momentum + d * damp
+# (damp = 1 - dampening); d = d + b * momentum (nesterov) or b; p = p + d * nlr (nlr = -lr).
+
+
+def _sgd(p, g, wd, nlr, p_out):
+    p, g = _reads(p, g)
+    d = g + p * wd if wd != 0 else g
+    p_out[...] = p + d * nlr
+
+
+sgd = elementwise(
+    "T p, T g, T wd, T nlr",
+    "T p_out",
+    "T d = g; if (wd != (T)0) d = g + p * wd; p_out = p + d * nlr;",
+    "fused_sgd",
+    _sgd,
+    options=_OPTIONS,
+)
+
+
+def _sgd_momentum(p, g, b, wd, momentum, damp, nlr, first, nesterov, p_out, b_out):
+    p, g, b = _reads(p, g, b)
+    d = g + p * wd if wd != 0 else g
+    b = d if first else b * momentum + d * damp
+    d = d + b * momentum if nesterov else b
+    b_out[...] = b
+    p_out[...] = p + d * nlr
+
+
+sgd_momentum = elementwise(
+    "T p, T g, T b, T wd, T momentum, T damp, T nlr, int32 first, int32 nesterov",
+    "T p_out, T b_out",
+    "T d = g; if (wd != (T)0) d = g + p * wd;"
+    " T bv = first ? d : b * momentum + d * damp;"
+    " d = nesterov ? d + bv * momentum : bv;"
+    " b_out = bv; p_out = p + d * nlr;",
+    "fused_sgd_momentum",
+    _sgd_momentum,
+    options=_OPTIONS,
+)
+
+
+# --- Adam and AdamW ------------------------------------------------------------------------------
+# p = p * decay (AdamW; decay = 1 - lr * wd), or g = g + p * wd (Adam's L2 term, wd != 0);
+# m = m * beta1 + g * (1 - beta1); v = v * beta2 + (g * g) * (1 - beta2);
+# p = p + (m / (sqrt(v) / sqrt_bc2 + eps)) * nstep (nstep = -lr / (1 - beta1**t)).
+
+
+def _adam(p, g, m, v, decay, wd, beta1, c1, beta2, c2, sqrt_bc2, eps, nstep, decoupled, p_out, m_out, v_out):
+    p, g, m, v = _reads(p, g, m, v)
+    if decoupled:
+        p = p * decay
+    elif wd != 0:
+        g = g + p * wd
+    m = m * beta1 + g * c1
+    v = v * beta2 + (g * g) * c2
+    m_out[...] = m
+    v_out[...] = v
+    p_out[...] = p + (m / (np.sqrt(v) / sqrt_bc2 + eps)) * nstep
+
+
+adam = elementwise(
+    "T p, T g, T m, T v, T decay, T wd, T beta1, T c1, T beta2, T c2, T sqrt_bc2, T eps, T nstep, int32 decoupled",
+    "T p_out, T m_out, T v_out",
+    "T pv = p, gv = g;"
+    " if (decoupled) pv = pv * decay; else if (wd != (T)0) gv = gv + pv * wd;"
+    " T mv = m * beta1 + gv * c1;"
+    " T vv = v * beta2 + (gv * gv) * c2;"
+    " m_out = mv; v_out = vv;"
+    " p_out = pv + (mv / (sqrt(vv) / sqrt_bc2 + eps)) * nstep;",
+    "fused_adam",
+    _adam,
+    options=_OPTIONS,
+)
