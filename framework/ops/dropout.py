@@ -50,7 +50,7 @@ class Dropout(Function):
         xp = get_array_module(g)
         # Under policy on the engine may hand over a dead gradient to write into.
         gx = g if ctx.reuse_grad else memory.empty(g.shape, g.dtype, xp)
-        xp.multiply(g, ctx.mask, out=gx)
+        gx = xp.multiply(g, ctx.mask, out=gx)  # (a new tensor under create_graph)
         if ctx.scale != 1.0:
             gx *= ctx.scale
         return gx
