@@ -42,7 +42,14 @@ def saved_as_tensor(node, name, saved) -> Tensor:
         if n == name:
             idx = i
             break
-    if idx is None:  # kept by forward (indices, masks): a constant of the derivative
+    if idx is None:
+        # kept by forward: a function of the inputs the op recomputes with history
+        # (batch statistics), or else a constant of the derivative (indices, masks)
+        recompute = getattr(node, "kept_as_tensors", None)
+        if recompute is not None:
+            kept = recompute()
+            if name in kept:
+                return kept[name]
         return _wrap(array)
     if idx < 0:  # the result: its history is this node
         t = _wrap(array)

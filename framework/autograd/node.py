@@ -183,6 +183,10 @@ class Node:
             if graph_mode:
                 return higher.saved_as_tensor(self, name, saved[name])
             return saved[name].unpack(self)
+        if graph_mode and hasattr(type(self), "kept_as_tensors"):
+            kept = self.kept_as_tensors()  # what another device's forward kept in another form
+            if name in kept:
+                return kept[name]
         if name.startswith("_saved_"):
             return self.saved_by_torch_name(name[7:])
         if name in type(self).saves:

@@ -115,6 +115,10 @@ class TensorNamespace:
     def sign(self, a, out=None):
         return _wrap(self.xp.sign(_data(a)))
 
+    def greater(self, a, b, out=None):
+        r = self.xp.greater(_data(a), _data(b))
+        return _wrap(r if out is None else r.astype(out.dtype))  # out=: the dtype wanted
+
     def logical_and(self, a, b, out=None):
         return _wrap(self.xp.logical_and(_data(a), _data(b)))
 
