@@ -254,3 +254,12 @@ def test_a_program_matches_pytorch_to_third_order():
     want = program(torch, torch.tensor(xv, requires_grad=True), torch.tensor(wv, requires_grad=True), torch.tensor(t))
     for a, b in zip(got, want):
         np.testing.assert_allclose(_np(a), b.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_casts_and_device_moves_are_differentiated_twice(backend):
+    x = fw.tensor(np.array([0.5, 1.5, -2.0]), dtype=fw.float64, requires_grad=True)
+    y = (x.to(device=backend).float() ** 3).double().to(device="cpu").sum()
+    (g,) = grad(y, x, create_graph=True)
+    assert g.dtype == np.float64 and g.device == x.device and g.requires_grad
+    (h,) = grad(g.sum(), x)
+    np.testing.assert_allclose(_np(h), 6 * _np(x), rtol=1e-6)
