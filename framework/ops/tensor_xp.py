@@ -179,16 +179,4 @@ def namespace_of(t) -> TensorNamespace:
     return ns
 
 
-def astype(a, dtype):
-    """``a`` in ``dtype`` (no copy when it has it): a raw array's ``astype``, a tensor's ``to``."""
-    if isinstance(a, Tensor):
-        return a if a.dtype == dtype else a.to(dtype=dtype)
-    return a.astype(dtype, copy=False)
-
-
-def copy(a):
-    """A copy of ``a`` that can be written: ``a.copy()`` or ``a.clone()``."""
-    return a.clone() if isinstance(a, Tensor) else a.copy()
-
-
 backend.tensor_namespace = namespace_of

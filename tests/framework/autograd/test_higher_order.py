@@ -263,3 +263,24 @@ def test_casts_and_device_moves_are_differentiated_twice(backend):
     assert g.dtype == np.float64 and g.device == x.device and g.requires_grad
     (h,) = grad(g.sum(), x)
     np.testing.assert_allclose(_np(h), 6 * _np(x), rtol=1e-6)
+
+
+class _Frozen(fw.autograd.OpFunction):
+    """An op whose backward is not differentiable: create_graph must refuse it."""
+
+    differentiable_backward = False
+
+    def forward(ctx, x):
+        return x * 2
+
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_a_node_without_a_differentiable_backward_refuses_create_graph():
+    x = _x()
+    y = _Frozen.apply(x).sum()
+    with pytest.raises(RuntimeError, match="_FrozenBackward has no differentiable backward"):
+        grad(y, x, create_graph=True)
+    (g,) = grad(_Frozen.apply(x).sum(), x)
+    np.testing.assert_allclose(_np(g), np.full(3, 2.0))

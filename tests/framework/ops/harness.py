@@ -8,6 +8,9 @@ memory layout of the inputs (contiguous, transposed, strided slice):
 - forward in float32 against the float64 reference (dtype, shape, values; inputs untouched;
   a view op shares memory and the version counter with its input, other ops do not);
 - backward in float64 against central differences (:func:`framework.testing.gradcheck`);
+- second derivatives in float64: the gradient taken with ``create_graph=True``,
+  differentiated again, against central differences of the first-order gradient
+  (:func:`framework.testing.gradgradcheck`, fast mode);
 - the inplace form against the ordinary one: same values and gradients, the same tensor
   object returned, ``_version`` bumped by exactly one; or, where the result would need a
   bigger shape than the written tensor, a RuntimeError that leaves it unchanged;
@@ -116,8 +119,6 @@ class OpSpec:
         gpu_memory: the same on a GPU where it differs (a fused kernel needs no
             temporary: ``"free"``), else None.
         grad: False for ops without a gradient (comparisons).
-        double_grad: False for ops whose backward is not differentiable: the check is
-            then that ``create_graph=True`` through them raises, naming the op.
         view: True for view ops (output shares memory and version with input 0), False
             for ops that return new memory, None to leave it to a dedicated test.
         layouts: the input layouts to try (``view`` needs contiguous inputs).
@@ -134,7 +135,6 @@ class OpSpec:
     memory: str | None = None
     gpu_memory: str | None = None
     grad: bool = True
-    double_grad: bool = True
     view: bool | None = False
     layouts: tuple = LAYOUTS
     rtol: float = 1e-5
@@ -395,13 +395,6 @@ def check_double_backward(case: Case, device: str = "cpu") -> None:
     fast mode); on a GPU also the second derivatives against the CPU's."""
     storages = case.storages(np.float64, requires_grad=True, device=device)
     fn = lambda *s: case.spec.fn(*case.views(s))  # noqa: E731
-    if not case.spec.double_grad:
-        out = fn(*storages)
-        with pytest.raises(RuntimeError, match="has no differentiable backward"):
-            autograd_grad(
-                (out * _weights(out.shape, device=out.device)).sum(), storages, create_graph=True, allow_unused=True
-            )
-        return
     gradgradcheck(fn, storages)
     if device == "cpu":
         return

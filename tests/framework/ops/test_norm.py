@@ -660,3 +660,16 @@ def test_batch_norm_with_a_communicator_on_backend_matches_the_cpu(shape, backen
 
     for got, want in zip(run(backend), run("cpu")):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_sync_batch_norm_refuses_create_graph_naming_it():
+    from framework.distributed.sync_batchnorm import sync_batch_norm
+
+    rng = np.random.default_rng(3)
+    x = fw.tensor(rng.standard_normal((4, 3)), requires_grad=True)
+    rm, rv = fw.zeros(3, dtype=fw.float64), fw.ones(3, dtype=fw.float64)
+    out = sync_batch_norm(x * 1, rm, rv, None, None, momentum=0.3, comm=_TwinRanks())
+    with pytest.raises(RuntimeError, match="SyncBatchNorm .* has no differentiable backward"):
+        fw.autograd.grad((out * out).sum(), x, create_graph=True)
+    (g,) = fw.autograd.grad((out * out).sum(), x)  # first order still works
+    assert g.shape == x.shape
