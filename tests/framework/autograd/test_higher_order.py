@@ -284,3 +284,34 @@ def test_a_node_without_a_differentiable_backward_refuses_create_graph():
         grad(y, x, create_graph=True)
     (g,) = grad(_Frozen.apply(x).sum(), x)
     np.testing.assert_allclose(_np(g), np.full(3, 2.0))
+
+
+def test_pytorch_raises_and_allows_where_this_framework_does():
+    """The inplace scenarios above, on PyTorch: the same raise/allow decisions."""
+    torch = pytest.importorskip("torch")
+
+    def scenario(lib, which):
+        x = lib.tensor([0.5, 1.5, -2.0], dtype=lib.float64, requires_grad=True)
+        if which == "saved activation":
+            h = x.exp()
+            (g,) = lib.autograd.grad((h * h).sum(), x, create_graph=True)
+            h.mul_(2)
+            lib.autograd.grad(g.sum(), x)
+        elif which == "saved gradient":
+            (g,) = lib.autograd.grad((x**3).sum(), x, create_graph=True)
+            z = (g * g).sum()
+            g.add_(1.0)
+            lib.autograd.grad(z, x)
+        elif which == "inplace on gradient":
+            (g,) = lib.autograd.grad((x**3).sum(), x, create_graph=True)
+            g.mul_(x)
+            return lib.autograd.grad(g.sum(), x)[0].detach().numpy()
+        elif which == "leaf":
+            (x**2).sum().backward(create_graph=True)
+            x.mul_(2)
+
+    for which in ("saved activation", "saved gradient", "leaf"):
+        for lib in (fw, torch):
+            with pytest.raises(RuntimeError):
+                scenario(lib, which)
+    np.testing.assert_allclose(scenario(fw, "inplace on gradient"), scenario(torch, "inplace on gradient"))
