@@ -70,6 +70,10 @@ _saved_bytes = 0
 _default_category: list = [None]
 _timelines: list[Timeline] = []
 _stats: Counter = Counter()
+# Counters a hot path adds to directly (framework.inplace.count_owned, once per backward
+# op under policy auto): a plain dict updates about twice as fast as the Counter.
+# stats() adds them in; reset_stats() clears both.
+_plain_stats: dict[str, int] = {}
 _gpu_counter: PoolCounter | None = None  # set while a GPU pool hook is registered
 _hook_local = threading.local()  # .hook: the hook this thread registered with CuPy
 _hook_threads = 0  # threads with a registered hook
@@ -448,6 +452,8 @@ def stats() -> dict[str, int]:
     ``auto_inplace_ops`` is the total of the ``auto_inplace_ops.<op or site>`` counters.
     """
     out = dict(_stats)
+    for key, value in _plain_stats.items():
+        out[key] = out.get(key, 0) + value
     total = sum(v for k, v in out.items() if k.startswith("auto_inplace_ops."))
     if total:
         out["auto_inplace_ops"] = total
@@ -461,6 +467,7 @@ def count(event: str, n: int = 1) -> None:
 
 def reset_stats() -> None:
     _stats.clear()
+    _plain_stats.clear()
 
 
 # --- timeline -----------------------------------------------------------------------

@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from trainers.cli import run_cli  # noqa: E402
 from trainers.config import ConfigError, load_config  # noqa: E402
 from trainers.logging import format_summary, plot_comparison  # noqa: E402
-from trainers.trainer import Trainer  # noqa: E402
+from trainers.trainer import DASHBOARD_URL, SUMMARY_LEGEND, Trainer  # noqa: E402
 
 VARIANTS = {
     "off": ("off", None),
@@ -48,6 +48,9 @@ VARIANTS = {
     # the compiler's (docs/COMPILE.md)
     "compiled": ("off", None),
 }
+
+
+WARMUP_STEPS = 5  # untimed training steps before the runs (see compare)
 
 
 def parse_args(argv=None):
@@ -107,6 +110,14 @@ def compare(args) -> int:
         raise ConfigError(f"--rounds and --round-steps must be >= 1, got {args.rounds} and {args.round_steps}")
     configs = {name: policy_config(args, name) for name in names}
 
+    # The first training steps of a process run slower for a while: on the quickstart
+    # config, the first of three identical runs logged about half the samples/s of the
+    # other two, and after 5 untimed steps of a throwaway trainer all three agreed. Warm
+    # up once, so that no policy's logged throughput carries that cost.
+    warm = Trainer(configs[names[0]], resume=False)
+    warm.time_steps(WARMUP_STEPS)
+    del warm
+
     # Memory, losses and TensorBoard runs: one training run per policy. Only one trainer
     # is alive at a time, so no run's peak holds another run's model.
     results = {}
@@ -117,12 +128,15 @@ def compare(args) -> int:
         del trainer
 
     rates = measure_throughput(Trainer, configs, args.rounds, args.round_steps)
-    print(format_summary(*table(names, results, rates)))
-    print(
-        f"samples/s: median of {args.rounds} rounds of {args.round_steps} steps per policy, the policies "
-        f"taking turns; spread: (max - min) / median. 'vs {names[0]}': median of the per-round ratios, "
-        "(noise) when the rounds disagree on its sign."
-    )
+    print(format_summary(*table(names, results, rates), legend(names[0], args.rounds, args.round_steps)))
+    best = min(names, key=lambda n: results[n].peak_mb)
+    base = results[names[0]].peak_mb
+    if best != names[0] and base > 0:
+        saved = base - results[best].peak_mb
+        print(
+            f"lowest peak: {best}, {results[best].peak_mb:.1f} MB, {saved:.1f} MB ({100 * saved / base:.1f}%) "
+            f"below {names[0]}'s {base:.1f} MB"
+        )
     experiment = os.path.dirname(results[names[0]].run_dir)
     out = os.path.join(experiment, "compare.png")
     runs = [
@@ -136,7 +150,7 @@ def compare(args) -> int:
         for n in names
     ]
     plot_comparison(runs, title=f"{configs[names[0]].experiment}: inplace policies").savefig(out)
-    print(f"figure: {out}\nTensorBoard: tensorboard --logdir {experiment}")
+    print(f"figure: {out}\nTensorBoard: tensorboard --logdir {experiment}  (then open {DASHBOARD_URL})")
     return 0
 
 
@@ -194,6 +208,32 @@ def table(names, results, rates):
     if "compiled" not in names:
         keys = [k for k in keys if k not in ("planned MB", "inplace chains")]
     return rows, [(k, k) for k in keys]
+
+
+def legend(base: str, rounds: int, steps: int) -> list[tuple[str, str]]:
+    """What the table's columns mean; format_summary prints the lines of the columns shown."""
+    meaning = dict(SUMMARY_LEGEND)
+    return [
+        ("peak MB", meaning["peak MB"]),
+        ("floor MB", meaning["floor MB"]),
+        ("saved MB, saved %", f"peak MB below {base}'s peak MB (the first policy)"),
+        (
+            "samples/s",
+            f"median of {rounds} rounds of {steps} training steps per policy, measured after the runs "
+            "with the policies taking turns; spread %: (max - min) / median",
+        ),
+        (f"vs {base}", "median of the per-round speed ratios; (noise) when the rounds disagree on its sign"),
+        (
+            "auto ops/step, auto MB/step",
+            "per step, the writes policy auto ran in place (ops it proved dead; its writes over gradients, "
+            "optimizer state, linear's output) and the MB they did not allocate: a sum over the step, "
+            "larger than the drop of the peak",
+        ),
+        ("planned MB", "the compiled step's planned peak; inplace chains: its chains of ops run in place"),
+        ("final loss", meaning["final loss"]),
+        ("eval accuracy", meaning["eval accuracy"]),
+        ("eval mse", meaning["eval mse"]),
+    ]
 
 
 def speed_vs(rates: list[float], base: list[float]) -> str:

@@ -18,14 +18,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainers.cli import run_cli  # noqa: E402
 from trainers.config import load_config  # noqa: E402
-from trainers.trainer import Trainer, summary_table  # noqa: E402
+from trainers.trainer import DASHBOARD_URL, Trainer, summary_table  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--config", required=True, help="YAML config file (see configs/ and the README's config reference)")
+    p.add_argument("--config", required=True, help="YAML config file (see configs/ and docs/CONFIG.md)")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -66,7 +66,7 @@ def _train(args):
         return 0
     print(summary_table([result]))
     experiment = os.path.dirname(result.run_dir)
-    print(f"TensorBoard logs: {result.run_dir}  (tensorboard --logdir {experiment})")
+    print(f"TensorBoard logs: {result.run_dir}  (tensorboard --logdir {experiment}, then open {DASHBOARD_URL})")
     return 0
 
 

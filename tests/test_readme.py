@@ -38,16 +38,55 @@ def test_python_example_runs_and_fails_where_it_says(tmp_path):
     assert f"It was modified by add_ at {script}:10 (version 1)" in r.stderr
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        "pip install -e . && python scripts/train.py --config configs/quickstart.yaml",
-        'pip install -e ".[test,mpi]" && python -m pytest',
-    ],
+MAIN_JOB = (
+    "pip install -e . && python scripts/compare_inplace.py --config configs/quickstart_inplace.yaml "
+    "--policies off,auto,on+abn"
 )
+
+
+@pytest.mark.parametrize("command", [MAIN_JOB, 'pip install -e ".[test,mpi]" && python -m pytest'])
 def test_readme_and_ci_commands(command):
     assert command in _readme()
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
         ci = f.read()
     if "pytest" in command:
         assert command in ci, ".ci/run must run the README's test command"
+
+
+def test_the_main_job_is_the_first_command_and_the_front_page_is_short():
+    text = _readme()
+    first = re.search(r"```bash\n(.*?)\n```", text, re.S).group(1)
+    assert first == MAIN_JOB
+    assert len(text.splitlines()) <= 150
+
+
+def test_the_main_job_shows_the_saving_the_readme_claims(tmp_path):
+    """The README's table comes from the main job: its peaks (which do not depend on the
+    machine's load) are what a short run of the same config measures."""
+    from trainers.config import load_config
+    from trainers.trainer import Trainer
+
+    shown = {}
+    for line in _readme().splitlines():
+        m = re.match(r"(off|auto|on\+abn) +([0-9.]+) +([0-9.]+) +([0-9.]+) +([0-9.]+)%", line)
+        if m:
+            shown[m.group(1)] = (float(m.group(2)), float(m.group(3)))
+    assert set(shown) == {"off", "auto", "on+abn"}
+    assert shown["on+abn"][0] <= 0.7 * shown["off"][0]  # the best policy saves >= 30% of off's peak
+    for policy, norm in (("off", "bn"), ("on", "inplace_abn")):
+        cfg = load_config(
+            os.path.join(ROOT, "configs", "quickstart_inplace.yaml"),
+            [
+                f"inplace={policy}",
+                f"model.args.norm={norm}",
+                "train.max_steps=3",
+                "train.log_every=1",
+                "logging.progress=false",
+                "logging.timeline=false",
+                f"logging.logdir={tmp_path / 'runs'}",
+                f"checkpoint.dir={tmp_path / 'ckpt'}",
+            ],
+        )
+        r = Trainer(cfg).fit()
+        name = "off" if policy == "off" else "on+abn"
+        assert (round(r.peak_mb, 1), round(r.floor_mb, 1)) == shown[name], name

@@ -7,7 +7,7 @@ overrides from the command line::
     cfg.optim.lr          # 0.05
     cfg.model.args        # a plain dict, handed to the model constructor
 
-Every key, its type, default and meaning lives in ``SCHEMA`` below; the README's
+Every key, its type, default and meaning lives in ``SCHEMA`` below; docs/CONFIG.md's
 config reference is generated from it (``python -m trainers.config``).
 
 This module is pure Python + PyYAML on purpose: the CLI must be able to reject a bad
@@ -711,7 +711,7 @@ def _bounds_text(field: Field) -> str:
 def reference_markdown() -> str:
     """Returns a Markdown table of every config key (key, type, default, description).
 
-    The README's config reference is this output, so it cannot drift from the schema.
+    docs/CONFIG.md's config reference is this output, so it cannot drift from the schema.
     """
     lines = ["| Key | Type | Default | Description |", "| --- | --- | --- | --- |"]
     for key, field in _flatten_schema(SCHEMA):

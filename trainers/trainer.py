@@ -71,6 +71,8 @@ class RunResult:
 
     run_dir: str
     steps: int
+    # train/loss's last point: the mean loss over the last log window (train.log_every
+    # steps), as the progress display's last line shows it; ``losses[-1]`` is the last step's.
     final_loss: float
     eval_metric: float | None
     eval_name: str
@@ -81,8 +83,10 @@ class RunResult:
     policy: str
     losses: list = field(default_factory=list)
     timeline: object = None
-    auto_ops_per_step: float = 0.0  # ops policy auto ran in place, per training step
-    auto_saved_mb_per_step: float = 0.0  # and the MB they did not allocate
+    # Writes policy auto ran in place per training step (the ops it proved dead and its writes
+    # over gradients, optimizer state and linear's product), and the MB they did not allocate.
+    auto_ops_per_step: float = 0.0
+    auto_saved_mb_per_step: float = 0.0
     planned_peak_mb: float | None = None  # compile: true: the compiled step's planned peak
     inplace_chains: int | None = None  # compile: true: buffers the compiled step writes in place
 
@@ -324,10 +328,44 @@ def _read_text(path: str) -> str | None:
 def _add_auto_stats(window: dict, before: dict, after: dict) -> None:
     """Adds one step's auto-inplace counters (``memory.stats()`` deltas) to ``window``."""
     for key, value in after.items():
-        if key.startswith("auto_inplace"):
+        if key.startswith(("auto_inplace", "auto_owned")):
             delta = value - before.get(key, 0)
             if delta:
                 window[key] = window.get(key, 0) + delta
+
+
+# Where the layout below opens, with tensorboard's default port.
+DASHBOARD_URL = "http://localhost:6006/#custom_scalars"
+
+
+def dashboard_layout(eval_name: str) -> dict:
+    """The CUSTOM SCALARS tab: memory and speed first, each chart overlaying the runs of
+    the experiment (its inplace policies). The one-point ``summary/*`` tags (the HPARAMS
+    tab's metrics) sort after the curves in the SCALARS tab."""
+    return {
+        "memory and speed (one line per run: the inplace policies overlaid)": {
+            "peak MB of a training step (memory/peak_mb)": [r"^memory/peak_mb$"],
+            "floor MB: parameters, gradients, optimizer state, saved for backward (memory/floor_mb)": [
+                r"^memory/floor_mb$"
+            ],
+            "samples/s (perf/samples_per_sec)": [r"^perf/samples_per_sec$"],
+            "policy auto: MB per step it did not allocate (inplace/auto_saved_mb_per_step)": [
+                r"^inplace/auto_saved_mb_per_step$"
+            ],
+        },
+        "training: loss and held-out metric": {
+            "loss, mean over each log window (train/loss)": [r"^train/loss$"],
+            f"held-out {eval_name} (eval/{eval_name})": [rf"^eval/{eval_name}$"],
+        },
+    }
+
+
+def _auto_totals(counters: dict) -> tuple[int, int]:
+    """Policy auto's writes in place and the bytes they did not allocate: the ops it proved
+    dead plus its writes over the framework's own buffers (gradients, optimizer state)."""
+    ops = counters.get("auto_inplace_ops", 0)
+    ops += sum(v for k, v in counters.items() if k.startswith("auto_owned_ops."))
+    return ops, counters.get("auto_inplace_bytes", 0) + counters.get("auto_owned_bytes", 0)
 
 
 def _new_window() -> dict:
@@ -676,6 +714,7 @@ class Trainer:
         logger = RunLogger(self.run_dir, enabled=self.comm.is_main, purge_step=first_step)
         if not self.resumed or _read_text(os.path.join(self.run_dir, "config.yaml")) != cfg.to_yaml():
             logger.config_text(cfg.to_yaml(), step=first_step)  # again only if it changed
+        logger.layout(dashboard_layout("accuracy" if self.classification else "mse"), step=first_step)
         progress = Progress(
             total=self.total_steps,
             initial=self.step,
@@ -693,6 +732,7 @@ class Trainer:
         timed = {"time": 0.0, "samples": 0, "steps": 0}
         self._auto_run: dict = {}  # auto-inplace counters over the whole run
         eval_metric = None
+        last_loss = float("nan")  # train/loss at the last log point
         # The timeline of one step, the third (the first two warm caches and the allocator),
         # logged when recorded: a run resumed after it already has it.
         timeline = None
@@ -756,6 +796,7 @@ class Trainer:
                         peak = window["peak"]
                         peak_run = max(peak_run, peak)
                         metrics = self._window_metrics(window, peak, floor)
+                        last_loss = metrics["train/loss"]
                         logger.scalars(self.step, metrics)
                         progress.update(
                             self.step,
@@ -776,15 +817,15 @@ class Trainer:
             logger.flush()
             self.save()
         peak_run = max(peak_run, window["peak"])
-        result = self._result(losses, eval_metric, eval_name, peak_run, floor, timeline, timed)
+        result = self._result(losses, last_loss, eval_metric, eval_name, peak_run, floor, timeline, timed)
         logger.hparams(
             self.hparams(),
             {
-                "hparams/peak_mb": result.peak_mb,
-                "hparams/floor_mb": result.floor_mb,
-                "hparams/samples_per_sec": result.samples_per_sec,
-                "hparams/final_loss": result.final_loss,
-                f"hparams/eval_{eval_name}": eval_metric if eval_metric is not None else float("nan"),
+                "summary/peak_mb": result.peak_mb,
+                "summary/floor_mb": result.floor_mb,
+                "summary/samples_per_sec": result.samples_per_sec,
+                "summary/final_loss": result.final_loss,
+                f"summary/eval_{eval_name}": eval_metric if eval_metric is not None else float("nan"),
             },
         )
         logger.close()
@@ -856,13 +897,16 @@ class Trainer:
         if self.classification:
             correct = 0 if window["correct"] is None else int(to_host(window["correct"]))
             metrics["train/accuracy"] = correct / max(window["seen"], 1)
-        # What policy auto did, per training step: ops it ran in place (in total and by
-        # op or site) and the bytes they did not allocate. Zero under on and off.
-        metrics["inplace/auto_ops_per_step"] = window.get("auto_inplace_ops", 0) / n
-        metrics["inplace/auto_saved_mb_per_step"] = window.get("auto_inplace_bytes", 0) / n / MB
+        # What policy auto did, per training step: writes it ran in place (in total and by
+        # op or site: the ops it proved dead, and its writes over the framework's own
+        # buffers, framework.inplace.count_owned) and the bytes they did not allocate.
+        # Zero under on and off.
+        ops, saved = _auto_totals(window)
+        metrics["inplace/auto_ops_per_step"] = ops / n
+        metrics["inplace/auto_saved_mb_per_step"] = saved / n / MB
         for key, count in window.items():
-            if key.startswith("auto_inplace_ops."):
-                metrics["inplace/auto_ops_per_step/" + key[len("auto_inplace_ops.") :]] = count / n
+            if key.startswith(("auto_inplace_ops.", "auto_owned_ops.")):
+                metrics["inplace/auto_ops_per_step/" + key.split(".", 1)[1]] = count / n
         if self.compiled is not None:  # what the compiled step's plan expects, beside the measured tags
             plan = self.compiled.plan
             metrics["memory/planned_peak_mb"] = plan.planned_peak_bytes / MB
@@ -881,11 +925,11 @@ class Trainer:
             metrics["train/loss"] = self.comm.allreduce_scalar(metrics["train/loss"], "mean")
         return metrics
 
-    def _result(self, losses, eval_metric, eval_name, peak, floor, timeline, timed) -> RunResult:
+    def _result(self, losses, last_loss, eval_metric, eval_name, peak, floor, timeline, timed) -> RunResult:
         return RunResult(
             run_dir=self.run_dir,
             steps=self.step,
-            final_loss=losses[-1] if losses else float("nan"),
+            final_loss=last_loss,
             eval_metric=eval_metric,
             eval_name=eval_name,
             peak_mb=peak / MB,
@@ -895,8 +939,8 @@ class Trainer:
             policy=self.cfg.inplace,
             losses=losses,
             timeline=timeline,
-            auto_ops_per_step=self._auto_run.get("auto_inplace_ops", 0) / max(self.step, 1),
-            auto_saved_mb_per_step=self._auto_run.get("auto_inplace_bytes", 0) / max(self.step, 1) / MB,
+            auto_ops_per_step=_auto_totals(self._auto_run)[0] / max(self.step, 1),
+            auto_saved_mb_per_step=_auto_totals(self._auto_run)[1] / max(self.step, 1) / MB,
             planned_peak_mb=self.compiled.plan.planned_peak_bytes / MB
             if self.compiled and self.compiled.last
             else None,
@@ -945,4 +989,24 @@ def summary_table(results: list[RunResult]) -> str:
         for r in results
     ]
     columns = [(k, k) for k in rows[0]] if rows else []
-    return format_summary(rows, columns)
+    return format_summary(rows, columns, SUMMARY_LEGEND)
+
+
+# What the summary tables' columns mean (scripts/train.py's and compare_inplace.py's).
+SUMMARY_LEGEND = (
+    (
+        "final loss",
+        "train/loss's last point: the mean over the last train.log_every steps, as on the progress line",
+    ),
+    ("eval accuracy", "on the held-out set at the last step"),
+    ("eval mse", "on the held-out set at the last step"),
+    (
+        "peak MB",
+        "the highest live array memory of a training step (evaluation left out); MB = 2^20 bytes",
+    ),
+    (
+        "floor MB",
+        "what a step cannot do without: parameters, gradients, optimizer state and what autograd holds for backward",
+    ),
+    ("samples/s", "over the whole run, leaving out the first step (warm-up)"),
+)

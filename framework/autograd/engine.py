@@ -66,6 +66,7 @@ def _sum_into(store, key, new) -> None:
     if inplace.enabled() and _is_exclusive(existing):
         get_array_module(existing).add(existing, new, out=existing)
         memory.count("inplace_grad_accumulations")
+        inplace.count_owned("grad_accumulation", existing.nbytes)
     else:
         existing = memory.track(_as_array(existing + new), "gradients")
     store[key] = existing
@@ -122,6 +123,7 @@ def _accumulate_leaf(leaf, box) -> None:
         get_array_module(grad).add(current._data, grad, out=current._data)
         current._vc.bump("grad accumulation", ("<autograd engine>", 0))
         memory.count("inplace_grad_accumulations")
+        inplace.count_owned("grad_accumulation", grad.nbytes)
     else:
         # out of place (policy off), in the leaf's layout as the inplace sum keeps it
         total = memory.empty_layout(leaf._data, grad.dtype, "gradients")

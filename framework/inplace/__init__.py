@@ -108,6 +108,28 @@ def enabled(explicit: bool | None = None) -> bool:
     return _policy != "off"
 
 
+def count_owned(site: str, nbytes: int) -> None:
+    """Counts, under policy ``auto``, a write over one of the framework's own buffers (an
+    :func:`enabled` site): ``auto_owned_ops.<site>`` one more, ``auto_owned_bytes`` the
+    ``nbytes`` that were not allocated. Kept apart from the ``auto_inplace_*`` counters of
+    the ops auto proves dead (the proof's calibration and tests read those); the trainer
+    adds the two into ``inplace/auto_*_per_step``. Under ``on`` and ``off`` it counts
+    nothing. The sites: ``grad_accumulation`` (a gradient summed into the buffer of the
+    one before), ``backward_grad`` (a backward writing its result over its incoming
+    gradient), ``optimizer`` (a parameter or state update) and ``linear_bias`` (the bias
+    added into linear's fresh product).
+    """
+    if _policy == "auto":
+        # Straight into memory's plain-dict counters: this runs once per backward op.
+        key = _owned_keys.get(site) or _owned_keys.setdefault(site, "auto_owned_ops." + site)
+        counts = memory._plain_stats
+        counts[key] = counts.get(key, 0) + 1
+        counts["auto_owned_bytes"] = counts.get("auto_owned_bytes", 0) + nbytes
+
+
+_owned_keys: dict = {}  # site -> its memory.stats() key
+
+
 def site_target(tensor, site: str):
     """Where a policy site may write its result over ``tensor``: ``(file, line)``, or None.
 

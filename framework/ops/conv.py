@@ -63,6 +63,7 @@ import contextlib
 
 import numpy as np
 
+from .. import inplace as _inplace
 from ..autograd.function import Function
 from ..backend import get_array_module, parse_device, xp_for
 from ..tensor import Tensor
@@ -267,6 +268,8 @@ class Conv2d(Function):
             # weight and bias gradients are done by then): no second activation-sized
             # gradient exists at this step's peak.
             overwrite = ctx.reuse_grad and g.shape == geom.x_shape and g.flags.c_contiguous
+            if overwrite:
+                _inplace.count_owned("backward_grad", g.nbytes)
             gx = ALGORITHMS[plan.grad_input].grad_input(g, ctx.w, geom, limit, xp, overwrite)
         return gx, gw, gb
 

@@ -49,7 +49,11 @@ class Dropout(Function):
     def backward(ctx, g):
         xp = get_array_module(g)
         # Under policy on the engine may hand over a dead gradient to write into.
-        gx = g if ctx.reuse_grad else memory.empty(g.shape, g.dtype, xp)
+        if ctx.reuse_grad:
+            gx = g
+            _inplace.count_owned("backward_grad", g.nbytes)
+        else:
+            gx = memory.empty(g.shape, g.dtype, xp)
         gx = xp.multiply(g, ctx.mask, out=gx)  # (a new tensor under create_graph)
         if ctx.scale != 1.0:
             gx *= ctx.scale

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import inplace as _inplace
 from .. import memory
 from ..autograd.function import Function
 from ..backend import add_scaled_, get_array_module
@@ -50,7 +51,10 @@ def _into(ctx, g, shape=None):
     incoming gradient dead (see engine._execute); the result must also have g's shape.
     A backward that computes several gradients from g overwrites it LAST.
     """
-    return g if ctx.reuse_grad and (shape is None or shape == g.shape) else None
+    if ctx.reuse_grad and (shape is None or shape == g.shape):
+        _inplace.count_owned("backward_grad", g.nbytes)
+        return g
+    return None
 
 
 # --- binary arithmetic ----------------------------------------------------------------
@@ -299,7 +303,7 @@ class Cos(Function):
     def backward(ctx, g):
         xp = _xp(g)
         # An explicit buffer when g is not reused: for 0-d g NumPy would return a scalar.
-        gx = xp.multiply(g, xp.sin(ctx.x), out=g if ctx.reuse_grad else xp.empty_like(g))
+        gx = xp.multiply(g, xp.sin(ctx.x), out=_into(ctx, g) if ctx.reuse_grad else xp.empty_like(g))
         return xp.negative(gx, out=gx)
 
 
@@ -396,7 +400,7 @@ class LeakyRelu(Function):
         xp = _xp(g)
         if ctx.reuse_grad:
             scale = astype(xp.where(ctx.result > 0, 1, ctx.slope), g.dtype)
-            return xp.multiply(g, scale, out=g)
+            return xp.multiply(g, scale, out=_into(ctx, g))
         return xp.where(ctx.result > 0, g, g * ctx.slope)
 
 

@@ -3,7 +3,7 @@ the fused ``linear`` of ``nn.Linear``."""
 
 from __future__ import annotations
 
-from .. import memory
+from .. import inplace, memory
 from ..autograd.function import Function
 from ..backend import get_array_module
 from .broadcast import astype, sum_to
@@ -73,6 +73,7 @@ class Linear(Function):
         if bias is not None:
             if add_bias_inplace and out.dtype == bias.dtype:
                 out += bias
+                inplace.count_owned("linear_bias", out.nbytes)
             else:
                 out = memory.track(out + bias, "activations")
         ctx.xshape, ctx.dtypes = x.shape, (x.dtype, weight.dtype, None if bias is None else bias.dtype)

@@ -65,17 +65,25 @@ class _Updater:
 
     def add(self, t: Tensor, other, alpha=1) -> Tensor:
         """``t + alpha * other``; a scaled tensor update is one pass over ``t`` in place."""
+        if self.inplace:
+            _inplace.count_owned("optimizer", t._data.nbytes)
         if alpha != 1 and isinstance(other, Tensor) and other.shape == t.shape and other.dtype == t.dtype:
             return AddScaled.apply_(t, other, alpha=alpha) if self.inplace else AddScaled.apply(t, other, alpha=alpha)
         return t.add_(other, alpha=alpha) if self.inplace else t.add(other, alpha=alpha)
 
     def mul(self, t: Tensor, other) -> Tensor:
+        if self.inplace:
+            _inplace.count_owned("optimizer", t._data.nbytes)
         return t.mul_(other) if self.inplace else t.mul(other)
 
     def div(self, t: Tensor, other) -> Tensor:
+        if self.inplace:
+            _inplace.count_owned("optimizer", t._data.nbytes)
         return t.div_(other) if self.inplace else t.div(other)
 
     def sqrt(self, t: Tensor) -> Tensor:
+        if self.inplace:
+            _inplace.count_owned("optimizer", t._data.nbytes)
         return t.sqrt_() if self.inplace else t.sqrt()
 
 

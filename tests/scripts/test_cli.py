@@ -51,6 +51,7 @@ def test_train_succeeds_and_prints_the_summary(tmp_path):
     assert "inplace-auto_np1" in r.stdout and "peak MB" in r.stdout and "floor MB" in r.stdout
     assert os.path.isdir(tmp_path / "runs" / "cli" / "inplace-auto_np1")
     assert os.path.isfile(tmp_path / "checkpoints" / "cli" / "inplace-auto_np1" / "step_00000004.npz")
+    assert "final loss: train/loss's last point" in r.stdout  # the table's legend
 
 
 @pytest.mark.parametrize(
@@ -135,7 +136,13 @@ def test_compare_inplace_runs_each_policy_into_one_experiment(tmp_path):
         assert column in header
     rows = {line.split()[0]: line for line in lines[lines.index(header) + 2 :][:3]}
     assert set(rows) == {"off", "on", "auto"}
-    assert "median of 3 rounds of 2 steps" in r.stdout
+    # The legend follows the rows: what saved is measured against, what auto counts, which loss.
+    legend = lines[lines.index(header) + 5 :]
+    assert any(line.startswith("saved MB, saved %: peak MB below off's") for line in legend)
+    assert any(line.startswith("samples/s: median of 3 rounds of 2 training steps") for line in legend)
+    assert any(line.startswith("auto ops/step, auto MB/step: ") for line in legend)
+    assert any(line.startswith("final loss: train/loss's last point") for line in legend)
+    assert "#custom_scalars" in lines[-1]
     experiment = tmp_path / "runs" / "cli"
     assert sorted(os.listdir(experiment)) == ["compare.png", "inplace-auto_np1", "inplace-off_np1", "inplace-on_np1"]
     # Each progress display names its policy (not a terminal here: one line per run at the end).

@@ -29,11 +29,11 @@ SHORT = [
 ]
 
 
-def test_there_are_configs_and_the_readme_lists_each_one():
+def test_there_are_configs_and_the_usage_doc_lists_each_one():
     assert "quickstart.yaml" in CONFIGS and any(c.startswith("mpi_") for c in CONFIGS)
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-    table = readme.split("| config | what it runs |")[1].split("\n\n")[0]
+    with open(os.path.join(ROOT, "docs", "USAGE.md"), encoding="utf-8") as f:
+        usage = f.read()
+    table = usage.split("| config | what it runs |")[1].split("\n\n")[0]
     assert sorted(re.findall(r"^\| `([\w.]+\.yaml)`", table, re.M)) == CONFIGS
 
 

@@ -45,7 +45,7 @@ def comparable(scalars):
     return {
         tag: points
         for tag, points in scalars.items()
-        if tag.startswith(("train/", "eval/", "inplace/", "hparams/final", "hparams/eval"))
+        if tag.startswith(("train/", "eval/", "inplace/", "summary/final", "summary/eval"))
     }
 
 

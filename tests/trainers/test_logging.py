@@ -474,6 +474,37 @@ def test_format_summary_with_human_keys():
     ]
 
 
+def test_format_summary_ends_with_the_legend_of_the_columns_it_shows():
+    rows = [{"policy": "on", "peak MB": 10.0, "saved %": 16.5}]
+    legend = [("peak MB", "the step's peak"), ("saved MB, saved %", "against off"), ("auto MB/step", "not shown")]
+    assert format_summary(rows, [(k, k) for k in rows[0]], legend).splitlines()[3:] == ["peak MB: the step's peak"]
+    rows[0]["saved MB"] = 2.0
+    assert format_summary(rows, [(k, k) for k in rows[0]], legend).splitlines()[3:] == [
+        "peak MB: the step's peak",
+        "saved MB, saved %: against off",
+    ]
+
+
+def test_layout_writes_the_custom_scalars_tab(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    with RunLogger(tmp_path / "run") as log:
+        log.layout({"memory": {"peak": [r"^memory/peak_mb$"], "floor": [r"^memory/floor_mb$"]}})
+        log.scalars(1, {"memory/peak_mb": 1.0})
+    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0})
+    acc.Reload()
+    (event,) = acc.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
+    (category,) = layout.category
+    assert category.title == "memory"
+    assert [(c.title, list(c.multiline.tag)) for c in category.chart] == [
+        ("peak", [r"^memory/peak_mb$"]),
+        ("floor", [r"^memory/floor_mb$"]),
+    ]
+    assert RunLogger(tmp_path / "off", enabled=False).layout({"x": {"y": ["z"]}}) is None
+
+
 def test_logging_leaves_other_imports_alone(tmp_path):
     # The logger once hid torch from tensorboardX by putting None into sys.modules while
     # importing it, which made an import of torch in another thread fail meanwhile. A

@@ -266,6 +266,25 @@ class RunLogger:
         self._add(summary, step)
         return path
 
+    # ---- layout
+
+    def layout(self, categories: Mapping[str, Mapping[str, Iterable[str]]], step: int = 0) -> None:
+        """Logs the CUSTOM SCALARS tab's layout: ``{category: {chart title: [tag regexes]}}``.
+
+        Each chart draws every tag matching one of its regular expressions, for every run,
+        in one plot: the runs of an experiment overlaid. TensorBoard merges the layouts of
+        all runs (identical charts once), so every run may log the same one.
+        """
+        if self._file is None:
+            return
+        from tensorboardX.summary import custom_scalars  # noqa: PLC0415
+
+        spec = {
+            cat: {title: ["Multiline", list(tags)] for title, tags in charts.items()}
+            for cat, charts in categories.items()
+        }
+        self._add(custom_scalars(spec), step)
+
     # ---- hparams
 
     def hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, Any], step: int | None = None) -> None:

@@ -67,17 +67,26 @@ def format_value(key: str, value) -> str:
     return f"{value:.4g}"
 
 
-def format_summary(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
-    """Renders rows as a plain-text table with aligned columns.
+def format_summary(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[tuple[str, str]],
+    legend: Sequence[tuple[str, str]] = (),
+) -> str:
+    """Renders rows as a plain-text table with aligned columns, then its legend.
 
     Args:
         rows: One mapping per row; a missing key shows ``-``.
         columns: ``(key, header)`` pairs, in order. Values are formatted by
             :func:`format_value` from the key; a column whose values are all numbers
             is right-aligned, any other column left-aligned.
+        legend: ``(headers, meaning)`` pairs: what the columns that are not obvious
+            mean, one line each, ``headers: meaning``. ``headers`` names one or more
+            columns (``"saved MB, saved %"``); a line whose first column is not in the
+            table is left out.
 
     Returns:
-        Header, a rule of dashes, then one line per row, without trailing spaces.
+        Header, a rule of dashes, one line per row, then the legend's lines, without
+        trailing spaces.
     """
     cells = [[format_value(key, row.get(key)) for key, _ in columns] for row in rows]
     widths, right = [], []
@@ -92,4 +101,6 @@ def format_summary(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[st
 
     out = [line([h for _, h in columns]), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in cells]
+    headers = {h for _, h in columns}
+    out += [f"{names}: {meaning}" for names, meaning in legend if names.split(", ")[0] in headers]
     return "\n".join(out)

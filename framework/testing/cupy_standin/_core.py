@@ -30,6 +30,12 @@ from .cuda.device import Device
 
 _PY_SCALARS = (bool, int, float, complex)
 _SUPPORTED_DTYPES = frozenset("?bBhHiIlLqQefdFD")  # bool, integers, float16/32/64, complex64/128
+try:  # CuPy 14 supports bfloat16 where ml_dtypes imports (char "E"), and only there
+    import ml_dtypes  # noqa: F401
+
+    _SUPPORTED_DTYPES |= {"E"}
+except ImportError:
+    pass
 _MISSING = object()
 
 

@@ -394,34 +394,37 @@ def bf16():
     return fw.bfloat16
 
 
-def test_bfloat16_creation_and_casts(bf16):
-    a = fw.tensor([1.0, 2.5, 3.3], dtype=bf16)
+def test_bfloat16_creation_and_casts(bf16, backend):
+    a = fw.tensor([1.0, 2.5, 3.3], dtype=bf16, device=backend)
     assert a.dtype == bf16 and a.tolist() == [1.0, 2.5, 3.296875]  # PyTorch's rounding
-    assert fw.zeros(2, dtype=bf16).tolist() == [0.0, 0.0] and fw.ones(2, 2, dtype=bf16).dtype == bf16
-    assert fw.ones(2).to(bf16).dtype == bf16 and fw.ones(2).bfloat16().dtype == bf16
+    assert (
+        fw.zeros(2, dtype=bf16, device=backend).tolist() == [0.0, 0.0]
+        and fw.ones(2, 2, dtype=bf16, device=backend).dtype == bf16
+    )
+    assert fw.ones(2, device=backend).to(bf16).dtype == bf16 and fw.ones(2, device=backend).bfloat16().dtype == bf16
     assert a.float().dtype == fw.float32 and a.float().tolist() == [1.0, 2.5, 3.296875]
     assert a.to(fw.int64).tolist() == [1, 2, 3]
-    b = fw.zeros(3, dtype=bf16)
-    b.copy_(fw.tensor([1.1, 2.2, 3.3]))
+    b = fw.zeros(3, dtype=bf16, device=backend)
+    b.copy_(fw.tensor([1.1, 2.2, 3.3], device=backend))
     assert b.dtype == bf16 and b.tolist() == [1.1015625, 2.203125, 3.296875]
 
 
-def test_bfloat16_elementwise_rounds_each_result(bf16):
+def test_bfloat16_elementwise_rounds_each_result(bf16, backend):
     # PyTorch computes each op in float32 and rounds the result to bfloat16
-    a = fw.tensor([1.0, 2.5, 3.3], dtype=bf16)
+    a = fw.tensor([1.0, 2.5, 3.3], dtype=bf16, device=backend)
     assert (a * a).tolist() == [1.0, 6.25, 10.875]
     assert (a / 3).tolist() == [0.333984375, 0.83203125, 1.1015625]
     assert (a + 1.5).dtype == bf16 and (a + 1.5).tolist() == [2.5, 4.0, 4.8125]
     assert (a - a).tolist() == [0.0, 0.0, 0.0] and (-a).dtype == bf16
-    assert fw.relu(fw.tensor([-1.0, 2.0], dtype=bf16)).tolist() == [0.0, 2.0]
-    assert (a + fw.ones(3)).dtype == fw.float32  # promotion: float32 dims win
-    assert (a * fw.tensor(2.0, dtype=fw.float64)).dtype == bf16  # a 0-d tensor does not promote
+    assert fw.relu(fw.tensor([-1.0, 2.0], dtype=bf16, device=backend)).tolist() == [0.0, 2.0]
+    assert (a + fw.ones(3, device=backend)).dtype == fw.float32  # promotion: float32 dims win
+    assert (a * fw.tensor(2.0, dtype=fw.float64, device=backend)).dtype == bf16  # a 0-d tensor does not promote
     a.mul_(3)
     assert a.dtype == bf16 and a.tolist() == [3.0, 7.5, 9.875]
 
 
-def test_bfloat16_gradients(bf16):
-    x = fw.tensor([1.0, -2.0, 3.0], dtype=bf16, requires_grad=True)
+def test_bfloat16_gradients(bf16, backend):
+    x = fw.tensor([1.0, -2.0, 3.0], dtype=bf16, requires_grad=True, device=backend)
     (x * x + x).relu().sum().backward()
     assert x.grad.dtype == bf16 and x.grad.tolist() == [3.0, -3.0, 7.0]
 
