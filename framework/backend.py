@@ -232,10 +232,24 @@ def _cupy_if_array(obj):
 
 
 def get_array_module(array):
-    """The array module of an array (NumPy for NumPy arrays and scalars)."""
+    """The array module of an array (NumPy for NumPy arrays and scalars).
+
+    For a tensor (a backward run under ``create_graph``), the namespace of NumPy's names
+    over differentiable ops that ``framework.ops.tensor_xp`` registers as
+    :data:`tensor_namespace`: the same backward formula then records history.
+    """
     if isinstance(array, np.ndarray):
         return np
-    return _cupy_if_array(array) or np
+    cp = _cupy_if_array(array)
+    if cp is not None:
+        return cp
+    if tensor_namespace is not None and hasattr(array, "_grad_fn"):
+        return tensor_namespace(array)
+    return np
+
+
+# Set by framework.ops.tensor_xp (a layer above): tensor -> its array namespace.
+tensor_namespace = None
 
 
 def is_array(obj) -> bool:

@@ -296,7 +296,9 @@ class Tensor:
 
         def keep(grad_array):
             t = ref()
-            if t is not None:
+            if t is not None and grad_array.__class__ is Tensor:  # create_graph: with history
+                t._grad = grad_array.clone() if t._grad is None else t._grad + grad_array
+            elif t is not None:
                 g = _wrap(grad_array.copy())
                 memory.track(g._data, "gradients")
                 if t._grad is None:
@@ -323,6 +325,8 @@ class Tensor:
             return _HookHandle(self._hooks, hook)
 
         def on_array(grad_array):
+            if grad_array.__class__ is Tensor:  # create_graph: gradients are tensors with history
+                return hook(grad_array)
             r = hook(_wrap(grad_array))
             return None if r is None else r._data
 
@@ -340,10 +344,11 @@ class Tensor:
         self._post_acc_hooks.append(hook)
         return _HookHandle(self._post_acc_hooks, hook)
 
-    def backward(self, gradient=None, retain_graph: bool | None = None, inputs=None) -> None:
-        """Accumulates d(self)/d(leaf) into every leaf's ``.grad`` (see :func:`autograd.backward`)."""
+    def backward(self, gradient=None, retain_graph: bool | None = None, create_graph: bool = False, inputs=None):
+        """Accumulates d(self)/d(leaf) into every leaf's ``.grad`` (see :func:`autograd.backward`);
+        with ``create_graph`` the backward is recorded, for higher-order gradients."""
         self._live()
-        engine.backward([self], [gradient], retain_graph=retain_graph, inputs=inputs)
+        engine.backward([self], [gradient], retain_graph=retain_graph, create_graph=create_graph, inputs=inputs)
 
     def detach(self) -> Tensor:
         """Same values and version counter, no history (inplace on it is seen by autograd)."""
@@ -541,16 +546,31 @@ class Tensor:
         return _ops.uniform_(self, a, b)
 
     # reductions
-    def sum(self, dim=None, keepdim=False):
+    def sum(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        # axis/keepdims: NumPy's names, which PyTorch accepts as aliases
+        if axis is not None:
+            dim = axis
+        if keepdims is not None:
+            keepdim = keepdims
         return _ops.sum(self, dim, keepdim)
 
-    def mean(self, dim=None, keepdim=False):
+    def mean(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        # axis/keepdims: NumPy's names, which PyTorch accepts as aliases
+        if axis is not None:
+            dim = axis
+        if keepdims is not None:
+            keepdim = keepdims
         return _ops.mean(self, dim, keepdim)
 
     def var(self, dim=None, unbiased=True, keepdim=False, correction=None):
         return _ops.var(self, dim, unbiased, keepdim, correction)
 
-    def amax(self, dim=None, keepdim=False):
+    def amax(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        # axis/keepdims: NumPy's names, which PyTorch accepts as aliases
+        if axis is not None:
+            dim = axis
+        if keepdims is not None:
+            keepdim = keepdims
         return _ops.amax(self, dim, keepdim)
 
     def max(self, dim=None, keepdim=False):

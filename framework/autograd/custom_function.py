@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import functools
 import warnings
+import weakref
 
 import numpy as np
 
 from ..backend import device_of, get_array_module
-from ..ops.broadcast import sum_to
+from ..ops.broadcast import astype, sum_to
 from ..tensor import Tensor, _wrap
+from . import node as _node
 from .function import _FREED, CopySlices, SavedTensor, _backward_twice_message, _check_inplace_target, edge_of
 from .function import Function as OpFunction
 from .grad_mode import no_grad, state
@@ -114,7 +116,8 @@ class FunctionCtx(OpFunction):
             if g is None and meta is not None and self.__dict__.get("_materialize", True):
                 shape, dtype, xp = meta
                 g = xp.zeros(shape, dtype=dtype)
-            grads_out.append(None if g is None else _wrap(g))
+            # (under create_graph the gradients are tensors with history already)
+            grads_out.append(g if g is None or g.__class__ is Tensor else _wrap(g))
         result = type(self)._forward_cls.backward(self, *grads_out)
         return self._check_gradients(result)
 
@@ -145,7 +148,7 @@ class FunctionCtx(OpFunction):
             if edge is None:
                 arrays.append(None)
                 continue
-            arrays.append(_fit_gradient(self, i, g._data, meta))
+            arrays.append(_fit_gradient(self, i, g if _node.graph_mode else g._data, meta))
         return tuple(arrays)
 
 
@@ -404,7 +407,9 @@ def _save(ctx, inputs, dirty, outs) -> None:
             continue
         keep = t if (_contains(inputs, t) and not _contains(dirty, t)) else None
         had_history = t._grad_fn is not None
-        entries.append((keep, SavedTensor(t._data, t._vc, f"saved_tensors[{i}]"), had_history))
+        # an output's node (weakly: the node must not keep itself alive), for create_graph
+        node = weakref.ref(t._grad_fn) if keep is None and _contains(outs, t) and t._grad_fn is not None else None
+        entries.append((keep, SavedTensor(t._data, t._vc, f"saved_tensors[{i}]"), had_history, node))
     ctx._saved_list = entries
     ctx.__dict__.pop("_to_save", None)
 
@@ -412,11 +417,13 @@ def _save(ctx, inputs, dirty, outs) -> None:
 def _unpack(ctx, entry):
     if entry is None:
         return None
-    keep, saved, had_history = entry
+    keep, saved, had_history, node = entry
     array = saved.unpack(ctx)  # raises if modified in place since it was saved
     if keep is None:
         t = _wrap(array)
         t._vc = saved.vc
+        if node is not None and _node.graph_mode:  # create_graph: a saved output with its history
+            t._grad_fn = node()
         return t
     if had_history and keep._grad_fn is None and keep._base is None:
         raise RuntimeError(
@@ -442,10 +449,10 @@ def _fit_gradient(ctx, i, g, meta):
             )
         g = sum_to(g, shape)
     if g.dtype != dtype:
-        g = g.astype(dtype)
-    if device_of(g) != device:
+        g = astype(g, dtype)
+    got = g.device if g.__class__ is Tensor else device_of(g)  # a tensor under create_graph
+    if got != device:
         raise RuntimeError(
-            f"Function {ctx.name()} returned an invalid gradient at index {i} - expected device {device} but got "
-            f"{device_of(g)}"
+            f"Function {ctx.name()} returned an invalid gradient at index {i} - expected device {device} but got {got}"
         )
     return g

@@ -22,7 +22,7 @@ import sys
 from .. import inplace, memory
 from ..backend import get_array_module
 from . import node as _node  # _node.capture: the recorder of framework.compile, or None
-from .grad_mode import no_grad, state
+from .grad_mode import enable_grad, no_grad, state
 from .node import Node, _as_array
 
 
@@ -58,6 +58,9 @@ def _sum_into(store, key, new) -> None:
     the engine alone holds it (Paddle's ``use_count == 1`` rule), else a new array."""
     if _node.capture is not None:
         return _node.capture.sum_into(store, key, new)
+    if _node.graph_mode:  # create_graph: tensors, summed out of place with history
+        store[key] = store[key] + new
+        return
     existing = store[key]
     store[key] = None  # now only this local refers to it, unless someone else does
     if inplace.enabled() and _is_exclusive(existing):
@@ -71,6 +74,8 @@ def _sum_into(store, key, new) -> None:
 
 def _run_leaf_hooks(leaf, grad):
     """A leaf's tensor hooks, in order; a returned tensor replaces the gradient."""
+    if _node.graph_mode:
+        return _node.higher.run_leaf_hooks(leaf, grad)
     if leaf._hooks:
         for hook in tuple(leaf._hooks):
             r = hook(leaf._from_array(grad))
@@ -84,6 +89,8 @@ def _accumulate_leaf(leaf, box) -> None:
     local is its only holder) into ``leaf.grad``, runs the leaf's hooks around it."""
     if _node.capture is not None:
         return _node.capture.accumulate_leaf(leaf, box)
+    if _node.graph_mode:
+        return _node.higher.accumulate_leaf(leaf, box.pop())
     grad = box.pop()
     if not leaf._requires_grad:
         # A view made under no_grad of a tensor that requires grad reports
@@ -155,13 +162,27 @@ def _needed_nodes(root_nodes, node_targets, leaf_ids):
     return needed
 
 
-def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
+def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True, create_graph: bool = False):
     """Runs backward from ``roots`` = [(edge, grad array)].
 
     With ``targets``, only the part of the graph that reaches them runs; their
     gradients are returned (``accumulate=False``, autograd.grad) or accumulated into
     their ``.grad`` only (``backward(inputs=...)``).
+
+    With ``create_graph`` the gradients are tensors and every node's backward records
+    history (grad mode on, ``node.graph_mode`` set: saved tensors read back as tensors),
+    so the gradients can be differentiated again. No gradient buffer is reused then:
+    the gradients are tensors other nodes may have saved.
     """
+    prev_mode = _node.graph_mode
+    _node.graph_mode = create_graph
+    try:
+        return _run(roots, retain_graph, targets, accumulate, create_graph)
+    finally:
+        _node.graph_mode = prev_mode
+
+
+def _run(roots, retain_graph, targets, accumulate, create_graph):
     for callback in _node.before_backward:
         callback()
     root_nodes = []
@@ -242,15 +263,15 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
     grads: dict = {}
     anomaly = state.anomaly
     track = memory.track
-    may_reuse = inplace.enabled()  # the policy cannot change while backward runs
+    may_reuse = inplace.enabled() and not create_graph  # the policy cannot change while backward runs
     reused = 0
-    with memory.category("gradients"), no_grad():
+    with memory.category("gradients"), enable_grad() if create_graph else no_grad():
         for edge, g in roots:
             track(g, "gradients")
             if not isinstance(edge, Node):
                 arrive_leaf(edge, [g], 0)
             elif edge in grads:
-                grads[edge] = _as_array(grads[edge] + g)
+                grads[edge] = grads[edge] + g if create_graph else _as_array(grads[edge] + g)
             else:
                 grads[edge] = g
         ready = [n for n in root_nodes if deps.get(n, 0) == 0]
@@ -271,6 +292,11 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
                 # elementwise backwards write their result into it (Paddle's use_count == 1).
                 # Shared gradients (Add passes one array to both inputs), views and
                 # gradients a hook kept are never reused.
+                if create_graph and not node.differentiable_backward:
+                    raise RuntimeError(
+                        f"{node.name()} has no differentiable backward: create_graph=True (higher-order "
+                        "gradients) through it is not supported"
+                    )
                 reuse = may_reuse and _is_exclusive(g)
                 reused += reuse
                 node.reuse_grad = reuse
@@ -322,6 +348,8 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True):
 
 def _check_nan(node, outs) -> None:
     for i, g in enumerate(outs):
+        if g is not None and _is_tensor(g):
+            g = g._data
         if g is not None and get_array_module(g).isnan(g).any():
             trace = "".join(getattr(node, "_trace", ()) or ())
             raise RuntimeError(
@@ -335,7 +363,7 @@ def _is_tensor(x) -> bool:
     return hasattr(x, "_from_array") and hasattr(x, "grad_fn")
 
 
-def _roots(tensors, grad_tensors):
+def _roots(tensors, grad_tensors, create_graph=False):
     roots = []
     for k, (t, g) in enumerate(zip(tensors, grad_tensors)):
         if not _is_tensor(t):
@@ -353,9 +381,14 @@ def _roots(tensors, grad_tensors):
             if _node.capture is not None:
                 _node.capture.root_grad(g)
         else:
+            given = g
             g = g._data if _is_tensor(g) else xp.asarray(g, dtype=t._data.dtype)
             if g.shape != t._data.shape:
                 raise RuntimeError(f"gradient has shape {g.shape}, but the output has shape {t._data.shape}")
+            if create_graph and _is_tensor(given):
+                g = given  # the gradient's own history is part of the new graph (PyTorch)
+        if create_graph and not _is_tensor(g):
+            g = _node.higher.constant(g)
         fn = t.grad_fn
         roots.append((fn if fn is not None else t, g))
     return roots
@@ -367,15 +400,31 @@ def _as_list(x):
     return [x] if _is_tensor(x) else list(x)
 
 
-def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, inputs=None) -> None:
+def _check_create_graph(create_graph) -> None:
+    if create_graph and _node.capture is not None:
+        raise RuntimeError(
+            "create_graph=True is not supported inside a compiled step (fw.compile): run the "
+            "higher-order backward eagerly, outside the compiled function"
+        )
+
+
+def backward(
+    tensors, grad_tensors=None, retain_graph: bool | None = None, create_graph: bool = False, inputs=None
+) -> None:
     """Accumulates the gradients of ``tensors`` into the ``.grad`` of the leaves.
 
     Args:
         tensors: a tensor or a sequence of them (scalars, unless ``grad_tensors`` is given).
         grad_tensors: the gradient of each tensor (``None`` means 1 for a scalar).
-        retain_graph: keep saved tensors so backward can run through the graph again.
+        retain_graph: keep saved tensors so backward can run through the graph again
+            (defaults to ``create_graph``, as in PyTorch).
+        create_graph: record the backward pass, so that the ``.grad`` it leaves can be
+            differentiated again (higher-order gradients).
         inputs: accumulate only into these tensors' ``.grad``.
     """
+    _check_create_graph(create_graph)
+    if retain_graph is None:
+        retain_graph = create_graph
     tensors = _as_list(tensors)
     grads = _as_list(grad_tensors) or [None] * len(tensors)
     if len(grads) != len(tensors):
@@ -385,18 +434,36 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, input
         for t in targets:
             if not t.is_leaf:
                 raise RuntimeError("backward(inputs=...) accepts leaf tensors only; use autograd.grad for others")
-    _execute(_roots(tensors, grads), bool(retain_graph), targets, accumulate=True)
+    _execute(_roots(tensors, grads, create_graph), bool(retain_graph), targets, True, bool(create_graph))
 
 
-def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, allow_unused: bool = False):
-    """Returns d(outputs)/d(inputs) as a tuple of tensors, without touching any ``.grad``."""
+def grad(
+    outputs,
+    inputs,
+    grad_outputs=None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    allow_unused: bool = False,
+):
+    """Returns d(outputs)/d(inputs) as a tuple of tensors, without touching any ``.grad``.
+
+    As ``torch.autograd.grad``: ``grad_outputs`` are the vectors of the vector-Jacobian
+    product (None: 1 for scalar outputs); ``retain_graph`` defaults to ``create_graph``;
+    with ``create_graph`` the returned gradients have history and can be differentiated
+    again; ``allow_unused`` returns None for an input the outputs do not depend on.
+    """
+    _check_create_graph(create_graph)
+    if retain_graph is None:
+        retain_graph = create_graph
     outputs = _as_list(outputs)
     inputs = _as_list(inputs)
     for t in inputs:
         if not t.requires_grad:
             raise RuntimeError("One of the differentiated Tensors does not require grad")
     gouts = _as_list(grad_outputs) or [None] * len(outputs)
-    captured = _execute(_roots(outputs, gouts), bool(retain_graph), inputs, accumulate=False)
+    if len(gouts) != len(outputs):
+        raise RuntimeError(f"grad requires one grad_output per output: got {len(outputs)} outputs and {len(gouts)}")
+    captured = _execute(_roots(outputs, gouts, create_graph), bool(retain_graph), inputs, False, bool(create_graph))
     result = []
     for k, t in enumerate(inputs):
         g = captured[k]
@@ -406,5 +473,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, a
                 "One of the differentiated Tensors appears to not have been used in the graph. "
                 "Set allow_unused=True if this is the desired behavior."
             )
-        result.append(None if g is None else t._from_array(g if _is_exclusive(g) else g.copy()))
+        if g is None or create_graph:
+            result.append(g)  # a tensor with history: returned as is (PyTorch)
+        else:
+            result.append(t._from_array(g if _is_exclusive(g) else g.copy()))
     return tuple(result)

@@ -473,7 +473,10 @@ def _compose_view_fn(src, cls, rest, params):
 
 
 def view_region(view_fn, array):
-    """Applies a view chain recorded as ``view_fn`` to a raw array of the base's shape."""
+    """Applies a view chain recorded as ``view_fn`` to a raw array of the base's shape
+    (to a tensor, with history, under ``create_graph``)."""
+    if array.__class__ is Tensor:
+        return view_fn(array)
     with no_grad():
         return view_fn(_wrap(array))._data
 
@@ -497,9 +500,10 @@ class CopySlices(Function):
         return f"CopySlices({self.fn.name()})"
 
     def backward(ctx, grad):
-        gbase = memory.track(grad.copy(), "gradients")
+        # also on tensors (create_graph): copies are clones, the writes inplace ops
+        gbase = memory.track(grad.clone() if grad.__class__ is Tensor else grad.copy(), "gradients")
         region = view_region(ctx.view_fn, gbase)
-        grads = ctx.fn.run_backward(region.copy())
+        grads = ctx.fn.run_backward(region.clone() if region.__class__ is Tensor else region.copy())
         if grads[0] is None:
             region[...] = 0
         else:

@@ -30,6 +30,14 @@ capture = None
 # moves retain_grad hooks to the tensors' latest nodes).
 before_backward: list = []
 
+# Higher-order gradients (``create_graph=True``). While the engine runs a backward that
+# records history, ``graph_mode`` is True and saved tensors read back as tensors with
+# history (so the SAME backward formula, run on tensors, builds the graph of its own
+# derivative); ``higher`` is :mod:`framework.autograd.higher` (layer 5), which does the
+# tensor-level work: set when it is imported, as ``capture`` is by the compiler.
+graph_mode = False
+higher = None
+
 
 def _as_array(a):
     # NumPy ufuncs and reductions return scalars for 0-d results; tensors and gradients
@@ -156,6 +164,8 @@ class Node:
     saves: tuple = ()
     _save_plan: tuple = ()
     reuse_grad = False  # set by the engine: backward may write its result over its grad
+    # False for a node whose backward cannot run on tensors (create_graph raises there)
+    differentiable_backward = True
 
     def backward(ctx, grad):  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(ctx).__name__} must define backward")
@@ -170,7 +180,13 @@ class Node:
         if saved is _FREED:
             raise RuntimeError(_backward_twice_message(self))
         if saved is not None and name in saved:
+            if graph_mode:
+                return higher.saved_as_tensor(self, name, saved[name])
             return saved[name].unpack(self)
+        if graph_mode and hasattr(type(self), "kept_as_tensors"):
+            kept = self.kept_as_tensors()  # what another device's forward kept in another form
+            if name in kept:
+                return kept[name]
         if name.startswith("_saved_"):
             return self.saved_by_torch_name(name[7:])
         if name in type(self).saves:

@@ -900,3 +900,9 @@ def rpow(x, other):
 for _entry in (add, sub, mul, div, pow, neg, abs, exp, log, sqrt, sin, cos, tanh, sigmoid, relu, leaky_relu, clamp):
     _inplace.passes_ownership(_entry)
 del _entry
+
+
+# The array namespace of tensors for backward formulas run under create_graph (last:
+# it builds on the ops above).
+from ..autograd import higher as _higher  # noqa: E402, F401
+from . import tensor_xp as _tensor_xp  # noqa: E402, F401

@@ -19,8 +19,21 @@ def sum_to(grad, shape: tuple, dtype=None):
         axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1)
         grad = grad.sum(axis=axes, keepdims=True).reshape(shape)
     if dtype is not None and grad.dtype != dtype:
-        grad = grad.astype(dtype)
+        grad = astype(grad, dtype)
     return grad
+
+
+def astype(a, dtype):
+    """``a`` in ``dtype`` (itself when it has it): an array's ``astype``, or, for a tensor
+    (a backward under ``create_graph``), its differentiable ``to``."""
+    if a.dtype == dtype:
+        return a
+    return a.astype(dtype) if hasattr(a, "astype") else a.to(dtype=dtype)
+
+
+def copy(a):
+    """A writable copy: an array's ``copy()``, a tensor's (differentiable) ``clone()``."""
+    return a.copy() if hasattr(a, "copy") else a.clone()
 
 
 def broadcast_shapes(*shapes) -> tuple:

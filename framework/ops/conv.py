@@ -66,6 +66,7 @@ import numpy as np
 from .. import inplace as _inplace
 from ..autograd.function import Function
 from ..backend import get_array_module, parse_device, xp_for
+from ..tensor import Tensor
 from .conv_algorithms import ALGORITHMS, ConvGeometry
 from .conv_algorithms import choice as _choice
 from .conv_algorithms import pooling as _pooling
@@ -78,6 +79,7 @@ from .conv_algorithms.workspace import (  # noqa: F401  (the settings' home is c
 )
 from .conv_algorithms.workspace import chunks as _chunks  # noqa: F401  (tests read it)
 from .conv_algorithms.workspace import resolve_limit as _resolve_limit
+from .view import IndexAdd
 
 #: The im2col contractions: every geometry (stride, padding, kernel).
 CONTRACTIONS = ("batched", "gemm", "tensordot", "einsum")
@@ -237,7 +239,7 @@ class Conv2d(Function):
         xp = get_array_module(x)
         out_hw = _out_size(fn, x.shape[2:], w.shape[2:], stride, padding)
         geom = ConvGeometry(tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), out_hw)
-        ctx.geom, ctx.limit = geom, limit
+        ctx.geom, ctx.limit, ctx.modes = geom, limit, (contraction, math)
         ctx.plan = plan = _plan(contraction, geom, xp, math)
         out = ALGORITHMS[plan.forward].forward(x, w, geom, limit, xp)
         if b is not None:
@@ -251,6 +253,11 @@ class Conv2d(Function):
         gx = gw = gb = None
         if need_b:
             gb = g.sum(axis=(0, 2, 3))
+        if g.__class__ is Tensor:  # create_graph: the two passes as ops, differentiable
+            conv = (geom, limit, plan, ctx.modes)
+            gw = _grad_weight(ctx.x, g, conv) if need_w else None
+            gx = _grad_input(g, ctx.w, conv) if need_x else None
+            return gx, gw, gb
         if need_w:
             gw = ALGORITHMS[plan.grad_weight].grad_weight(ctx.x, g, geom, limit, xp)
         if need_x:
@@ -265,6 +272,73 @@ class Conv2d(Function):
                 _inplace.count_owned("backward_grad", g.nbytes)
             gx = ALGORITHMS[plan.grad_input].grad_input(g, ctx.w, geom, limit, xp, overwrite)
         return gx, gw, gb
+
+
+# The three passes of conv2d, each written once (the algorithms' kernels) and run on
+# arrays, or on tensors as ops (create_graph): ``conv`` is (geometry, limit, plan, modes)
+# of the conv2d call they belong to.
+
+
+def _conv(x, w, conv):
+    """conv2d of ``x`` and ``w`` (no bias) in the geometry and modes of ``conv``."""
+    geom, limit, plan, (contraction, math) = conv
+    if x.__class__ is Tensor or w.__class__ is Tensor:
+        return Conv2d.apply(
+            x, w, None, stride=geom.stride, padding=geom.padding, contraction=contraction, limit=limit, math=math
+        )
+    return ALGORITHMS[plan.forward].forward(x, w, geom, limit, get_array_module(x))
+
+
+def _grad_input(g, w, conv):
+    if g.__class__ is Tensor or w.__class__ is Tensor:
+        return Conv2dGradInput.apply(g, w, conv=conv)
+    geom, limit, plan, _ = conv
+    return ALGORITHMS[plan.grad_input].grad_input(g, w, geom, limit, get_array_module(g), False)
+
+
+def _grad_weight(x, g, conv):
+    if x.__class__ is Tensor or g.__class__ is Tensor:
+        return Conv2dGradWeight.apply(x, g, conv=conv)
+    geom, limit, plan, _ = conv
+    return ALGORITHMS[plan.grad_weight].grad_weight(x, g, geom, limit, get_array_module(x))
+
+
+class Conv2dGradInput(Function):
+    """conv2d's input gradient as an op (a transposed convolution of ``g`` by ``w``), for
+    backward under create_graph. It is bilinear; its backward is conv2d of the incoming
+    gradient with ``w`` (for ``g``) and conv2d's weight gradient (for ``w``)."""
+
+    saves = ("g", "w")
+    saved_when = {"g": (1,), "w": (0,)}
+
+    def forward(ctx, g, w, conv=None):
+        ctx.conv = conv
+        return _grad_input(g, w, conv)
+
+    def backward(ctx, h):
+        need_g, need_w = ctx.needs_input_grad
+        gg = _conv(h, ctx.w, ctx.conv) if need_g else None
+        gw = _grad_weight(h, ctx.g, ctx.conv) if need_w else None
+        return gg, gw
+
+
+class Conv2dGradWeight(Function):
+    """conv2d's weight gradient as an op (the correlation of ``x`` with ``g``), for
+    backward under create_graph. Bilinear; its backward is conv2d's input gradient (for
+    ``x``) and conv2d of ``x`` with the incoming gradient (for ``g``)."""
+
+    saves = ("x", "g")
+    saved_when = {"x": (1,), "g": (0,)}
+
+    def forward(ctx, x, g, conv=None):
+        ctx.conv = conv
+        return _grad_weight(x, g, conv)
+
+    def backward(ctx, h):
+        need_x, need_g = ctx.needs_input_grad
+        gx = _grad_input(ctx.g, h, ctx.conv) if need_x else None
+        gg = _conv(ctx.x, h, ctx.conv) if need_g else None
+        return gx, gg
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0):  # noqa: A002  (PyTorch's names)
@@ -327,9 +401,27 @@ class MaxPool2d(Function):
 
     def backward(ctx, g):
         x_shape, kernel, stride, padding, out_hw, limit = ctx.geom
+        if g.__class__ is Tensor:
+            # create_graph: the same routing as a scatter-add op (IndexAdd), whose
+            # backward reads each output's gradient back from its max's position
+            return _max_pool_scatter(g, ctx.indices._data, ctx.geom)
         xp = get_array_module(g)
         kernels = _choice.pooling(xp)
         return kernels.max_pool_backward(g, ctx.indices, x_shape, kernel, stride, padding, out_hw, limit, xp)
+
+
+def _max_pool_scatter(g, idx, geom):
+    """``g`` (a tensor) added at the input position of each window's max, as an op."""
+    x_shape, kernel, stride, padding, out_hw, _ = geom
+    n, c, h, w = x_shape
+    xp = get_array_module(idx)
+    k = idx.astype(np.int64)
+    rows = xp.arange(out_hw[0]).reshape(-1, 1) * stride[0] + k // kernel[1] - padding[0]
+    cols = xp.arange(out_hw[1]).reshape(1, -1) * stride[1] + k % kernel[1] - padding[1]
+    flat = (rows * w + cols).reshape(n * c, -1)
+    planes = xp.arange(n * c).reshape(-1, 1)
+    zeros = Tensor._from_array(xp.zeros((n * c, h * w), dtype=g.dtype))
+    return IndexAdd.apply(zeros, g.reshape(n * c, -1), index=(planes, flat)).reshape(x_shape)
 
 
 class AvgPool2d(Function):
@@ -341,14 +433,34 @@ class AvgPool2d(Function):
         if x.dtype.kind != "f":
             raise TypeError(f"{fn}: expected a floating input, got {x.dtype}")
         out_hw = _out_size(fn, x.shape[2:], kernel, stride, padding)
-        ctx.geom = (x.shape, kernel, stride, padding, out_hw)
+        ctx.geom, ctx.limit = (x.shape, kernel, stride, padding, out_hw), limit
         xp = get_array_module(x)
         return _choice.pooling(xp).avg_pool_forward(x, kernel, stride, padding, out_hw, limit, xp)
 
     def backward(ctx, g):
+        if g.__class__ is Tensor:  # create_graph: the same pass as an op
+            return AvgPool2dGrad.apply(g, geom=ctx.geom, limit=ctx.limit)
         x_shape, kernel, stride, padding, out_hw = ctx.geom
         xp = get_array_module(g)
         return _choice.pooling(xp).avg_pool_backward(g, x_shape, kernel, stride, padding, out_hw, xp)
+
+
+class AvgPool2dGrad(Function):
+    """avg_pool2d's backward as an op (each output's gradient spread evenly over its
+    window), for create_graph. It is linear, and its backward is avg_pool2d itself."""
+
+    def forward(ctx, g, geom=None, limit=None):
+        ctx.geom, ctx.limit = geom, limit
+        x_shape, kernel, stride, padding, out_hw = geom
+        xp = get_array_module(g)
+        return _choice.pooling(xp).avg_pool_backward(g, x_shape, kernel, stride, padding, out_hw, xp)
+
+    def backward(ctx, h):
+        _, kernel, stride, padding, out_hw = ctx.geom
+        if h.__class__ is Tensor:
+            return AvgPool2d.apply(h, kernel=kernel, stride=stride, padding=padding, limit=ctx.limit)
+        xp = get_array_module(h)
+        return _choice.pooling(xp).avg_pool_forward(h, kernel, stride, padding, out_hw, ctx.limit, xp)
 
 
 class AdaptiveAvgPool2dSeparable(Function):

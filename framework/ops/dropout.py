@@ -54,7 +54,7 @@ class Dropout(Function):
             _inplace.count_owned("backward_grad", g.nbytes)
         else:
             gx = memory.empty(g.shape, g.dtype, xp)
-        xp.multiply(g, ctx.mask, out=gx)
+        gx = xp.multiply(g, ctx.mask, out=gx)  # (a new tensor under create_graph)
         if ctx.scale != 1.0:
             gx *= ctx.scale
         return gx

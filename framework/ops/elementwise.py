@@ -21,7 +21,7 @@ from .. import memory
 from ..autograd.function import Function
 from ..backend import add_scaled_, get_array_module
 from . import kernels as K
-from .broadcast import shape_of, sum_to
+from .broadcast import astype, shape_of, sum_to
 from .kernels import on_gpu
 
 
@@ -179,7 +179,7 @@ class Pow(Function):
             x = xp.asarray(ctx.x)
             # d/dy x**y = x**y * log(x), taken as 0 where x == 0 and y >= 0
             # (PyTorch's pow_backward_exponent; for y < 0 it is inf * -inf there)
-            zero = (x == 0) & (xp.asarray(ctx.y) >= 0)
+            zero = xp.logical_and(x == 0, xp.asarray(ctx.y) >= 0)
             gy = _grad_for(g * xp.where(zero, 0, ctx.result * xp.log(x)), ctx.my)
         return gx, gy
 
@@ -195,7 +195,7 @@ class Maximum(Function):
         xp = _xp(g)
         x, y = ctx.x, ctx.y
         # Ties split the gradient evenly, as PyTorch does.
-        share = xp.where(x > y, 1.0, xp.where(x == y, 0.5, 0.0)).astype(g.dtype)
+        share = astype(xp.where(x > y, 1.0, xp.where(x == y, 0.5, 0.0)), g.dtype)
         gx = _grad_for(g * share, ctx.mx) if ctx.needs_input_grad[0] else None
         gy = _grad_for(g * (1 - share), ctx.my) if ctx.needs_input_grad[1] else None
         return gx, gy
@@ -323,7 +323,7 @@ class Tanh(Function):
             return K.launch(K.tanh_backward, g, y, out=_into(ctx, g))
         xp = _xp(g)
         d = xp.multiply(y, y, out=xp.empty_like(y))  # y * y would be a scalar for 0-d y
-        xp.subtract(1, d, out=d)
+        d = xp.subtract(1, d, out=d)
         return xp.multiply(g, d, out=_into(ctx, g) if ctx.reuse_grad else d)
 
 
@@ -399,7 +399,7 @@ class LeakyRelu(Function):
             return K.launch(K.leaky_relu_backward, g, ctx.result, ctx.slope, out=_into(ctx, g))
         xp = _xp(g)
         if ctx.reuse_grad:
-            scale = xp.where(ctx.result > 0, 1, ctx.slope).astype(g.dtype)
+            scale = astype(xp.where(ctx.result > 0, 1, ctx.slope), g.dtype)
             return xp.multiply(g, scale, out=_into(ctx, g))
         return xp.where(ctx.result > 0, g, g * ctx.slope)
 
@@ -417,12 +417,13 @@ class Clamp(Function):
 
     def backward(ctx, g):
         x = ctx.x
+        xp = _xp(g)
         mask = True
         if ctx.min is not None:
             mask = x >= ctx.min
         if ctx.max is not None:
-            mask = mask & (x <= ctx.max)
-        return _xp(g).multiply(g, mask, out=_into(ctx, g))
+            mask = x <= ctx.max if mask is True else xp.logical_and(mask, x <= ctx.max)
+        return xp.multiply(g, mask, out=_into(ctx, g))
 
 
 class Cast(Function):
@@ -433,7 +434,7 @@ class Cast(Function):
         return x.astype(dtype)
 
     def backward(ctx, g):
-        return g.astype(ctx.dtype)
+        return astype(g, ctx.dtype)
 
 
 # --- comparisons (no gradient) ----------------------------------------------------------

@@ -29,7 +29,7 @@ __all__ = ["on_gpu", "launch"]
 
 def on_gpu(a) -> bool:
     """True for a CuPy (or stand-in) array: its op runs the fused kernels below."""
-    return a.__class__ is not np.ndarray and backend.get_array_module(a) is not np
+    return a.__class__ is not np.ndarray and backend._cupy_if_array(a) is not None
 
 
 class _Kernel:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .. import inplace, memory
 from ..autograd.function import Function
 from ..backend import get_array_module
-from .broadcast import sum_to
+from .broadcast import astype, sum_to
 
 
 class Matmul(Function):
@@ -48,7 +48,7 @@ def _rows(a, xp):
     """``a`` as a matrix of rows ``(-1, a.shape[-1])``: a view when the strides allow one,
     else a counted copy."""
     rows = a.reshape(-1, a.shape[-1]) if a.ndim != 2 else a
-    if rows.base is None and rows is not a:
+    if rows is not a and hasattr(rows, "base") and rows.base is None:
         memory.track(rows, "workspace")
     return rows
 
@@ -87,11 +87,11 @@ class Linear(Function):
         gx = gw = gb = None
         need_x, need_w, need_b = ctx.needs_input_grad
         if need_x:
-            gx = xp.matmul(g2, ctx.weight).astype(ctx.dtypes[0], copy=False)
+            gx = astype(xp.matmul(g2, ctx.weight), ctx.dtypes[0])
             if len(ctx.xshape) != 2:
                 gx = gx.reshape(ctx.xshape)
         if need_w:
-            gw = xp.matmul(g2.T, _rows(ctx.x, xp)).astype(ctx.dtypes[1], copy=False)
+            gw = astype(xp.matmul(g2.T, _rows(ctx.x, xp)), ctx.dtypes[1])
         if need_b:
-            gb = g2.sum(axis=0).astype(ctx.dtypes[2], copy=False)
+            gb = astype(g2.sum(axis=0), ctx.dtypes[2])
         return gx, gw, gb

@@ -159,15 +159,21 @@ class CrossEntropy(Function):
             lse, t = ctx.lse.reshape(-1, 1), target.reshape(-1, 1)
             K.cross_entropy_backward(x, t, lse, gs, inv_n, ctx.eps, c, p)
             return p, None
-        xp.subtract(x, x.max(axis=1, keepdims=True), out=p)
-        xp.exp(p, out=p)
-        p /= p.sum(axis=1, keepdims=True)
+        # Written through out= and the values returned: in place on arrays; under
+        # create_graph (tensors) each step is a new tensor, as the ones before are saved.
+        p = xp.subtract(x, xp.amax(x, axis=1, keepdims=True), out=p)
+        p = xp.exp(p, out=p)
+        p = xp.true_divide(p, p.sum(axis=1, keepdims=True), out=p)
         eps = ctx.eps
-        p[xp.arange(n), target] -= 1.0 - eps
+        if hasattr(p, "_grad_fn"):
+            hot = xp.zeros((n, c), p.dtype)
+            hot[xp.arange(n), target] = 1.0 - eps
+            p = p - hot
+        else:
+            p[xp.arange(n), target] -= 1.0 - eps
         if eps:
-            p -= eps / c
-        p *= _grad_scale(g, ctx.reduction, n)
-        return p, None
+            p = xp.subtract(p, eps / c, out=p)
+        return xp.multiply(p, _grad_scale(g, ctx.reduction, n), out=p), None
 
 
 class NllLoss(Function):
@@ -198,7 +204,7 @@ class MseLoss(Function):
 
     def forward(ctx, x, y, reduction="mean"):
         xp = get_array_module(x)
-        ctx.reduction = reduction
+        ctx.reduction, ctx.n = reduction, max(x.size, 1)
         d = memory.empty(x.shape, x.dtype, xp, "workspace")
         xp.subtract(x, y, out=d)
         d *= d
@@ -208,9 +214,9 @@ class MseLoss(Function):
         xp = get_array_module(g)
         x, y = ctx.x, ctx.y
         d = memory.empty(x.shape, x.dtype, xp, "gradients")
-        xp.subtract(x, y, out=d)
+        d = xp.subtract(x, y, out=d)
         red = ctx.reduction
-        d *= 2.0 * (g / max(x.size, 1) if red == "mean" else g)
+        d *= 2.0 * (g / ctx.n if red == "mean" else g)
         gx = d if ctx.needs_input_grad[0] else None
         gy = (-d if gx is not None else xp.negative(d, out=d)) if ctx.needs_input_grad[1] else None
         return gx, gy

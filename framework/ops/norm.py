@@ -54,6 +54,7 @@ from ..autograd.grad_mode import no_grad
 from ..backend import get_array_module
 from ..tensor import Tensor
 from . import kernels as K
+from .broadcast import astype
 from .kernels import on_gpu
 
 __all__ = ["batch_norm", "inplace_abn", "BatchNorm", "BatchNormEval", "InPlaceABN"]
@@ -76,12 +77,16 @@ def _rows(a, xp):
 
 
 def _csum(a, xp):
-    """Per-channel sum of an (N, C, ...) array."""
+    """Per-channel sum of an (N, C, ...) array (or tensor, under create_graph)."""
+    if a.__class__ is Tensor:
+        return a.sum(_caxes(a.ndim))
     return xp.einsum("ncs->c", _rows(a, xp))
 
 
 def _cdot(a, b, xp):
     """Per-channel sum of ``a * b`` without a full-size temporary."""
+    if a.__class__ is Tensor or b.__class__ is Tensor:
+        return xp.multiply(a, b).sum(_caxes(a.ndim))
     return xp.einsum("ncs,ncs->c", _rows(a, xp), _rows(b, xp))
 
 
@@ -94,7 +99,7 @@ def _count(shape) -> int:
 
 
 def _channel(a, dtype):
-    return None if a is None else a.astype(dtype, copy=False)
+    return None if a is None else astype(a, dtype)
 
 
 def _normalize_into(out, x, stats, xp):
@@ -271,10 +276,13 @@ class BatchNorm(Function):
             gw, gb = memory.empty((c,), x.dtype, xp), memory.empty((c,), x.dtype, xp)
             K.bn_backward_affine(*args, c, x.size // (x.shape[0] * c), gx, gw, gb)
             return gx, gw if need_w else None, gb if need_b else None
+        # Written with out= and the results assigned: in place on arrays (xhat's buffer
+        # becomes the input's gradient); new tensors under create_graph, where mean and
+        # invstd are recomputed from x with history (kept_as_tensors)
         mean, invstd = ctx.mean, ctx.invstd
         xhat = memory.empty(x.shape, x.dtype, xp)  # becomes the input's gradient
-        xp.subtract(x, mean.reshape(cs), out=xhat)
-        xhat *= invstd.reshape(cs)
+        xhat = xp.subtract(x, mean.reshape(cs), out=xhat)
+        xhat = xp.multiply(xhat, invstd.reshape(cs), out=xhat)
         gb = _csum(g, xp)
         gw = _cdot(g, xhat, xp)
         gx = None
@@ -284,12 +292,30 @@ class BatchNorm(Function):
             sum_g, sum_gx = (gb, gw) if ctx.comm is None else _global_sums(ctx.comm, gb, gw)
             # dx = w * invstd * (g - mean(g) - x_hat * mean(g * x_hat)), per channel, with the
             # means over every rank's values under SyncBatchNorm
-            xhat *= (sum_gx / ctx.m).astype(x.dtype, copy=False).reshape(cs)
-            xhat += (sum_g / ctx.m).astype(x.dtype, copy=False).reshape(cs)
-            xp.subtract(g, xhat, out=xhat)
-            xhat *= scale.reshape(cs)
-            gx = xhat
+            t = xp.multiply(xhat, astype(sum_gx / ctx.m, x.dtype).reshape(cs), out=xhat)
+            t = xp.add(t, astype(sum_g / ctx.m, x.dtype).reshape(cs), out=t)
+            t = xp.subtract(g, t, out=t)
+            gx = xp.multiply(t, scale.reshape(cs), out=t)
         return gx, gw if need_w else None, gb if need_b else None
+
+    def kept_as_tensors(ctx):
+        """Under create_graph: the batch mean and inverse std as functions of x (with its
+        history), so that their dependence on x is differentiated too (forward's formula:
+        the mean and the biased variance per channel)."""
+        if ctx.comm is not None:
+            raise RuntimeError(
+                "SyncBatchNorm (batch_norm with comm) has no differentiable backward: create_graph=True "
+                "through it is not supported"
+            )
+        kept = ctx.__dict__.get("_graph_kept")
+        if kept is None:
+            x = ctx.x
+            axes = _caxes(x.ndim)
+            mean = x.mean(axes)
+            d = x - mean.reshape(_cshape(x.shape))
+            var = (d * d).mean(axes)
+            kept = ctx._graph_kept = {"mean": mean, "invstd": 1.0 / (var + ctx.eps).sqrt()}
+        return kept
 
 
 class BatchNormEval(Function):
@@ -310,6 +336,7 @@ class BatchNormEval(Function):
             out = ctx.out if ctx.out is not None else memory.empty(x.shape, x.dtype, xp, "activations")
             K.bn_forward(x, s.reshape(cs), 0.0, eps, w, b, out)
             ctx.keep(stats=s)
+            ctx.dtype = x.dtype
             return out
         mean = mean.astype(x.dtype, copy=True)  # private: running buffers change in place later
         invstd = 1.0 / xp.sqrt(var.astype(x.dtype, copy=False) + eps)
@@ -334,8 +361,8 @@ class BatchNormEval(Function):
         if need_w:
             x = ctx.x
             xhat = memory.empty(x.shape, x.dtype, xp, "workspace")
-            xp.subtract(x, ctx.mean.reshape(cs), out=xhat)
-            xhat *= invstd.reshape(cs)
+            xhat = xp.subtract(x, ctx.mean.reshape(cs), out=xhat)
+            xhat = xp.multiply(xhat, invstd.reshape(cs), out=xhat)
             gw = _cdot(g, xhat, xp)
             del xhat
         if need_b:
@@ -344,8 +371,18 @@ class BatchNormEval(Function):
             w = ctx.weight
             scale = invstd if w is None else invstd * _channel(w, g.dtype)
             gx = memory.empty(g.shape, g.dtype, xp)
-            xp.multiply(g, scale.reshape(cs), out=gx)
+            gx = xp.multiply(g, scale.reshape(cs), out=gx)
         return gx, gw, gb
+
+    def kept_as_tensors(ctx):
+        """Under create_graph: the statistics as constants (they are the running ones),
+        as the CPU formula reads them, also where the GPU kept them as one complex array."""
+        saved = ctx.__dict__.get("_saved") or {}
+        if "stats" not in saved:
+            return {}
+        s = saved["stats"].unpack(ctx)
+        mean, invstd = s.real.astype(ctx.dtype), s.imag.astype(ctx.dtype)
+        return {"mean": Tensor._from_array(mean), "invstd": Tensor._from_array(invstd)}
 
     def gpu_backward(ctx, g, need_x, need_w, need_b, xp, cs):
         s = ctx.stats
@@ -400,6 +437,7 @@ class InPlaceABN(Function):
             r = t(0) if residual is None else residual
             K.abn_forward(x, s.reshape(cs), 1.0 / ctx.m if ctx.batch else 0.0, eps, w, aeps, b, r, negative_slope, out)
             ctx.keep(stats=s)
+            ctx.dtype = x.dtype
             return out
         if ctx.batch:
             _, var = _normalize_into(out, x, stats, xp)
@@ -424,32 +462,15 @@ class InPlaceABN(Function):
         cs = _cshape(y.shape)
         if on_gpu(g):
             return ctx.gpu_backward(g, y, cs, xp)
+        # Written with out= and the results assigned: in place on arrays; new tensors under
+        # create_graph (where invstd, in training, carries its dependence on x: kept_as_tensors)
         invstd = ctx.invstd
-        w, b = ctx.weight, ctx.bias
-        a = None if w is None else xp.abs(_channel(w, y.dtype)) + ctx.eps
-        slope = ctx.slope
-
-        # factor = d y / d z: 1 where y > 0, slope elsewhere (as LeakyRelu's backward)
-        factor = memory.empty(y.shape, y.dtype, xp)
-        xp.greater(y, 0, out=factor)
-        factor *= 1 - slope
-        factor += slope
+        a = _abs_weight(ctx.weight, y.dtype, ctx.eps, xp)
+        factor = _activation_slope(y, ctx.slope, xp)
         need_xhat = need_w or (need_x and ctx.batch)
-        xhat = None
-        if need_xhat:
-            # Invert the activation (z = y / factor), take the residual away, then invert
-            # the affine step: x_hat = (z - residual - bias) / a.
-            xhat = memory.empty(y.shape, y.dtype, xp)
-            xp.divide(y, factor, out=xhat)
-            r = ctx.residual  # version-checked: raises if the residual was modified in place
-            if r is not None:
-                xhat -= r
-            if b is not None:
-                xhat -= _channel(b, y.dtype).reshape(cs)
-            if a is not None:
-                xhat /= a.reshape(cs)
-        dz = factor
-        dz *= g  # gradient w.r.t. the pre-activation z; also the residual's gradient
+        # version-checked: raises if the residual was modified in place
+        xhat = _rebuild_xhat(ctx, y, factor, a, xp) if need_xhat else None
+        dz = xp.multiply(factor, g, out=factor)  # d/dz (z: pre-activation); also the residual's gradient
         gb = _csum(dz, xp) if (need_b or (need_x and ctx.batch)) else None
         ga = _cdot(dz, xhat, xp) if need_xhat else None
 
@@ -458,21 +479,47 @@ class InPlaceABN(Function):
             scale = invstd if a is None else invstd * a
             if ctx.batch:
                 # dx = a * invstd * (dz - mean(dz) - x_hat * mean(dz * x_hat)), per channel
-                xhat *= (ga / ctx.m).reshape(cs)
-                xhat += (gb / ctx.m).reshape(cs)
-                xp.subtract(dz, xhat, out=xhat)
-                xhat *= scale.reshape(cs)
-                gx = xhat
+                t = xp.multiply(xhat, (ga / ctx.m).reshape(cs), out=xhat)
+                t = xp.add(t, (gb / ctx.m).reshape(cs), out=t)
+                t = xp.subtract(dz, t, out=t)
+                gx = xp.multiply(t, scale.reshape(cs), out=t)
             elif need_r:
                 gx = memory.empty(y.shape, y.dtype, xp)  # dz is the residual's gradient
-                xp.multiply(dz, scale.reshape(cs), out=gx)
+                gx = xp.multiply(dz, scale.reshape(cs), out=gx)
             else:
-                dz *= scale.reshape(cs)
-                gx = dz
+                gx = xp.multiply(dz, scale.reshape(cs), out=dz)
         gw = None
         if need_w:
-            gw = ga * xp.sign(_channel(w, ga.dtype))  # d|w|/dw = sign(w)
+            gw = ga * xp.sign(_channel(ctx.weight, ga.dtype))  # d|w|/dw = sign(w)
         return gx, gw, gb if need_b else None, dz if need_r else None
+
+    def kept_as_tensors(ctx):
+        """Under create_graph: the inverse std as the backward formula reads it. In eval
+        mode a constant; in training a function of x, whose values are gone (y was
+        written over them): a tensor whose node sends d(invstd)/dx = -invstd^2 x_hat / m
+        (per channel) to x, with x_hat rebuilt from y as the backward does."""
+        kept = ctx.__dict__.get("_graph_kept")
+        if kept is not None:
+            return kept
+        saved = ctx.__dict__["_saved"]
+        if "stats" in saved:  # the GPU's kernels kept (sum x) + 1j (sum x^2), or in eval mean + 1j invstd
+            s = saved["stats"].unpack(ctx)
+            if ctx.batch:
+                mean = s.real / ctx.m
+                s = 1.0 / get_array_module(s).sqrt(s.imag / ctx.m - mean * mean + ctx.eps)
+            invstd = s.imag.astype(ctx.dtype) if not ctx.batch else s.astype(ctx.dtype)
+        else:
+            invstd = saved["invstd"].unpack(ctx)
+        t = Tensor._from_array(invstd)
+        edge = ctx.next[0]
+        if ctx.batch and edge is not None:
+            y = ctx.result
+            xp = get_array_module(y)
+            a = _abs_weight(ctx.weight, y.dtype, ctx.eps, xp)
+            xhat = _rebuild_xhat(ctx, y, _activation_slope(y, ctx.slope, xp), a, xp)
+            t._grad_fn = _InvStd(edge, t, xhat, ctx.m)
+        kept = ctx._graph_kept = {"invstd": t}
+        return kept
 
     def gpu_backward(ctx, g, y, cs, xp):
         """The fused path: one reduction (sum dz, sum dz * x_hat) and one elementwise kernel
@@ -513,6 +560,50 @@ class InPlaceABN(Function):
             if need_w:
                 K.abn_weight_grad(sums, _channel(ctx.weight, y.dtype), gw)
         return gx, gw if need_w else None, gb if need_b else None, dz
+
+
+def _abs_weight(w, dtype, eps, xp):
+    """InPlace-ABN's per-channel scale ``|weight| + eps`` (None without a weight)."""
+    return None if w is None else xp.abs(_channel(w, dtype)) + eps
+
+
+def _activation_slope(y, slope, xp):
+    """``d y / d z`` of the leaky ReLU, from its output: 1 where y > 0, slope elsewhere."""
+    factor = memory.empty(y.shape, y.dtype, xp)
+    factor = xp.greater(y, 0, out=factor)
+    factor = xp.multiply(factor, 1 - slope, out=factor)
+    return xp.add(factor, slope, out=factor)
+
+
+def _rebuild_xhat(ctx, y, factor, a, xp):
+    """InPlace-ABN's x_hat from its output: invert the activation (z = y / factor), take
+    the residual away, then invert the affine step: x_hat = (z - residual - bias) / a."""
+    cs = _cshape(y.shape)
+    xhat = memory.empty(y.shape, y.dtype, xp)
+    xhat = xp.divide(y, factor, out=xhat)
+    r, b = ctx.residual, ctx.bias
+    if r is not None:
+        xhat = xp.subtract(xhat, r, out=xhat)
+    if b is not None:
+        xhat = xp.subtract(xhat, _channel(b, y.dtype).reshape(cs), out=xhat)
+    if a is not None:
+        xhat = xp.divide(xhat, a.reshape(cs), out=xhat)
+    return xhat
+
+
+class _InvStd(Function):
+    """The node of InPlace-ABN's batch inverse std under create_graph (see
+    ``InPlaceABN.kept_as_tensors``): d(invstd_c)/dx = -invstd_c^2 x_hat / m."""
+
+    def __init__(self, edge, invstd, xhat, m):
+        self.next = (edge,)
+        self.needs_input_grad = (True,)
+        self.invstd, self.xhat, self.m = invstd, xhat, m
+
+    def backward(ctx, gc):
+        inv, xhat = (ctx.invstd, ctx.xhat) if gc.__class__ is Tensor else (ctx.invstd._data, ctx.xhat._data)
+        cs = _cshape(xhat.shape)
+        return (-(inv * inv * gc / ctx.m)).reshape(cs) * xhat
 
 
 # --- public functions -----------------------------------------------------------------

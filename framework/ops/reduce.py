@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..autograd.function import Function
 from ..backend import get_array_module
+from .broadcast import astype
 
 
 def _axes(dim, ndim):
@@ -90,7 +91,7 @@ class Amax(Function):
         keep = _keep_shape(ctx.shape, ctx.axes)
         mask = ctx.x == ctx.result.reshape(keep)
         count = mask.sum(axis=ctx.axes, keepdims=True)
-        return mask * (g.reshape(keep) / count).astype(g.dtype)
+        return mask * astype(g.reshape(keep) / count, g.dtype)
 
 
 class MaxDim(Function):
@@ -105,11 +106,12 @@ class MaxDim(Function):
         return values if keepdim else values.squeeze(ctx.dim)
 
     def backward(ctx, g):
+        # g where the picked index is, 0 elsewhere: one where() over a mask of the picks
         xp = get_array_module(g)
-        gx = xp.zeros(ctx.shape, dtype=g.dtype)
         gk = g if ctx.keepdim else xp.expand_dims(g, ctx.dim)
-        xp.put_along_axis(gx, ctx.indices, gk, axis=ctx.dim)
-        return gx
+        n = ctx.shape[ctx.dim]
+        pos = get_array_module(ctx.indices).arange(n).reshape((n,) + (1,) * (len(ctx.shape) - ctx.dim - 1))
+        return xp.where(pos == ctx.indices, xp.broadcast_to(gk, ctx.shape), 0)
 
 
 def _out(ctx, x):
@@ -161,6 +163,5 @@ class LogSoftmax(Function):
     def backward(ctx, g):
         xp = get_array_module(g)
         gx = xp.exp(ctx.result, out=xp.empty_like(g))  # out=: an array also for 0-d
-        gx *= g.sum(axis=ctx.dim, keepdims=True)
-        xp.subtract(g, gx, out=gx)
-        return gx
+        gx = xp.multiply(gx, g.sum(axis=ctx.dim, keepdims=True), out=gx)
+        return xp.subtract(g, gx, out=gx)

@@ -19,7 +19,7 @@ import numpy as np
 from .. import backend, memory
 from ..autograd.function import Function
 from ..backend import device_of, get_array_module, to_device
-from .broadcast import sum_to
+from .broadcast import copy, sum_to
 
 # ``array`` reshaped without copying, or None (NumPy and CuPy need different calls).
 reshape_view = backend.reshape_view
@@ -62,7 +62,7 @@ class Permute(Function):
         return x.transpose(dims)
 
     def backward(ctx, g):
-        return g.transpose(ctx.inverse)
+        return get_array_module(g).transpose(g, ctx.inverse)
 
 
 def broadcast_view(x, shape):
@@ -149,22 +149,48 @@ class AsStrided(Function):
         # PyTorch's as_strided_backward: scatter-add the gradient into a buffer laid out
         # like the storage, then read the input's elements back; where the input itself
         # sees one location several times (an expanded input), share it evenly.
-        xp = get_array_module(g)
-        out_pos = _positions(xp, ctx.offset, ctx.size, ctx.stride)
-        in_pos = _positions(xp, ctx.source_offset, ctx.xshape, ctx.xstride)
-        gx = memory.zeros(ctx.xshape, ctx.dtype, xp, "gradients")
-        if not in_pos.size:
-            return gx
-        lo = int(in_pos.min()) if not out_pos.size else min(int(in_pos.min()), int(out_pos.min()))
-        hi = int(in_pos.max()) if not out_pos.size else max(int(in_pos.max()), int(out_pos.max()))
-        storage = xp.zeros(hi - lo + 1, dtype=ctx.dtype)
-        if out_pos.size:
-            backend.scatter_add(storage, (out_pos - lo,), xp.ascontiguousarray(g).reshape(-1))
-        seen = xp.zeros(hi - lo + 1, dtype=ctx.dtype)
-        backend.scatter_add(seen, (in_pos - lo,), xp.ones(in_pos.size, dtype=ctx.dtype))
-        storage /= xp.maximum(seen, 1)
-        gx[...] = storage[in_pos - lo].reshape(ctx.xshape)
+        mine = (ctx.source_offset, ctx.xshape, ctx.xstride)
+        return _strided_transfer(g, (ctx.offset, ctx.size, ctx.stride), mine, mine, ctx.xshape)
+
+
+def _strided_transfer(g, scatter, gather, count, shape):
+    """``g`` scattered (added) into a storage at the positions of geometry ``scatter``,
+    divided by how often geometry ``count`` sees each position, read back at the positions
+    of ``gather`` (each geometry: ``(offset, shape, stride)`` in elements). Linear in
+    ``g``; under create_graph it is the op :class:`StridedTransfer`."""
+    if hasattr(g, "_grad_fn"):
+        return StridedTransfer.apply(g, scatter=scatter, gather=gather, count=count, shape=shape)
+    xp = get_array_module(g)
+    out_pos, in_pos = _positions(xp, *scatter), _positions(xp, *gather)
+    seen_pos = in_pos if count == gather else _positions(xp, *count)
+    gx = memory.zeros(shape, g.dtype, xp, "gradients")
+    if not in_pos.size:
         return gx
+    every = [p for p in (out_pos, in_pos) + (() if seen_pos is in_pos else (seen_pos,)) if p.size]
+    lo = min(int(p.min()) for p in every)
+    hi = max(int(p.max()) for p in every)
+    storage = xp.zeros(hi - lo + 1, dtype=g.dtype)
+    if out_pos.size:
+        backend.scatter_add(storage, (out_pos - lo,), xp.ascontiguousarray(g).reshape(-1))
+    seen = xp.zeros(hi - lo + 1, dtype=g.dtype)
+    backend.scatter_add(seen, (seen_pos - lo,), xp.ones(seen_pos.size, dtype=g.dtype))
+    storage /= xp.maximum(seen, 1)
+    gx[...] = storage[in_pos - lo].reshape(shape)
+    return gx
+
+
+class StridedTransfer(Function):
+    """:func:`_strided_transfer` as an op: as_strided's backward, differentiable. It is
+    linear, and its backward is itself with ``scatter`` and ``gather`` swapped (the
+    transpose of gather . divide . scatter-add)."""
+
+    def forward(ctx, g, scatter=None, gather=None, count=None, shape=None):
+        ctx.geometry, ctx.gshape = (scatter, gather, count), g.shape
+        return _strided_transfer(g, scatter, gather, count, shape)
+
+    def backward(ctx, h):
+        scatter, gather, count = ctx.geometry
+        return _strided_transfer(h, gather, scatter, count, ctx.gshape)
 
 
 def _positions(xp, offset, shape, stride):
@@ -209,8 +235,29 @@ class IndexGet(Function):
 
     def backward(ctx, g):
         gx = memory.zeros(ctx.shape, ctx.dtype, get_array_module(g), "gradients")
-        backend.scatter_add(gx, _kept_index(ctx), g)  # np.add.at; cupyx.scatter_add on a GPU
+        index = _kept_index(ctx)
+        if hasattr(gx, "_grad_fn"):  # create_graph: the same scatter-add, as an op
+            return IndexAdd.apply(gx, g, index=tuple(getattr(i, "_data", i) for i in index))
+        backend.scatter_add(gx, index, g)  # np.add.at; cupyx.scatter_add on a GPU
         return gx
+
+
+class IndexAdd(Function):
+    """``x[index] += value`` with duplicates accumulating (``index_put_(accumulate=True)``):
+    the backward of advanced indexing, as an op, so that it has a backward itself (of
+    ``x``: the gradient; of ``value``: the gradient indexed, an :class:`IndexGet`)."""
+
+    def forward(ctx, x, value, index=None):
+        arrays, ctx.index_rest = _split_index(index)
+        ctx.keep(**arrays)
+        ctx.vshape, ctx.vdtype = getattr(value, "shape", ()), getattr(value, "dtype", None)
+        out = ctx.out if ctx.out is not None else x.copy()
+        backend.scatter_add(out, index, value)
+        return out
+
+    def backward(ctx, g):
+        gv = sum_to(g[_kept_index(ctx)], ctx.vshape, ctx.vdtype) if ctx.needs_input_grad[1] else None
+        return (g if ctx.needs_input_grad[0] else None), gv
 
 
 class IndexPut(Function):
@@ -230,7 +277,7 @@ class IndexPut(Function):
         index = _kept_index(ctx)
         gx = gv = None
         if ctx.needs_input_grad[0]:
-            gx = g.copy()
+            gx = copy(g)
             gx[index] = 0
         if ctx.needs_input_grad[1]:
             gv = sum_to(g[index], ctx.vshape, ctx.vdtype)
@@ -282,4 +329,6 @@ class ToDevice(Function):
         return to_device(x, device)
 
     def backward(ctx, g):
+        if hasattr(g, "_grad_fn"):  # create_graph: the tensor's own (differentiable) move
+            return g.to(ctx.source)
         return to_device(g, ctx.source)

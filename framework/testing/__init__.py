@@ -122,6 +122,80 @@ def gradcheck(
     return True
 
 
+def gradgradcheck(
+    fn, inputs, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-4, seed: int = 0, directions: int = 2
+) -> bool:
+    """Checks second derivatives: the derivative of autograd's gradients (taken with
+    ``create_graph=True``) against finite differences of the first-order gradients.
+
+    PyTorch's ``gradgradcheck`` in fast mode: with random weights ``w`` of the output and
+    random vectors ``u`` of the inputs' gradients, ``phi(x) = <grad(<fn(x), w>, x), u>``
+    is differentiated by autograd (a second backward through the recorded first one) and
+    compared, along ``directions`` random directions per input, with central differences
+    of ``phi`` computed with first-order backwards only. Also checks that the gradients
+    taken with ``create_graph`` equal the first-order ones.
+
+    Raises:
+        AssertionError naming the input when they disagree.
+    """
+    for x in inputs:
+        if isinstance(x, Tensor) and x.requires_grad and x.dtype != np.float64:
+            raise ValueError(f"gradgradcheck needs float64 inputs for accurate differences, got {x.dtype}")
+    wanted = [x for x in inputs if isinstance(x, Tensor) and x.requires_grad]
+    rng = np.random.default_rng(seed)
+    out = fn(*inputs)
+    weights = rng.standard_normal(out.shape)
+    w = _wrap(backend.to_device(weights.astype(out.dtype), out.device))
+    us = [rng.standard_normal(x.shape) for x in wanted]
+
+    def first_order():
+        return autograd_grad((fn(*inputs) * w).sum(), wanted, allow_unused=True)
+
+    def phi_value() -> float:
+        return float(sum((to_numpy(g) * u).sum() for g, u in zip(first_order(), us) if g is not None))
+
+    grads = autograd_grad((out * w).sum(), wanted, create_graph=True, allow_unused=True)
+    for k, (g, f) in enumerate(zip(grads, first_order())):
+        if (g is None) != (f is None):
+            raise AssertionError(f"input {k}: a gradient with create_graph=True and without it differ in presence")
+        if g is not None and not np.allclose(to_numpy(g), to_numpy(f), rtol=1e-12, atol=1e-14):
+            raise AssertionError(f"input {k}: the gradient with create_graph=True differs from the first-order one")
+    phi = None
+    for g, u in zip(grads, us):
+        if g is not None and g.requires_grad:
+            term = (g * _wrap(backend.to_device(u, g.device))).sum()
+            phi = term if phi is None else phi + term
+    second = [None] * len(wanted)
+    if phi is not None:
+        second = autograd_grad(phi, wanted, allow_unused=True)
+    for k, (x, a) in enumerate(zip(wanted, second)):
+        a = np.zeros(x.shape) if a is None else to_numpy(a)
+        for _ in range(directions):
+            v = rng.standard_normal(x.shape)
+            num = _directional_value(phi_value, x, v, eps)
+            ana = float((a * v).sum())
+            if not np.isclose(ana, num, atol=atol * np.abs(v).sum() ** 0.5, rtol=rtol):
+                raise AssertionError(
+                    f"second derivative of input {k} (shape {x.shape}) differs from finite differences of "
+                    f"the gradient along a random direction: autograd gives {ana!r}, numerical {num!r}"
+                )
+    return True
+
+
+def _directional_value(value, x, v, eps) -> float:
+    """Central difference of ``value()`` along ``v`` for input ``x`` (changed in its buffer)."""
+    data = x._data
+    old = data.copy()
+    step = backend.to_device(v * eps, x.device) if x.device.type != "cpu" else v * eps
+    data += step
+    up = value()
+    data[...] = old
+    data -= step
+    down = value()
+    data[...] = old
+    return (up - down) / (2 * eps)
+
+
 def _directional(fn, inputs, weights, x, v, eps) -> float:
     """Central difference of ``sum(fn(*inputs) * weights)`` along ``v`` for input ``x``."""
 

@@ -194,8 +194,10 @@ class Model(nn.Module):
         return self.abn_(t)
 
 
-def run(source, policy, device="cpu"):
-    """Runs the program under ``policy`` on ``device``; returns what the user can observe."""
+def run(source, policy, device="cpu", create_graph=False):
+    """Runs the program under ``policy`` on ``device``; returns what the user can observe
+    (with ``create_graph``: the first gradients, taken with history, and the gradients
+    of their squared norm)."""
     scope = {"fw": fw, "F": F}
     exec(compile(source, "<generated program>", "exec"), scope)  # noqa: S102
     rng = np.random.default_rng(0)
@@ -206,12 +208,12 @@ def run(source, policy, device="cpu"):
     prev = inplace.set_auto_min_bytes(0)  # tiny tensors: prove every one
     try:
         with inplace.policy(policy), np.errstate(all="ignore"):
-            return _observe(scope, x, c, m)
+            return _observe(scope, x, c, m, create_graph)
     finally:
         inplace.set_auto_min_bytes(prev)
 
 
-def _observe(scope, x, c, m):
+def _observe(scope, x, c, m, create_graph=False):
     """Runs the program and returns what the user can observe."""
     try:
         held = scope["program"](x, c, m)
@@ -228,9 +230,13 @@ def _observe(scope, x, c, m):
                     term = (t * float(k + 1)).sum()
                     loss = term if loss is None else loss + term
         backward_error = None
+        first = None
         if loss is not None:
             try:
-                loss.backward()
+                if create_graph:
+                    first = _double_backward(loss, [x, *m.parameters()])
+                else:
+                    loss.backward()
             except ConsumedTensorError:
                 raise
             except RuntimeError as e:
@@ -239,7 +245,23 @@ def _observe(scope, x, c, m):
         return "consumed"
     grads = [None if p.grad is None else p.grad.numpy().copy() for p in [x, *m.parameters()]]
     stats = [b.numpy().copy() for b in m.buffers()]
-    return {"values": values, "grads": grads, "stats": stats, "backward_error": backward_error}
+    return {"values": values, "grads": grads, "stats": stats, "backward_error": backward_error, "first": first}
+
+
+def _double_backward(loss, leaves):
+    """The gradients of ``loss`` taken with create_graph (returned as arrays), then
+    ``sum(g * g)`` over them backpropagated into the leaves' ``.grad``."""
+    leaves = [p for p in leaves if p.requires_grad]
+    grads = fw.autograd.grad(loss, leaves, create_graph=True, allow_unused=True)
+    penalty = None
+    for g in grads:
+        if g is not None and g.requires_grad:
+            term = (g * g).sum()
+            penalty = term if penalty is None else penalty + term
+    first = [None if g is None else g.detach().numpy().copy() for g in grads]
+    if penalty is not None:
+        penalty.backward()
+    return first
 
 
 def same(a, b) -> bool:
@@ -254,7 +276,10 @@ def same(a, b) -> bool:
         for p, q in zip(va[k], vb[k], strict=True):
             if not np.array_equal(p, q, equal_nan=True):
                 return False
-    for p, q in zip(ga + sa, gb + sb, strict=True):
+    fa, fb = a.get("first") or [], b.get("first") or []
+    if len(fa) != len(fb):
+        return False
+    for p, q in zip(ga + sa + fa, gb + sb + fb, strict=True):
         if (p is None) != (q is None) or (p is not None and not np.array_equal(p, q, equal_nan=True)):
             return False
     return True
@@ -274,12 +299,41 @@ def test_no_policy_changes_a_number_on_the_gpu(blocks):
     _check_policies(Writer().source(blocks), "cuda")
 
 
-def _check_policies(source, device):
-    ref = run(source, "off", device)
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(block, min_size=1, max_size=5))
+def test_no_policy_changes_a_higher_order_gradient(blocks):
+    _check_policies(Writer().source(blocks), "cpu", create_graph=True)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(block, min_size=1, max_size=5))
+def test_no_policy_changes_a_higher_order_gradient_on_the_gpu(blocks):
+    _check_policies(Writer().source(blocks), "cuda", create_graph=True)
+
+
+def test_the_higher_order_programs_differentiate_a_gradient():
+    """Not vacuous: a create_graph program has second-order gradients to compare."""
+    source = Writer().source(
+        [
+            ("plain", ("assign", ("site", "relu", ("func", "lin", ("name", 0))))),
+            ("plain", ("assign", ("site", "bn_train", ("func", "fw.tanh", ("name", 3))))),
+        ]
+    )
+    ref = run(source, "off", create_graph=True)
+    assert isinstance(ref, dict) and ref["backward_error"] is None, (source, ref)
+    assert ref["first"] and any(f is not None for f in ref["first"])
+    assert any(g is not None and np.abs(g).sum() > 0 for g in ref["grads"]), source
+    assert same(run(source, "auto", create_graph=True), ref)
+
+
+def _check_policies(source, device, create_graph=False):
+    ref = run(source, "off", device, create_graph)
     assert ref != "consumed", source  # off never writes over a site's input
-    auto = run(source, "auto", device)
+    auto = run(source, "auto", device, create_graph)
     assert same(auto, ref), source
-    on = run(source, "on", device)
+    on = run(source, "on", device, create_graph)
     assert on == "consumed" or same(on, ref), source
 
 

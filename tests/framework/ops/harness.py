@@ -8,6 +8,9 @@ memory layout of the inputs (contiguous, transposed, strided slice):
 - forward in float32 against the float64 reference (dtype, shape, values; inputs untouched;
   a view op shares memory and the version counter with its input, other ops do not);
 - backward in float64 against central differences (:func:`framework.testing.gradcheck`);
+- second derivatives in float64: the gradient taken with ``create_graph=True``,
+  differentiated again, against central differences of the first-order gradient
+  (:func:`framework.testing.gradgradcheck`, fast mode);
 - the inplace form against the ordinary one: same values and gradients, the same tensor
   object returned, ``_version`` bumped by exactly one; or, where the result would need a
   bigger shape than the written tensor, a RuntimeError that leaves it unchanged;
@@ -57,7 +60,7 @@ import framework as fw
 from framework import backend as fw_backend
 from framework import memory
 from framework.autograd import grad as autograd_grad
-from framework.testing import assert_close, cupy_standin, gradcheck
+from framework.testing import assert_close, cupy_standin, gradcheck, gradgradcheck
 from framework.testing.cupy_standin import counting
 
 NUMPY_DOMAIN = np.lib.tracemalloc_domain  # 389047: where NumPy reports array data
@@ -384,6 +387,46 @@ def check_backward(case: Case, device: str = "cpu") -> None:
                 atol=CROSS_DEVICE_ATOL,
                 msg=f"{case.id}: gradient of input {i} on {device} against the CPU",
             )
+
+
+def check_double_backward(case: Case, device: str = "cpu") -> None:
+    """Second derivatives in float64 (through every input's layout) against finite
+    differences of the first-order gradients (:func:`framework.testing.gradgradcheck`,
+    fast mode); on a GPU also the second derivatives against the CPU's."""
+    storages = case.storages(np.float64, requires_grad=True, device=device)
+    fn = lambda *s: case.spec.fn(*case.views(s))  # noqa: E731
+    gradgradcheck(fn, storages)
+    if device == "cpu":
+        return
+    cpu = case.storages(np.float64, requires_grad=True)
+    want = _second(fn, cpu)
+    for i, (g, w) in enumerate(zip(_second(fn, storages), want)):
+        assert (g is None) == (w is None), f"{case.id}: input {i} second derivative presence differs from the CPU"
+        if g is not None:
+            assert g.device == fw.device(device), f"{case.id}: second derivative of input {i} on {g.device}"
+            assert_close(
+                g,
+                w,
+                rtol=CROSS_DEVICE_RTOL,
+                atol=CROSS_DEVICE_ATOL,
+                msg=f"{case.id}: second derivative of input {i} on {device} against the CPU",
+            )
+
+
+def _second(fn, storages):
+    """d/d(storages) of <gradient, fixed weights>, the gradient taken with create_graph."""
+    out = fn(*storages)
+    grads = autograd_grad(
+        (out * _weights(out.shape, device=out.device)).sum(), storages, create_graph=True, allow_unused=True
+    )
+    phi = None
+    for k, g in enumerate(grads):
+        if g is not None and g.requires_grad:
+            term = (g * _weights(g.shape, seed=2 + k, device=g.device)).sum()
+            phi = term if phi is None else phi + term
+    if phi is None:
+        return [None] * len(storages)
+    return autograd_grad(phi, storages, allow_unused=True)
 
 
 def _weights(shape, seed=1, device="cpu"):

@@ -122,6 +122,11 @@ def test_conv2d_backward(case, backend):
     harness.check_backward(case, backend)
 
 
+@pytest.mark.parametrize("case", harness.cases(CONV_SPECS))
+def test_conv2d_double_backward(case, backend):
+    harness.check_double_backward(case, backend)
+
+
 @pytest.mark.parametrize("limit", [None, 0], ids=["whole-batch", "one-image-chunks"])
 @pytest.mark.parametrize("name", C.CONTRACTIONS + ("grid",))  # grid runs every geometry too
 @pytest.mark.parametrize("stride,padding", [(1, 0), (2, 1), ((1, 2), (0, 1)), (3, 2)])
@@ -571,6 +576,11 @@ def test_pool_backward(case, backend):
     harness.check_backward(case, backend)
 
 
+@pytest.mark.parametrize("case", harness.cases(POOL_SPECS))
+def test_pool_double_backward(case, backend):
+    harness.check_double_backward(case, backend)
+
+
 def test_max_pool_saves_one_byte_per_output_and_not_the_input():
     x = _t(_rand((2, 3, 8, 8), 30, np.float32), True)
     h = x * 1
@@ -732,6 +742,11 @@ def test_stride1_algorithms_forward(case, backend):
 @pytest.mark.parametrize("case", harness.cases(STRIDE1_SPECS))
 def test_stride1_algorithms_backward(case, backend):
     harness.check_backward(case, backend)
+
+
+@pytest.mark.parametrize("case", harness.cases(STRIDE1_SPECS))
+def test_stride1_algorithms_double_backward(case, backend):
+    harness.check_double_backward(case, backend)
 
 
 @pytest.mark.parametrize("limit", [None, 0, 3000], ids=["whole-batch", "one-image-chunks", "uneven-chunks"])

@@ -7,7 +7,7 @@ import pytest
 import framework as fw
 from framework import memory
 from framework.ops.dropout import dropout
-from framework.testing import assert_close, gradcheck
+from framework.testing import assert_close, gradcheck, gradgradcheck
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.8])
@@ -129,3 +129,14 @@ def test_p_one_gives_zeros_and_zero_gradient():
     assert np.array_equal(y.detach().numpy(), np.zeros((6, 7), np.float32))
     y.sum().backward()
     assert np.array_equal(x.grad.numpy(), np.zeros((6, 7), np.float32))
+
+
+def test_second_derivatives_through_dropout_use_the_same_mask(backend):
+    x = fw.tensor(np.random.default_rng(0).standard_normal((4, 6)), dtype=fw.float64, device=backend)
+    x.requires_grad_()
+
+    def fn(t):
+        fw.manual_seed(3)  # the same mask at every evaluation (the differences re-run forward)
+        return dropout(t * t, 0.5)
+
+    gradgradcheck(fn, [x])

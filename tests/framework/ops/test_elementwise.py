@@ -180,6 +180,11 @@ def test_backward(case, backend):
     harness.check_backward(case, backend)
 
 
+@pytest.mark.parametrize("case", harness.cases(SPECS, need="grad"))
+def test_double_backward(case, backend):
+    harness.check_double_backward(case, backend)
+
+
 @pytest.mark.parametrize("case", harness.cases(SPECS, need="inplace"))
 def test_inplace_matches_ordinary(case, backend):
     harness.check_inplace(case, backend)

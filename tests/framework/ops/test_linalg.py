@@ -58,6 +58,11 @@ def test_backward(case, backend):
     harness.check_backward(case, backend)
 
 
+@pytest.mark.parametrize("case", harness.cases(SPECS, need="grad"))
+def test_double_backward(case, backend):
+    harness.check_double_backward(case, backend)
+
+
 def test_matmul_gradient_by_hand():
     x = fw.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
     y = fw.tensor([5.0, 6.0], requires_grad=True)

@@ -9,7 +9,7 @@ import pytest
 import framework as fw
 from framework import memory
 from framework.ops.loss import check_targets, cross_entropy, mse_loss, nll_loss
-from framework.testing import assert_close, gradcheck
+from framework.testing import assert_close, gradcheck, gradgradcheck
 
 REDUCTIONS = ["mean", "sum", "none"]
 
@@ -68,6 +68,26 @@ def test_cross_entropy_forward(reduction, smoothing, backend):
 def test_cross_entropy_gradcheck(reduction, smoothing, backend):
     _t = _on(backend)
     gradcheck(lambda x: cross_entropy(x, _t(TARGET), reduction, smoothing), [_t(_logits(), True)])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_cross_entropy_second_derivatives(reduction, smoothing, backend):
+    _t = _on(backend)
+    gradgradcheck(lambda x: cross_entropy(x, _t(TARGET), reduction, smoothing), [_t(_logits(), True)])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_nll_and_mse_second_derivatives(reduction, backend):
+    _t = _on(backend)
+    x = _logits(seed=3)
+    # nll is linear: its gradient has no history, its second derivative is 0
+    gradgradcheck(lambda x: nll_loss(x, _t(TARGET), reduction), [_t(x, True)])
+    gradgradcheck(lambda x: nll_loss(x.log_softmax(1), _t(TARGET), reduction), [_t(x, True)])
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))
+    gradgradcheck(lambda x, y: mse_loss(x, y, reduction), [_t(a, True), _t(b, True)])
+    gradgradcheck(lambda x, y: mse_loss(x * x, y, reduction), [_t(a, True), _t(b)])
 
 
 def test_cross_entropy_gradient_is_softmax_minus_onehot_over_n(backend):

@@ -8,7 +8,7 @@ import pytest
 import framework as fw
 from framework import memory
 from framework.ops.norm import batch_norm, inplace_abn
-from framework.testing import assert_close, gradcheck
+from framework.testing import assert_close, gradcheck, gradgradcheck
 
 SHAPES = [(6, 3), (4, 3, 2, 3)]
 
@@ -214,6 +214,20 @@ def test_batch_norm_gradcheck_eval(shape, backend):
     assert gradcheck(lambda x, w, b: batch_norm(x, rm, rv, w, b, training=False), args)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_batch_norm_second_derivatives(shape, backend):
+    _t = _on(backend)
+    x, w, b = _data(shape)
+    c = shape[1]
+    rm, rv = _t(np.linspace(-1, 1, c)), _t(np.linspace(0.5, 2, c))
+    args = [_t(x, True), _t(w, True), _t(b, True)]
+    gradgradcheck(lambda x, w, b: batch_norm(x, None, None, w, b, training=True), args)
+    gradgradcheck(lambda x: batch_norm(x, None, None, training=True), args[:1])
+    gradgradcheck(lambda x, w, b: batch_norm(x, rm, rv, w, b, training=False), args)
+    # and through what comes after it (the usual case: a nonlinearity)
+    gradgradcheck(lambda x, w, b: batch_norm(x, None, None, w, b, training=True).tanh(), args)
+
+
 @pytest.mark.parametrize("training", [True, False])
 def test_batch_norm_partial_gradients_match_full(training, backend):
     _t = _on(backend)
@@ -352,6 +366,21 @@ def test_inplace_abn_gradcheck(shape, training, backend):
     rm, rv = _t(np.linspace(-1, 1, c)), _t(np.linspace(0.5, 2, c))
     args = [_t(x, True), _t(w, True), _t(b, True)]
     assert gradcheck(lambda x, w, b: inplace_abn(x * 1, rm, rv, w, b, training=training), args)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("training", [True, False])
+def test_inplace_abn_second_derivatives(shape, training, backend):
+    _t = _on(backend)
+    x, w, b = _data(shape)
+    w[1] = -0.7
+    r = np.random.default_rng(4).standard_normal(shape)
+    c = shape[1]
+    rm, rv = _t(np.linspace(-1, 1, c)), _t(np.linspace(0.5, 2, c))
+    args = [_t(x, True), _t(w, True), _t(b, True), _t(r, True)]
+    gradgradcheck(lambda x, w, b: inplace_abn(x * 1, rm, rv, w, b, training=training), args[:3])
+    gradgradcheck(lambda x, w, b, r: inplace_abn(x * 1, rm, rv, w, b, training=training, residual=r), args)
+    gradgradcheck(lambda x: inplace_abn(x * 1, rm, rv, None, None, training=training).tanh(), args[:1])
 
 
 def test_inplace_abn_gradcheck_no_affine(backend):
@@ -631,3 +660,16 @@ def test_batch_norm_with_a_communicator_on_backend_matches_the_cpu(shape, backen
 
     for got, want in zip(run(backend), run("cpu")):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_sync_batch_norm_refuses_create_graph_naming_it():
+    from framework.distributed.sync_batchnorm import sync_batch_norm
+
+    rng = np.random.default_rng(3)
+    x = fw.tensor(rng.standard_normal((4, 3)), requires_grad=True)
+    rm, rv = fw.zeros(3, dtype=fw.float64), fw.ones(3, dtype=fw.float64)
+    out = sync_batch_norm(x * 1, rm, rv, None, None, momentum=0.3, comm=_TwinRanks())
+    with pytest.raises(RuntimeError, match="SyncBatchNorm .* has no differentiable backward"):
+        fw.autograd.grad((out * out).sum(), x, create_graph=True)
+    (g,) = fw.autograd.grad((out * out).sum(), x)  # first order still works
+    assert g.shape == x.shape

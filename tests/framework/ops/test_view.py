@@ -93,6 +93,11 @@ def test_backward(case, backend):
     harness.check_backward(case, backend)
 
 
+@pytest.mark.parametrize("case", harness.cases(SPECS, need="grad"))
+def test_double_backward(case, backend):
+    harness.check_double_backward(case, backend)
+
+
 # --- reshape: a view when the strides allow one, a copy otherwise ----------------------------
 
 

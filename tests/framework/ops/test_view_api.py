@@ -117,6 +117,11 @@ def test_backward(case, backend):
     harness.check_backward(case, backend)
 
 
+@pytest.mark.parametrize("case", harness.cases(SPECS, need="grad"))
+def test_double_backward(case, backend):
+    harness.check_double_backward(case, backend)
+
+
 # --- views: shared memory, one version counter, writes reach the base -------------------------
 
 VIEWS = {

@@ -1,0 +1,94 @@
+"""Higher-order gradients: what ``create_graph=True`` needs above the engine.
+
+One formula per derivative: every op's ``backward`` is written once, against "arrays"
+that are raw NumPy/CuPy arrays in a first-order backward (the fast path, no graph) and
+tensors with history under ``create_graph``. Three things make the same code run on
+both, none of which costs the first-order path more than a type check it already did:
+
+- the gradient a node receives is a tensor, and its saved tensors read back as tensors
+  with history (:func:`saved_as_tensor`): an input as a tensor whose gradient flows
+  into the input's node (or the leaf itself), the result as a tensor whose node is the
+  op's own node (PyTorch's SavedVariable);
+- ``get_array_module`` of a tensor is a small namespace of NumPy's names over the
+  framework's differentiable ops (:mod:`framework.ops.tensor_xp`), so ``xp.multiply(g,
+  y, out=...)`` records a Mul (``out=`` is ignored: nothing is written in place that
+  another node may have saved);
+- operators (``g * y``, ``-g``, ``g[index]``) are the tensors' own.
+
+So the backward of an op, run under ``create_graph``, is itself a graph of
+differentiable ops, whose backward is theirs: derivatives of any order, each derivative
+written once. This module holds the engine's tensor-level steps (the leaf accumulation
+of PyTorch's AccumulateGrad under grad mode, hooks, saved tensors as tensors); the
+engine reaches it through ``autograd.node.higher``.
+"""
+
+from __future__ import annotations
+
+from ..tensor import Tensor, _wrap
+from . import node as _node
+
+
+def constant(array) -> Tensor:
+    """A gradient given as an array (or made by the engine: ones for a scalar root)."""
+    return _wrap(array)
+
+
+def saved_as_tensor(node, name, saved) -> Tensor:
+    """The saved value ``name`` of ``node`` as a tensor with history (version-checked as
+    a first-order backward checks it)."""
+    array = saved.unpack(node)
+    idx = None
+    for n, i, _ in type(node)._save_plan:
+        if n == name:
+            idx = i
+            break
+    if idx is None:
+        # kept by forward: a function of the inputs the op recomputes with history
+        # (batch statistics), or else a constant of the derivative (indices, masks)
+        recompute = getattr(node, "kept_as_tensors", None)
+        if recompute is not None:
+            kept = recompute()
+            if name in kept:
+                return kept[name]
+        return _wrap(array)
+    if idx < 0:  # the result: its history is this node
+        t = _wrap(array)
+        t._grad_fn = node
+    else:
+        edges = node.__dict__.get("next") or ()
+        edge = edges[idx] if idx < len(edges) else None
+        if isinstance(edge, Tensor):
+            return edge  # a leaf: its gradient can only flow into the leaf itself
+        t = _wrap(array)
+        t._grad_fn = edge
+    if saved.vc is not None:
+        t._vc = saved.vc  # a later inplace change of it is caught by the next backward too
+    return t
+
+
+def run_leaf_hooks(leaf, grad):
+    if leaf._hooks:
+        for hook in tuple(leaf._hooks):
+            r = hook(grad)
+            if r is not None:
+                grad = r
+    return grad
+
+
+def accumulate_leaf(leaf, grad) -> None:
+    """PyTorch's AccumulateGrad with grad mode on: ``.grad`` becomes a clone of the
+    gradient (with its history), or the out-of-place sum with the existing one."""
+    if not leaf._requires_grad:
+        return
+    grad = run_leaf_hooks(leaf, grad)
+    if grad.shape != leaf._data.shape:
+        raise RuntimeError(f"gradient of shape {grad.shape} for a leaf of shape {leaf._data.shape}")
+    if grad.dtype != leaf._data.dtype:
+        grad = grad.to(dtype=leaf._data.dtype)
+    leaf._grad = grad.clone() if leaf._grad is None else leaf._grad + grad
+    if leaf._post_acc_hooks:
+        for hook in tuple(leaf._post_acc_hooks):
+            hook(leaf)
+
+
+_node.higher = __import__(__name__, fromlist=["_"])
