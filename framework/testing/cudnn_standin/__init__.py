@@ -397,7 +397,7 @@ class pygraph:  # noqa: N801
             numpy.copyto(result._a, values, casting="unsafe")
 
         # on the handle's stream: recorded, not run, while that stream captures a graph
-        _graph.launch_on(handle.stream if handle is not None else 0, "cudnn", kernel)
+        _graph.launch_on(handle.stream if handle is not None else 0, "cudnn", kernel, [*operands, result])
 
     def _bind(self, tensor_dict, device):
         by_name = {t.name: t for t in self._tensors}

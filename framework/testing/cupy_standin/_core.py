@@ -167,7 +167,7 @@ def _call(kind, func, *args, **kwargs):
     kwargs = {k: _unwrap(v, device_id, inputs) for k, v in kwargs.items()}
     if kind is not None and isinstance(out, ndarray) and _graph.current_capture() is not None:
         if out.size:  # a kernel into a given output: recorded into the capture, not run
-            _graph.record(kind, lambda: func(*args, **kwargs))
+            _graph.record(kind, lambda: func(*args, **kwargs), arrays=inputs)
         return out
     res = _wrap(func(*args, **kwargs), inputs)
     if kind is not None:
@@ -297,7 +297,11 @@ class ufunc:
                 raise _peer_error(out, device_id)
             np_ufunc, host_out = self._np, out._a
             if self.__name__ != "matmul" and out.size and _graph.current_capture() is not None:
-                _graph.record("elementwise", lambda: np_ufunc(*host, out=host_out, dtype=dtype, casting=casting))
+                _graph.record(
+                    "elementwise",
+                    lambda: np_ufunc(*host, out=host_out, dtype=dtype, casting=casting),
+                    arrays=(*args, out),
+                )
                 return out
             np_ufunc(*host, out=host_out, dtype=dtype, casting=casting)
             res = out
@@ -662,7 +666,7 @@ class ndarray:
         _check_current(self, value, *(key if type(key) is tuple else (key,)))
         is_array = isinstance(value, ndarray)
         if is_array:
-            value = value._a
+            value_array, value = value, value._a
         elif not (type(value) in _PY_SCALARS or isinstance(value, numpy.generic)):
             value = numpy.asarray(value)  # a host array or a list: refused unless it is one number
             if value.shape != ():
@@ -670,7 +674,12 @@ class ndarray:
             value = value[()]
         if not advanced:  # a fill or a copy into a view: recorded while the stream captures
             host = self._a
-            _graph.run("copy" if is_array else "elementwise", lambda: host.__setitem__(index, value), host[index].size)
+            _graph.run(
+                "copy" if is_array else "elementwise",
+                lambda: host.__setitem__(index, value),
+                host[index].size,
+                (self, *((value_array,) if is_array else ())),
+            )
             return
         self._a[index] = value
         if _has_mask(index):
@@ -732,7 +741,7 @@ class ndarray:
             if value.shape != ():
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
         host = self._a
-        _graph.run("elementwise", lambda: host.fill(value), self.size)
+        _graph.run("elementwise", lambda: host.fill(value), self.size, (self,))
 
     # -- computations (CuPy's method signatures) -----------------------------------------------------
     # Each is one kernel launch on a GPU unless said otherwise; reductions check their axis

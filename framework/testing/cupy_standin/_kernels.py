@@ -210,7 +210,8 @@ class ElementwiseKernel:
         if self.reference is None:
             raise _missing_reference("ElementwiseKernel", self.name)
         reference, host_in, host_out = self.reference, _host_inputs(ins, self.in_params, in_types, shape), outs
-        _graph.run("kernel", lambda: reference(*host_in, *(o._a for o in host_out)))
+        arrays = [a for a in ins if isinstance(a, ndarray)] + list(outs)
+        _graph.run("kernel", lambda: reference(*host_in, *(o._a for o in host_out)), arrays=arrays)
         return ret
 
 
@@ -298,5 +299,5 @@ class ReductionKernel:
         def kernel():
             host_out[...] = numpy.asarray(reference(*host_in, axis=reduce_axes)).reshape(out_shape)
 
-        _graph.run("kernel", kernel)
+        _graph.run("kernel", kernel, arrays=[a for a in ins if isinstance(a, ndarray)] + [ret])
         return ret

@@ -300,7 +300,12 @@ def copyto(dst, src, casting="same_kind", where=None):
     _check_current(dst, src, where)
     host_dst, host_src = dst._a, _operand(src)
     host_where = True if where is None else where._a if isinstance(where, ndarray) else _operand(where)
-    _graph.run("copy", lambda: numpy.copyto(host_dst, host_src, casting=casting, where=host_where), dst.size)
+    _graph.run(
+        "copy",
+        lambda: numpy.copyto(host_dst, host_src, casting=casting, where=host_where),
+        dst.size,
+        [a for a in (dst, src, where) if isinstance(a, ndarray)],
+    )
 
 
 # --- reductions and linear algebra ---------------------------------------------------------------

@@ -101,7 +101,7 @@ class Generator:
             def kernel():  # the generator's state advances at every run, captured or not
                 host[...] = draw(shape)
 
-            _graph.run("random", kernel, out.size)
+            _graph.run("random", kernel, out.size, (out,))
             return out
         shape = () if size is None else size
         return _drawn(numpy.asarray(draw(shape)))

@@ -12,6 +12,8 @@ capture leaves the stream capturing until ``end_capture``, as measured on an H20
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -331,3 +333,16 @@ def test_a_cudnn_handle_on_the_legacy_stream_cannot_join_a_blocking_capture():
             g.execute({tx: x, tw: w, ty: y}, workspace, handle=handle)
         with pytest.raises(CUDARuntimeError, match=INVALIDATED):
             blocking.end_capture()
+
+
+def test_a_graph_refuses_to_replay_on_memory_freed_since_the_capture(stream):
+    x, out = _f32(1, 2), _f32(0, 0)
+    with stream:
+        stream.begin_capture()
+        cp.add(x, x, out=out)
+        graph = stream.end_capture()
+    graph.launch()
+    del x  # its block goes back to the pool: a GPU would replay on memory handed out again
+    gc.collect()
+    with pytest.raises(RuntimeError, match=r"kernel 0 \(elementwise\) of this graph uses device memory that was freed"):
+        graph.launch()

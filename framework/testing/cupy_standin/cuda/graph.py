@@ -35,6 +35,8 @@ allreduce); any other launch during capture raises ``NotImplementedError`` namin
 
 from __future__ import annotations
 
+import weakref
+
 from .. import counting
 from . import runtime
 
@@ -137,10 +139,12 @@ def check_library(message: str) -> None:
         raise NotImplementedError(message)
 
 
-def record(kind: str, fn, capture=None) -> bool:
+def record(kind: str, fn, capture=None, arrays=()) -> bool:
     """Records kernel ``fn`` (a function that writes into existing device memory) into the
     capture of the current stream (or ``capture``) and returns True; False when nothing
-    captures (the caller then runs it and counts its launch)."""
+    captures (the caller then runs it and counts its launch). ``arrays``: the device arrays
+    it reads and writes; a launch refuses to replay it once one's memory went back to the
+    pool (on a GPU: a kernel on freed memory, silently wrong)."""
     if capture is None:
         if not _captures:
             return False
@@ -149,28 +153,29 @@ def record(kind: str, fn, capture=None) -> bool:
             return False
     if capture.invalidated:
         raise cuda_error(_INVALIDATED)
-    capture.nodes.append((kind, fn))
+    blocks = [weakref.ref(a.data.mem) for a in arrays if getattr(a, "data", None) is not None and a.data.mem.ptr]
+    capture.nodes.append((kind, fn, blocks))
     return True
 
 
-def run(kind: str, fn, size: int = 1) -> None:
+def run(kind: str, fn, size: int = 1, arrays=()) -> None:
     """Launches kernel ``fn`` on the current stream: recorded while it captures, else run
     now and counted (nothing for an empty output, as CuPy)."""
     if not size:
         return
-    if not record(kind, fn):
+    if not record(kind, fn, arrays=arrays):
         fn()
         counting.launch(kind)
 
 
-def launch_on(stream_ptr: int, kind: str, fn) -> None:
+def launch_on(stream_ptr: int, kind: str, fn, arrays=()) -> None:
     """A library kernel (cuDNN, NCCL) launched on the stream its handle or call names:
     recorded when that stream captures. Work on the legacy default stream while a blocking
     stream of the device captures is refused as CUDA refuses it; otherwise it runs now
     (uncaptured, as on a GPU)."""
     capture = _captures.get(int(stream_ptr)) if _captures else None
     if capture is not None:
-        record(kind, fn, capture)
+        record(kind, fn, capture, arrays)
         return
     if int(stream_ptr) == 0 and _captures:
         for other in _captures.values():
@@ -222,7 +227,7 @@ class Graph:
     def kinds(self) -> dict:
         """The stand-in's own: ``{kind: kernels}`` the graph holds."""
         out: dict = {}
-        for kind, _ in self._nodes:
+        for kind, _, _ in self._nodes:
             out[kind] = out.get(kind, 0) + 1
         return out
 
@@ -236,9 +241,16 @@ class Graph:
         stream = _current_stream() if stream is None else stream
         capture = capture_of(stream)
         nodes = self._nodes
+        for i, (kind, _, blocks) in enumerate(nodes):
+            if any(ref() is None or not ref().ptr for ref in blocks):
+                raise RuntimeError(
+                    f"cupy stand-in: kernel {i} ({kind}) of this graph uses device memory that was freed "
+                    "since the capture; on a GPU the replay would read and write memory the pool has "
+                    "handed out again. Keep every buffer a graph uses alive while the graph is launched."
+                )
 
         def replay():
-            for _kind, fn in nodes:
+            for _kind, fn, _blocks in nodes:
                 fn()
 
         if capture is not None:  # a graph launched into a capture becomes a child graph
