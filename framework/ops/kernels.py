@@ -190,25 +190,30 @@ bn_eval_stats = elementwise(
 )
 
 
-def _batch_stats(s, inv_m, mean, var):
-    mu = s.real * inv_m
-    mean[...] = mu
-    var[...] = np.maximum(s.imag * inv_m - mu * mu, 0.0)
-
-
-bn_batch_stats = elementwise(
-    "complex128 s, float64 inv_m",
-    "T mean, T var",
-    "double mu = s.real() * inv_m; mean = (T)mu; var = (T)max(s.imag() * inv_m - mu * mu, 0.0);",
-    "fused_bn_batch_stats",
-    _batch_stats,
-)
 running_stat_update = elementwise(
     "T r, U batch, float64 keep, float64 w",
     "T out",
     "out = (T)(keep * (double)r + w * (double)batch);",
     "fused_running_stat_update",
     lambda r, batch, keep, w, out: _put(out, keep * r.astype(np.float64) + w * batch.astype(np.float64)),
+)
+
+
+def _running_from_moments(r, s, inv_m, keep, w, var, out):
+    mu = s.real * inv_m
+    batch = (np.maximum(s.imag * inv_m - mu * mu, 0.0) if var else mu).astype(r.dtype)
+    _put(out, keep * r.astype(np.float64) + w * batch.astype(np.float64))
+
+
+# The running-stat update from BatchNorm's kept sums: the batch mean (or biased variance)
+# made from them and rounded to T, then running_stat_update's arithmetic, in one kernel
+running_stat_from_moments = elementwise(
+    "T r, complex128 s, float64 inv_m, float64 keep, float64 w, bool var",
+    "T out",
+    "double mu = s.real() * inv_m; T b = var ? (T)max(s.imag() * inv_m - mu * mu, 0.0) : (T)mu; "
+    "out = (T)(keep * (double)r + w * (double)b);",
+    "fused_running_stat_from_moments",
+    _running_from_moments,
 )
 
 

@@ -545,7 +545,9 @@ class RunningStatUpdate(Function):
     differentiable = False
     inplace_name = "running_stat_update_"
 
-    def forward(ctx, r, batch, momentum=0.1, scale=1.0):
+    def forward(ctx, r, batch, momentum=0.1, scale=1.0, moments=None):
+        # moments=("mean" | "var", 1 / count): on a GPU, ``batch`` is BatchNorm's kept sums
+        # (complex: sum and sum of squares) and the statistic is made in the same kernel
         xp = get_array_module(r)
         out = ctx.out if ctx.out is not None else memory.empty(r.shape, r.dtype, xp)
         w = momentum * scale
@@ -553,7 +555,10 @@ class RunningStatUpdate(Function):
             xp.multiply(r, 1.0 - momentum, out=out)
             return out
         if on_gpu(r):  # one kernel
-            K.running_stat_update(r, batch, 1.0 - momentum, w, out)
+            if moments is not None:
+                K.running_stat_from_moments(r, batch, moments[1], 1.0 - momentum, w, moments[0] == "var", out)
+            else:
+                K.running_stat_update(r, batch, 1.0 - momentum, w, out)
             return out
         xp.multiply(r, (1.0 - momentum) / w, out=out)
         xp.add(out, batch, out=out, casting="same_kind")
@@ -567,12 +572,15 @@ def _update_running(running_mean, running_var, stats, momentum):
     m = stats["count"]
     if running_mean is None and running_var is None:
         return
-    if "mean" not in stats:  # the GPU path keeps the sums: one kernel makes mean and variance
+    if "mean" not in stats:  # the GPU path keeps the sums: each update makes its statistic from them
+        # (an op reading the sums, so a compiled step records it: no array made outside the ops)
         s = stats["moments"]
-        xp = get_array_module(s)
-        dtype = (running_mean if running_mean is not None else running_var).dtype
-        stats["mean"], stats["var"] = memory.empty(s.shape, dtype, xp), memory.empty(s.shape, dtype, xp)
-        K.bn_batch_stats(s, 1.0 / m, stats["mean"], stats["var"])
+        with no_grad():
+            if running_mean is not None:
+                RunningStatUpdate.apply_(running_mean, s, momentum=momentum, moments=("mean", 1.0 / m))
+            if running_var is not None:
+                RunningStatUpdate.apply_(running_var, s, momentum=momentum, scale=m / (m - 1), moments=("var", 1.0 / m))
+        return
     with no_grad():
         if running_mean is not None:
             RunningStatUpdate.apply_(running_mean, stats["mean"], momentum=momentum)
