@@ -300,6 +300,8 @@ def copyto(dst, src, casting="same_kind", where=None):
     _check_current(dst, src, where)
     host_dst, host_src = dst._a, _operand(src)
     host_where = True if where is None else where._a if isinstance(where, ndarray) else _operand(where)
+    if _graph.current_capture() is not None:  # checked at the (recorded) launch, as CuPy: on a host copy
+        numpy.copyto(host_dst.copy(), host_src, casting=casting, where=host_where)
     _graph.run(
         "copy",
         lambda: numpy.copyto(host_dst, host_src, casting=casting, where=host_where),

@@ -346,3 +346,15 @@ def test_a_graph_refuses_to_replay_on_memory_freed_since_the_capture(stream):
     gc.collect()
     with pytest.raises(RuntimeError, match=r"kernel 0 \(elementwise\) of this graph uses device memory that was freed"):
         graph.launch()
+
+
+def test_a_recorded_kernel_is_checked_when_it_is_recorded(stream):
+    x, out = _f32(1.5, 2.5), cp.zeros(2, dtype=cp.int32)
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(TypeError, match="Cannot cast"):
+            cp.add(x, x, out=out)  # float32 into int32 under same_kind: refused at the launch
+        with pytest.raises(TypeError, match="Cannot cast"):
+            cp.copyto(out, x)
+        graph = stream.end_capture()
+    assert len(graph) == 0 and not out.get().any()
