@@ -8,6 +8,7 @@ passes (:mod:`.alias`, :mod:`.reinplace`, :mod:`.dce`, :mod:`.plan`), builds the
 
 from __future__ import annotations
 
+import contextlib
 import time
 import types
 import warnings
@@ -226,7 +227,8 @@ class CompiledStep:
                 if entry.replays == 0:  # the first replay measures its own peak (see report())
                     for leaf in entry.program.cleared_grads:  # freed first: not part of the baseline
                         leaf._grad = None
-                    with memory.record_timeline(_timeline_kind(entry.program.device)) as tl:
+                    dev = entry.program.device
+                    with _counting(dev), memory.record_timeline(_timeline_kind(dev)) as tl:
                         result = entry.executor.run(flat, entry.scalar_inputs(flat))
                     # the arena was allocated before this call: count it with the step's inputs
                     entry.replay_peak_bytes = (
@@ -315,8 +317,6 @@ class CompiledStep:
                 sym_args[i] = tape.input(f"args[{i}]", a)
                 readers.append(_arg_reader(i))
         device = _step_device(externals)
-        if device.type == "cuda":  # the plan and the report count the GPU pool
-            memory.enable_gpu_hook()
         restore = self._trace_optimizers(tape, readers)
         entry_state = self._snapshot()
         rec = Recorder(externals, tape, self.__name__)
@@ -324,7 +324,7 @@ class CompiledStep:
         n_pos = len(flat) - len(kw_names)
         pos, kw = sym_args[:n_pos], dict(zip(kw_names, sym_args[n_pos:]))
         try:
-            with memory.record_timeline(_timeline_kind(device)) as tl, _RefuseValueReads():
+            with _counting(device), memory.record_timeline(_timeline_kind(device)) as tl, _RefuseValueReads():
                 rec.timeline = tl
                 _node.capture = rec
                 try:
@@ -593,6 +593,14 @@ def _step_device(externals) -> backend.Device:
         where = ", ".join(f"{name} on {dev}" for dev, name in found.items())
         raise CaptureError(f"fw.compile: the step's tensors live on several devices ({where}); a program runs on one")
     return next(iter(found), backend.CPU)
+
+
+def _counting(device):
+    """On a GPU, the pool hook for the block (the plan and the report count the GPU pool);
+    one that was already on stays on, one turned on here is turned off after."""
+    if device is None or device.type == "cpu":
+        return contextlib.nullcontext()
+    return memory.gpu_hook()
 
 
 def _timeline_kind(device) -> str:

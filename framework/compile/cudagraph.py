@@ -132,7 +132,10 @@ class GraphReplay:
         self.graph = graph
         self.scalars = tuple(scal)
         self.bound = {vid: env[vid] for vid in ex.program.inputs if vid not in self.slots}
-        sinks = set(ex.program.sink_refs())
+        program = ex.program
+        sinks = program.output_refs() + [
+            wb.value for wb in program.writebacks if wb.value is not None and wb.how not in ("scalar", "const")
+        ]
         self.outputs = {vid: env[vid] for vid in sinks if env[vid] is not None}
         self.reason = None
         return True

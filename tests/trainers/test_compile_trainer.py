@@ -149,3 +149,35 @@ def test_a_compiled_gpu_run_gives_the_losses_of_the_eager_gpu_run_bitwise(tmp_pa
     assert report["replay_mode"].startswith("uncaptured: node ") and "cuBLAS" in report["replay_mode"]
     tags = read_scalars(comp.run_dir)
     assert "memory/planned_peak_mb" in tags and "memory/planned_arena_mb" in tags and "memory/peak_mb" in tags
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_compare_inplace_runs_compiled_on_the_gpu(tmp_path, capsys):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import compare_inplace  # noqa: PLC0415
+    finally:
+        sys.path.pop(0)
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG.format(batch=16))
+    code = compare_inplace.main(
+        [
+            "--config",
+            str(path),
+            "--policies",
+            "off,auto,compiled",
+            "--set",
+            "device=cuda",
+            "--set",
+            f"logging.logdir={tmp_path}/runs",
+            "--set",
+            f"checkpoint.dir={tmp_path}/ck",
+        ]
+    )
+    assert code == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.split()}
+    assert {"off", "auto", "compiled"} <= set(rows)
+    assert rows["compiled"].split()[-2] == rows["off"].split()[-2]  # the same final loss as eager off
+    assert os.path.isdir(tmp_path / "runs" / "cmp" / "inplace-off_np1_compiled")
+    assert "memory/planned_arena_mb" in read_scalars(str(tmp_path / "runs" / "cmp" / "inplace-off_np1_compiled"))

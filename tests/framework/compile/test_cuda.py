@@ -82,6 +82,14 @@ def test_a_failed_capture_names_the_node_and_why_and_the_step_runs_uncaptured():
     assert "replays as: uncaptured: node 0 Linear" in compiled.explain(file=io.StringIO())
 
 
+def test_compiling_leaves_the_pool_hook_as_it_found_it():
+    from framework import memory
+
+    assert not memory.gpu_hook_enabled()
+    run("mlp", "off", True, 3, device="cuda")
+    assert not memory.gpu_hook_enabled() and memory.gpu_counter() is None
+
+
 def test_cuda_graphs_can_be_turned_off():
     _, _, compiled = run("mlp", "off", True, 3, device="cuda", cuda_graph=False)
     assert compiled.report()["replay_mode"] == "uncaptured: CUDA graphs off (fw.compile(cuda_graph=False))"
