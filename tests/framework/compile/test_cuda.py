@@ -13,6 +13,7 @@ captures, and replays as copy-in plus one graph launch.
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ import framework as fw
 from framework import backend
 from framework.compile.capture import CaptureError
 from tests.conftest import CUPY_CHOICE, requires_gpu
+from tests.mpi_util import needs_mpiexec, run_script
 
 from .helpers import bitwise_equal, run
 
@@ -228,3 +230,25 @@ def test_the_arena_is_one_allocation_on_the_device():
     lo = ex.arena.data.ptr
     for arr in ex.static.values():
         assert lo <= arr.data.ptr < lo + ex.arena.nbytes  # every planned buffer is a view of it
+
+
+# --- data parallel: the gradient average inside the graph ------------------------------------------
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.parametrize("comm_backend", ["nccl", "mpi"])
+def test_two_ranks_average_inside_the_graph_with_nccl_and_outside_with_host_staging(comm_backend):
+    # NCCL supports capture: its allreduce is a node of each rank's graph, replayed every step.
+    # Host staging copies to the host and waits, which a capture refuses: that step runs
+    # uncaptured, and says which node stopped it.
+    if backend.device_count() < 2:
+        pytest.skip("one GPU per rank: 2 ranks need 2 GPUs")
+    worker = os.path.join(os.path.dirname(__file__), "mpi_worker_graph.py")
+    code, out, err, _ = run_script(worker, [comm_backend], nprocs=2, timeout=180)
+    assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "rank 0: ok" in out and "rank 1: ok" in out  # (the ranks' lines may interleave)
+    if comm_backend == "nccl":
+        assert out.count("ok cuda graph") == 2
+    else:
+        assert out.count("ok uncaptured: node 2 allreduce_mean_") == 2 and "is capturing" in out
