@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from framework import memory
 from tests.conftest import requires_gpu
 from tests.mpi_util import find_mpiexec, needs_mpiexec, run_command
 from trainers.checkpoint import load_checkpoint
@@ -129,9 +130,17 @@ def test_two_ranks_compiled_equal_two_ranks_eager(tmp_path):
         assert np.asarray(ck["true"]["model"][name]).tobytes() == np.asarray(ck["false"]["model"][name]).tobytes()
 
 
+@pytest.fixture
+def gpu_run():
+    """A GPU run turns the pool hook on: leave none behind (later tests read host memory)."""
+    yield
+    memory.disable_gpu_hook()
+    assert memory.gpu_counter() is None
+
+
 @pytest.mark.gpu
 @requires_gpu
-def test_a_compiled_gpu_run_gives_the_losses_of_the_eager_gpu_run_bitwise(tmp_path):
+def test_a_compiled_gpu_run_gives_the_losses_of_the_eager_gpu_run_bitwise(tmp_path, gpu_run):
     results = {}
     for compiled in (False, True):
         gc.collect()
@@ -153,7 +162,7 @@ def test_a_compiled_gpu_run_gives_the_losses_of_the_eager_gpu_run_bitwise(tmp_pa
 
 @pytest.mark.gpu
 @requires_gpu
-def test_compare_inplace_runs_compiled_on_the_gpu(tmp_path, capsys):
+def test_compare_inplace_runs_compiled_on_the_gpu(tmp_path, capsys, gpu_run):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     try:
         import compare_inplace  # noqa: PLC0415
