@@ -112,7 +112,8 @@ SCHEMA: dict[str, Any] = {
         False,
         "Run the training step compiled (`fw.compile`, docs/COMPILE.md): captured "
         "while the first steps run, then replayed with inplace decisions and a memory plan made on "
-        "the whole step; the run name gets `_compiled`. CPU only; not with train.grad_clip",
+        "the whole step; the run name gets `_compiled`. On a GPU it replays as one CUDA graph where the "
+        "step can be captured (report() says whether and why not); not with train.grad_clip",
     ),
     "conv2d": Field(
         "str",

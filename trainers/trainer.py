@@ -990,8 +990,6 @@ def _check_compile(cfg: Config, device) -> None:
     """``compile: true`` needs what a captured step can replay."""
     if not cfg.compile:
         return
-    if device.type != "cpu":
-        raise ConfigError("compile: true runs on the CPU only (the replay code calls NumPy); set device: cpu")
     if cfg.train.grad_clip > 0:
         raise ConfigError(
             "compile: true cannot clip gradients: train.grad_clip reads the gradient norm into Python, "

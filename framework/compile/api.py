@@ -8,6 +8,7 @@ passes (:mod:`.alias`, :mod:`.reinplace`, :mod:`.dce`, :mod:`.plan`), builds the
 
 from __future__ import annotations
 
+import contextlib
 import time
 import types
 import warnings
@@ -15,8 +16,8 @@ import weakref
 
 import numpy as np
 
+from .. import backend, memory
 from .. import inplace as _inplace
-from .. import memory
 from ..autograd import node as _node
 from ..autograd.grad_mode import state as _grad_state
 from ..nn.module import Module
@@ -124,7 +125,7 @@ class CompiledStep:
         captures: how many times the step was captured.
     """
 
-    def __init__(self, step, modules=None, optimizers=None, explain=False, cache_size=CACHE_SIZE):
+    def __init__(self, step, modules=None, optimizers=None, explain=False, cache_size=CACHE_SIZE, cuda_graph=True):
         if not callable(step):
             raise TypeError(f"fw.compile expects a function, got {type(step).__name__}")
         self.step = step
@@ -133,6 +134,7 @@ class CompiledStep:
         self._given = (modules, optimizers)
         self.modules = self.optimizers = None
         self.explain_on_capture = explain
+        self.cuda_graph = bool(cuda_graph)
         self.cache_size = int(cache_size)
         self.cache: list[_Entry] = []
         self.captures = 0
@@ -171,14 +173,17 @@ class CompiledStep:
         for a in flat:
             if isinstance(a, Tensor):
                 d = a._data
-                sig.append((d.shape, d.dtype, type(d), a._requires_grad))
+                sig.append((d.shape, d.dtype, d.strides, type(d), _device_index(d), a._requires_grad))
             elif isinstance(a, bool) or a is None or isinstance(a, str):
                 sig.append(("const", a))
             elif isinstance(a, (int, float)):
                 sig.append(type(a))
             else:
                 sig.append(("object", id(a)))
-        params = tuple((p._data.shape, p._data.dtype, p._requires_grad, p._grad is None) for p in self.params)
+        params = tuple(
+            (p._data.shape, p._data.dtype, _device_index(p._data), p._requires_grad, p._grad is None)
+            for p in self.params
+        )
         opts = []
         for opt in self.optimizers:
             groups = tuple(
@@ -222,7 +227,8 @@ class CompiledStep:
                 if entry.replays == 0:  # the first replay measures its own peak (see report())
                     for leaf in entry.program.cleared_grads:  # freed first: not part of the baseline
                         leaf._grad = None
-                    with memory.record_timeline("cpu") as tl:
+                    dev = entry.program.device
+                    with _counting(dev), memory.record_timeline(_timeline_kind(dev)) as tl:
                         result = entry.executor.run(flat, entry.scalar_inputs(flat))
                     # the arena was allocated before this call: count it with the step's inputs
                     entry.replay_peak_bytes = (
@@ -245,10 +251,10 @@ class CompiledStep:
             "inplace policy",
             "grad mode",
             "anomaly mode",
-            "argument shapes/dtypes/devices",
+            "argument shapes/dtypes/strides/devices",
             "keyword names",
             "module train/eval modes",
-            "parameters (shape, dtype, requires_grad, .grad set)",
+            "parameters (shape, dtype, device, requires_grad, .grad set)",
             "optimizer hyperparameters or state layout",
             "parameter set",
         )
@@ -310,13 +316,15 @@ class CompiledStep:
             if _traced_kind(a):
                 sym_args[i] = tape.input(f"args[{i}]", a)
                 readers.append(_arg_reader(i))
+        device = _step_device(externals)
         restore = self._trace_optimizers(tape, readers)
         entry_state = self._snapshot()
         rec = Recorder(externals, tape, self.__name__)
+        rec.program.device = device
         n_pos = len(flat) - len(kw_names)
         pos, kw = sym_args[:n_pos], dict(zip(kw_names, sym_args[n_pos:]))
         try:
-            with memory.record_timeline("cpu") as tl, _RefuseValueReads():
+            with _counting(device), memory.record_timeline(_timeline_kind(device)) as tl, _RefuseValueReads():
                 rec.timeline = tl
                 _node.capture = rec
                 try:
@@ -557,7 +565,7 @@ class CompiledStep:
         verify(program, plan)
         entry.eager_peak_bytes = entry.timeline.peak - entry.start_bytes + plan.persistent_bytes
         entry.timeline = None  # its events were only needed for the transients
-        entry.executor = replay.build(program, plan)
+        entry.executor = replay.build(program, plan, self.cuda_graph)
         entry.build_seconds = time.perf_counter() - t0
         entry.report = {
             "reinplaced_ops": names,
@@ -568,6 +576,35 @@ class CompiledStep:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+def _device_index(arr):
+    """The guard's device of an array: None on the CPU, the GPU's index on CUDA."""
+    dev = backend.device_of(arr)
+    return None if dev.type == "cpu" else dev.index
+
+
+def _step_device(externals) -> backend.Device:
+    """The one device every tensor the step starts from lives on (CaptureError if several)."""
+    found = {}
+    for t, src in externals:
+        found.setdefault(backend.device_of(t._data), src.name)
+    if len(found) > 1:
+        where = ", ".join(f"{name} on {dev}" for dev, name in found.items())
+        raise CaptureError(f"fw.compile: the step's tensors live on several devices ({where}); a program runs on one")
+    return next(iter(found), backend.CPU)
+
+
+def _counting(device):
+    """On a GPU, the pool hook for the block (the plan and the report count the GPU pool);
+    one that was already on stays on, one turned on here is turned off after."""
+    if device is None or device.type == "cpu":
+        return contextlib.nullcontext()
+    return memory.gpu_hook()
+
+
+def _timeline_kind(device) -> str:
+    return "cpu" if device is None or device.type == "cpu" else "cuda"
 
 
 def _traced_kind(v) -> bool:
@@ -628,7 +665,15 @@ def _transients(program, timeline) -> dict:
     return out
 
 
-def compile(step=None, *, modules=None, optimizers=None, explain: bool = False, cache_size: int = CACHE_SIZE):  # noqa: A001
+def compile(  # noqa: A001
+    step=None,
+    *,
+    modules=None,
+    optimizers=None,
+    explain: bool = False,
+    cache_size: int = CACHE_SIZE,
+    cuda_graph: bool = True,
+):
     """Compiles a training step: captured at its first call, replayed at the next ones.
 
     Args:
@@ -638,11 +683,13 @@ def compile(step=None, *, modules=None, optimizers=None, explain: bool = False, 
         optimizers: likewise for optimizers (their hyperparameters are traced).
         explain: print the inplace chains and the memory plan after each capture.
         cache_size: how many captured programs are kept (one per guard key).
+        cuda_graph: on a GPU, replay the step as one CUDA graph where it can be captured
+            (docs/COMPILE.md, "CUDA graphs"); False: always replay it node by node.
 
     Returns:
         A :class:`CompiledStep` with the step's signature. Usable as a decorator, with or
         without arguments.
     """
     if step is None:
-        return lambda fn: CompiledStep(fn, modules, optimizers, explain, cache_size)
-    return CompiledStep(step, modules, optimizers, explain, cache_size)
+        return lambda fn: CompiledStep(fn, modules, optimizers, explain, cache_size, cuda_graph)
+    return CompiledStep(step, modules, optimizers, explain, cache_size, cuda_graph)

@@ -189,11 +189,6 @@ class Recorder:
         entry = self.sources.get(id(t))
         src = entry[1] if entry is not None and entry[0]() is t else None
         arr = t._data
-        if not isinstance(arr, np.ndarray):
-            raise CaptureError(
-                f"fw.compile: {src.name if src is not None else 'a tensor'} is on {t.device}; compiled steps run "
-                "on the CPU only (the replay code calls NumPy)"
-            )
         if src is None:
             rec = self._root(arr)
             if rec is not None and self.program.values[rec.latest].source is None:

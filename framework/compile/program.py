@@ -217,6 +217,7 @@ class Program:
     guards: list = field(default_factory=list)  # comparisons on traced scalars (see scalars.py)
     cleared_grads: list = field(default_factory=list)  # leaves whose .grad the step drops first
     name: str = "step"
+    device: object = None  # the backend.Device every array of the step lives on (None: the CPU)
 
     # --- building -----------------------------------------------------------------
     def new_value(self, shape, dtype, strides, producer=None, edge=None, source=None, dense=True, name="") -> Value:

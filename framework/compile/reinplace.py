@@ -170,7 +170,9 @@ def _backward_target(n, program):
     (kernels.REUSES_GRAD: its first output then IS the gradient's buffer)."""
     if n.info.get("reuse_grad"):
         return None  # the capture already saw it write over its gradient
-    reuses = REUSES_GRAD.get(n.op)
+    # REUSES_GRAD describes the ops' NumPy code: on a GPU their backward kernels differ
+    on_gpu = program.device is not None and program.device.type == "cuda"
+    reuses = None if on_gpu else REUSES_GRAD.get(n.op)
     if reuses is not None and not n.info.get("lowered") and not n.info.get("copyslices"):
         if n.outputs and n.outputs[0] is not None and reuses(n, program):
             return n.info["grad"], n.outputs[0]

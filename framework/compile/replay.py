@@ -27,6 +27,7 @@ from ..autograd.function import CopySlices, _as_array
 from ..ops.view import reshape_view
 from ..tensor import _wrap
 from . import kernels
+from .cudagraph import GraphReplay
 from .program import Ref, ScalarRef, StatsOut
 from .scalars import evaluate
 
@@ -65,9 +66,12 @@ class Executor:
 
     debug_marks = False  # set to put a memory.mark() before every node (to compare with the plan)
 
-    def __init__(self, program, plan):
+    def __init__(self, program, plan, cuda_graph: bool = True):
         self.program = program
         self.plan = plan
+        dev = program.device
+        # a step on a GPU replays as one CUDA graph where the capture succeeds (cudagraph.py)
+        self.cuda_graph = GraphReplay(self) if cuda_graph and dev is not None and dev.type == "cuda" else None
         self.env: list = [None] * len(program.values)
         self.scal: list = []
         self.ctxs: dict = {}
@@ -78,13 +82,19 @@ class Executor:
 
     # --- building -----------------------------------------------------------------
     def _bind_arena(self) -> None:
-        plan, values = self.plan, self.program.values
-        if plan.arena_bytes:
-            self.arena = memory.track(np.empty(plan.arena_bytes, dtype=np.uint8), "workspace")
+        plan, values, dev = self.plan, self.program.values, self.program.device
+        on_gpu = dev is not None and dev.type == "cuda"
+        if plan.arena_bytes:  # ONE allocation, on the step's device
+            xp = backend.xp_for(dev) if on_gpu else np
+            with backend.device_context(dev or backend.CPU):
+                self.arena = memory.track(xp.empty(plan.arena_bytes, dtype=np.uint8), "workspace")
         self.static = {}
         for vid, off in plan.offsets.items():
             v = values[vid]
-            self.static[vid] = np.ndarray(v.shape, dtype=v.dtype, buffer=self.arena, offset=off, strides=v.strides)
+            if on_gpu:
+                self.static[vid] = type(self.arena)(v.shape, v.dtype, memptr=self.arena.data + off, strides=v.strides)
+            else:
+                self.static[vid] = np.ndarray(v.shape, dtype=v.dtype, buffer=self.arena, offset=off, strides=v.strides)
 
     def _build(self) -> None:
         program, plan = self.program, self.plan
@@ -289,10 +299,12 @@ class Executor:
         self.bind_inputs(args)
         g = self.globals
         env = self.env
-        for vid, name in self.input_names:
-            g[name] = env[vid]
-        self._replay()
-        result = self._outputs(program.outputs)
+        graphed = self.cuda_graph is not None and self.cuda_graph.run(self._replay, self.scal)
+        if not graphed:
+            for vid, name in self.input_names:
+                g[name] = env[vid]
+            self._replay()
+        result = self._outputs(program.outputs, graphed)
         self._write_back(args)
         self.ctxs.clear()
         for vid in self.leftovers:  # what the caller got is theirs now; the batch is not kept
@@ -301,15 +313,18 @@ class Executor:
             g[name] = None
         return result
 
-    def _outputs(self, template):
+    def _outputs(self, template, copy: bool = False):
+        """What the step returns; ``copy``: a copy of each array (a graph's buffers are
+        written over by its next launch)."""
         if isinstance(template, Ref):
-            return _wrap(self.env[template.id])
+            arr = self.env[template.id]
+            return _wrap(arr.copy() if copy else arr)
         if isinstance(template, ScalarRef):
             return self.scal[template.slot]
         if isinstance(template, (tuple, list)):
-            return type(template)(self._outputs(t) for t in template)
+            return type(template)(self._outputs(t, copy) for t in template)
         if isinstance(template, dict):
-            return {k: self._outputs(t) for k, t in template.items()}
+            return {k: self._outputs(t, copy) for k, t in template.items()}
         return template
 
     def _write_back(self, args) -> None:
@@ -360,9 +375,10 @@ def _set_scalar(src, value) -> None:
             group[key] = value
 
 
-def build(program, plan) -> Executor:
-    """The executor of a planned program."""
-    return Executor(program, plan)
+def build(program, plan, cuda_graph: bool = True) -> Executor:
+    """The executor of a planned program (``cuda_graph``: try to replay a GPU program as
+    one CUDA graph)."""
+    return Executor(program, plan, cuda_graph)
 
 
 # --- code generation ------------------------------------------------------------------------
@@ -387,8 +403,11 @@ class Gen:
         self.env = env
         self.inputs = set(program.inputs)
         self.lines: list[str] = []
+        dev = program.device
+        # the module the generated calls name ``np``: NumPy, or CuPy for a step on a GPU
+        self.xp = backend.xp_for(dev) if dev is not None and dev.type == "cuda" else np
         self.globals = {
-            "np": np,
+            "np": self.xp,
             "np_add_reduce": np.add.reduce,
             "reshape_view": reshape_view,
             "track": memory.track,
@@ -525,7 +544,7 @@ class Gen:
         source = "def replay():\n" + "\n".join(body) + "\n"
         # np.multiply -> np_multiply, a global: one lookup less per call
         for fname in sorted(set(re.findall(r"\bnp\.(\w+)\(", source))):
-            self.globals[f"np_{fname}"] = getattr(np, fname)
+            self.globals[f"np_{fname}"] = getattr(self.xp, fname)
         source = re.sub(r"\bnp\.(\w+)\(", r"np_\1(", source)
         code = compile(source, f"<fw.compile: {name}>", "exec")
         scope = self.globals
@@ -557,6 +576,13 @@ def annotate(program) -> None:
     for n in program.nodes:
         if n.kind == "call":
             n.info["in_shapes"] = [program.values[t.id].shape if isinstance(t, Ref) else () for t in n.inputs]
+    if program.device is not None and program.device.type == "cuda":
+        # On a GPU every op runs its own code: the direct kernels are NumPy's calls, and
+        # the op's own kernels are the ones eager runs (bitwise the same results).
+        for n in program.nodes:
+            if n.kind in ("call", "backward"):
+                n.info["lowered"] = False
+        return
     dry = DryGen(program)
     for n in program.nodes:
         if n.kind != "call":

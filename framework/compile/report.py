@@ -48,8 +48,31 @@ def make_report(compiled, entry) -> dict:
         ),
         "captures": compiled.captures,
         "replays": entry.replays,
+        **_replay_mode(entry),
         "capture_seconds": getattr(entry, "capture_seconds", None),
         "build_seconds": getattr(entry, "build_seconds", None),
+    }
+
+
+def _replay_mode(entry) -> dict:
+    """How the step replays: ``replay_mode`` ("cpu", "cuda graph", "uncaptured: <why>"),
+    ``replay_launches`` (the launches of one graph replay: the graph, its input copies and
+    its copies out; None when it does not replay as a graph), ``graph_captures``."""
+    ex = entry.executor
+    graph = ex.cuda_graph if ex is not None else None
+    dev = entry.program.device
+    if dev is None or dev.type == "cpu":
+        return {"replay_mode": "cpu", "replay_launches": None, "graph_captures": 0}
+    if graph is None:
+        return {
+            "replay_mode": "uncaptured: CUDA graphs off (fw.compile(cuda_graph=False))",
+            "replay_launches": None,
+            "graph_captures": 0,
+        }
+    return {
+        "replay_mode": graph.mode(),
+        "replay_launches": graph.launches_per_replay(),
+        "graph_captures": graph.captures,
     }
 
 
@@ -69,6 +92,9 @@ def explain(compiled, entry, draw=None, file=None) -> str:
         f"  arena {_mb(r['arena_bytes'])} ({sum(1 for p in plan.placement.values() if p == 'arena')} "
         f"buffers), persistent {_mb(r['persistent_bytes'])}, replay peak {_mb(r['replay_peak_bytes'])}"
     )
+    if r["replay_mode"] != "cpu":
+        launches = f", {r['replay_launches']} launches a replay" if r["replay_launches"] is not None else ""
+        lines.append(f"  replays as: {r['replay_mode']}{launches}")
     lines.append(f"  re-inplaced: {', '.join(r['reinplaced_ops']) or 'none'}")
     lines.append(
         f"  copies avoided: {r['copies_avoided_bytes']} bytes ({r['copies_elided']} copies elided); "

@@ -7,6 +7,8 @@ import sys
 import numpy as np
 import pytest
 
+from framework import memory
+from tests.conftest import requires_gpu
 from tests.mpi_util import find_mpiexec, needs_mpiexec, run_command
 from trainers.checkpoint import load_checkpoint
 from trainers.config import ConfigError, load_config
@@ -126,3 +128,65 @@ def test_two_ranks_compiled_equal_two_ranks_eager(tmp_path):
     ck = {k: load_checkpoint(str(tmp_path / "checkpoints" / "cmp" / n / "step_00000008.npz")) for k, n in names.items()}
     for name in ck["false"]["model"]:  # two ranks: the sum of two gradients does not depend on the order
         assert np.asarray(ck["true"]["model"][name]).tobytes() == np.asarray(ck["false"]["model"][name]).tobytes()
+
+
+@pytest.fixture
+def gpu_run():
+    """A GPU run turns the pool hook on: leave none behind (later tests read host memory)."""
+    yield
+    memory.disable_gpu_hook()
+    assert memory.gpu_counter() is None
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_a_compiled_gpu_run_gives_the_losses_of_the_eager_gpu_run_bitwise(tmp_path, gpu_run):
+    results = {}
+    for compiled in (False, True):
+        gc.collect()
+        trainer = Trainer(_cfg(tmp_path, "device=cuda", "inplace=off", f"compile={str(compiled).lower()}"))
+        results[compiled] = trainer.fit()
+        state = [p.detach().cpu().numpy().copy() for p in trainer.model.parameters()]
+        state += [b.cpu().numpy().copy() for b in trainer.model.buffers()]
+        results[compiled] = (results[compiled], state, trainer.compiled)
+        del trainer
+    (eager, eager_state, _), (comp, comp_state, step) = results[False], results[True]
+    assert comp.losses == eager.losses
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(comp_state, eager_state))
+    report = step.report()
+    # the MLP's first Linear calls cuBLAS: the step runs uncaptured, and says so
+    assert report["replay_mode"].startswith("uncaptured: node ") and "cuBLAS" in report["replay_mode"]
+    tags = read_scalars(comp.run_dir)
+    assert "memory/planned_peak_mb" in tags and "memory/planned_arena_mb" in tags and "memory/peak_mb" in tags
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_compare_inplace_runs_compiled_on_the_gpu(tmp_path, capsys, gpu_run):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import compare_inplace  # noqa: PLC0415
+    finally:
+        sys.path.pop(0)
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG.format(batch=16))
+    code = compare_inplace.main(
+        [
+            "--config",
+            str(path),
+            "--policies",
+            "off,auto,compiled",
+            "--set",
+            "device=cuda",
+            "--set",
+            f"logging.logdir={tmp_path}/runs",
+            "--set",
+            f"checkpoint.dir={tmp_path}/ck",
+        ]
+    )
+    assert code == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.split()}
+    assert {"off", "auto", "compiled"} <= set(rows)
+    assert rows["compiled"].split()[-2] == rows["off"].split()[-2]  # the same final loss as eager off
+    assert os.path.isdir(tmp_path / "runs" / "cmp" / "inplace-off_np1_compiled")
+    assert "memory/planned_arena_mb" in read_scalars(str(tmp_path / "runs" / "cmp" / "inplace-off_np1_compiled"))

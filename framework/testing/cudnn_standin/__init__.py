@@ -25,7 +25,9 @@ silently or crash on:
   unless the graph deselects ``numerical_note.TENSOR_CORE``), then a full-precision one;
   other types get a full-precision engine only;
 - each ``execute`` counts ONE kernel launch of kind ``"cudnn"``
-  (:func:`framework.testing.cupy_standin.counting.launch`) and no host synchronization.
+  (:func:`framework.testing.cupy_standin.counting.launch`) and no host synchronization;
+  it runs on the handle's stream (``set_stream``), and while that stream captures a CUDA
+  graph it is recorded into the graph instead of run (``cupy.cuda.graph``).
 
 The values are computed in float64 on the host arrays behind the stand-in's device arrays
 and rounded once to the output's type: float64-accurate, which is what the tests compare
@@ -39,8 +41,8 @@ import enum
 
 import numpy
 
-from ..cupy_standin import counting
 from ..cupy_standin import ndarray as _device_array
+from ..cupy_standin.cuda import graph as _graph
 from ..cupy_standin.cuda import runtime as _runtime
 
 __version__ = "1.32.0+standin"
@@ -388,10 +390,14 @@ class pygraph:  # noqa: N801
             _check_device(workspace, device, "the workspace")
         op, inputs, attrs, out, _ = self._nodes[0]
         pad, stride = _pair(attrs.get("padding"), 0), _pair(attrs.get("stride"), 1)
-        operands = [_host(bound[t.uid], self._plan.tf32) for t in inputs.values()]
-        result = _COMPUTE[op](*operands, out.dim, pad, stride)
-        numpy.copyto(bound[out.uid]._a, result, casting="unsafe")
-        counting.launch("cudnn")
+        tf32, operands, result = self._plan.tf32, [bound[t.uid] for t in inputs.values()], bound[out.uid]
+
+        def kernel():
+            values = _COMPUTE[op](*(_host(a, tf32) for a in operands), out.dim, pad, stride)
+            numpy.copyto(result._a, values, casting="unsafe")
+
+        # on the handle's stream: recorded, not run, while that stream captures a graph
+        _graph.launch_on(handle.stream if handle is not None else 0, "cudnn", kernel, [*operands, result])
 
     def _bind(self, tensor_dict, device):
         by_name = {t.name: t for t in self._tensors}

@@ -18,8 +18,9 @@ simulated GPUs, and fails where it would fail on a GPU:
 - integer index arrays wrap around instead of raising (CuPy does not check bounds), and
   kernels refuse arrays of a device other than the current one;
 - ``cuda.Device``, streams and events have CuPy's API; they order nothing, since every
-  call has finished when it returns; ``cuda.nccl`` carries NCCL's pointer-based
-  collectives over MPI (:mod:`.cuda.nccl`).
+  call has finished when it returns; stream capture records kernels into a
+  ``cuda.Graph`` and refuses what CUDA and CuPy refuse during capture (:mod:`.cuda.graph`);
+  ``cuda.nccl`` carries NCCL's pointer-based collectives over MPI (:mod:`.cuda.nccl`).
 
 - CuPy's odd answers are kept: ``shares_memory`` compares element addresses as CuPy's
   kernel reports them (a 0-d element's is a kernel local's: two distinct 0-d arrays

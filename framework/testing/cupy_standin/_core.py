@@ -24,6 +24,7 @@ import warnings
 import numpy
 
 from . import counting
+from .cuda import graph as _graph
 from .cuda import memory as _memory
 from .cuda import runtime as _runtime
 from .cuda.device import Device
@@ -163,10 +164,17 @@ def _unwrap(x, device_id, inputs):
 def _call(kind, func, *args, **kwargs):
     """``func`` (NumPy) on the host arrays of stand-in arguments, all on the current device:
     one kernel launch of ``kind`` (None: the caller counts)."""
+    if kind == "matmul":
+        _graph.check_library(_graph.CUBLAS_MESSAGE)
     device_id = _runtime.getDevice()
     inputs: list = []
+    out = kwargs.get("out")
     args = [_unwrap(a, device_id, inputs) for a in args]
     kwargs = {k: _unwrap(v, device_id, inputs) for k, v in kwargs.items()}
+    if kind is not None and isinstance(out, ndarray) and _graph.current_capture() is not None:
+        if out.size:  # a kernel into a given output: recorded into the capture, not run
+            _graph.record(kind, lambda: func(*args, **kwargs), arrays=inputs)
+        return out
     res = _wrap(func(*args, **kwargs), inputs)
     if kind is not None:
         _launch(kind, _size(res))
@@ -282,6 +290,8 @@ class ufunc:
             raise TypeError(f"Wrong arguments {kwargs}")
         if len(args) != self.nin:
             raise TypeError(f"Wrong number of arguments for {self.name}")
+        if self.__name__ == "matmul":
+            _graph.check_library(_graph.CUBLAS_MESSAGE)
         device_id = _check_current(*args)
         host = [_operand(x) for x in args]
         if out is None:
@@ -291,7 +301,18 @@ class ufunc:
                 raise TypeError("Output arguments must be cupy.ndarray")
             if out.data.device_id != device_id:
                 raise _peer_error(out, device_id)
-            self._np(*host, out=out._a, dtype=dtype, casting=casting)
+            np_ufunc, host_out = self._np, out._a
+            if self.__name__ != "matmul" and out.size and _graph.current_capture() is not None:
+                # CuPy checks the types and shapes when the kernel is launched (recorded): so
+                # does the stand-in, on a host copy of the output (the buffer is not written)
+                np_ufunc(*host, out=host_out.copy(), dtype=dtype, casting=casting)
+                _graph.record(
+                    "elementwise",
+                    lambda: np_ufunc(*host, out=host_out, dtype=dtype, casting=casting),
+                    arrays=(*args, out),
+                )
+                return out
+            np_ufunc(*host, out=host_out, dtype=dtype, casting=casting)
             res = out
         if self.__name__ == "matmul":
             _count_matmul(args[0], args[1], out, res.size)
@@ -523,6 +544,9 @@ class ndarray:
             raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
         if not (self._a.flags.c_contiguous or self._a.flags.f_contiguous):
             raise RuntimeError("Cannot set to non-contiguous array")
+        capture = _graph.current_capture()
+        if capture is not None:  # a host-to-device copy during capture, refused before any write
+            raise _graph.fail(capture)
         numpy.copyto(self._a, arr)
         _launch("h2d", self.nbytes)
 
@@ -651,19 +675,25 @@ class ndarray:
         _check_current(self, value, *(key if type(key) is tuple else (key,)))
         is_array = isinstance(value, ndarray)
         if is_array:
-            value = value._a
+            value_array, value = value, value._a
         elif not (type(value) in _PY_SCALARS or isinstance(value, numpy.generic)):
             value = numpy.asarray(value)  # a host array or a list: refused unless it is one number
             if value.shape != ():
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
             value = value[()]
+        if not advanced:  # a fill or a copy into a view: recorded while the stream captures
+            host = self._a
+            _graph.run(
+                "copy" if is_array else "elementwise",
+                lambda: host.__setitem__(index, value),
+                host[index].size,
+                (self, *((value_array,) if is_array else ())),
+            )
+            return
         self._a[index] = value
-        if advanced:
-            if _has_mask(index):
-                _launch("scan")
-            _launch("scatter", self.size)
-        else:  # a fill or a copy into a view
-            _launch("copy" if is_array else "elementwise", self._a[index].size)
+        if _has_mask(index):
+            _launch("scan")
+        _launch("scatter", self.size)
 
     # -- copies, views and shapes ---------------------------------------------------------------
     def copy(self, order="C") -> ndarray:
@@ -719,8 +749,8 @@ class ndarray:
             value = numpy.asarray(value, dtype=self.dtype)
             if value.shape != ():
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-        self._a.fill(value)
-        _launch("elementwise", self.size)
+        host = self._a
+        _graph.run("elementwise", lambda: host.fill(value), self.size, (self,))
 
     # -- computations (CuPy's method signatures) -----------------------------------------------------
     # Each is one kernel launch on a GPU unless said otherwise; reductions check their axis
@@ -786,6 +816,7 @@ class ndarray:
     conjugate = conj
 
     def dot(self, b, out=None):
+        _graph.check_library(_graph.CUBLAS_MESSAGE)
         res = _call(None, numpy.dot, self, b, out=out)
         _count_matmul(self, b, out, _size(res), dot=True)
         return res

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy
 
-from . import counting
 from ._core import _PY_SCALARS, _check_current, _from_host, _peer_error, ndarray
+from .cuda import graph as _graph
 
 __all__ = ["ElementwiseKernel", "ReductionKernel"]
 
@@ -209,8 +209,9 @@ class ElementwiseKernel:
             return ret
         if self.reference is None:
             raise _missing_reference("ElementwiseKernel", self.name)
-        counting.launch("kernel")
-        self.reference(*_host_inputs(ins, self.in_params, in_types, shape), *(o._a for o in outs))
+        reference, host_in, host_out = self.reference, _host_inputs(ins, self.in_params, in_types, shape), outs
+        arrays = [a for a in ins if isinstance(a, ndarray)] + list(outs)
+        _graph.run("kernel", lambda: reference(*host_in, *(o._a for o in host_out)), arrays=arrays)
         return ret
 
 
@@ -293,7 +294,10 @@ class ReductionKernel:
             raise ValueError(f"zero-size array to reduction operation {self.name} which has no identity")
         if self.reference is None:
             raise _missing_reference("ReductionKernel", self.name)
-        counting.launch("kernel")
-        reduced = self.reference(*_host_inputs(ins, self.in_params, in_types, shape), axis=reduce_axes)
-        ret._a[...] = numpy.asarray(reduced).reshape(out_shape)
+        reference, host_in, host_out = self.reference, _host_inputs(ins, self.in_params, in_types, shape), ret._a
+
+        def kernel():
+            host_out[...] = numpy.asarray(reference(*host_in, axis=reduce_axes)).reshape(out_shape)
+
+        _graph.run("kernel", kernel, arrays=[a for a in ins if isinstance(a, ndarray)] + [ret])
         return ret

@@ -15,6 +15,7 @@ import numpy
 
 from . import _core, counting
 from ._core import _call, _call_view, _check_current, _dtype, _from_host, _h2d, _launch, _operand, _wrap, ndarray
+from .cuda import graph as _graph
 from .cuda import runtime
 
 # --- creation ----------------------------------------------------------------------------------------
@@ -297,13 +298,16 @@ def copyto(dst, src, casting="same_kind", where=None):
         _launch("copy", dst.size)  # a peer-to-peer copy
         return
     _check_current(dst, src, where)
-    numpy.copyto(
-        dst._a,
-        _operand(src),
-        casting=casting,
-        where=True if where is None else where._a if isinstance(where, ndarray) else _operand(where),
+    host_dst, host_src = dst._a, _operand(src)
+    host_where = True if where is None else where._a if isinstance(where, ndarray) else _operand(where)
+    if _graph.current_capture() is not None:  # checked at the (recorded) launch, as CuPy: on a host copy
+        numpy.copyto(host_dst.copy(), host_src, casting=casting, where=host_where)
+    _graph.run(
+        "copy",
+        lambda: numpy.copyto(host_dst, host_src, casting=casting, where=host_where),
+        dst.size,
+        [a for a in (dst, src, where) if isinstance(a, ndarray)],
     )
-    _launch("copy", dst.size)
 
 
 # --- reductions and linear algebra ---------------------------------------------------------------

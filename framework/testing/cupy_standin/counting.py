@@ -22,7 +22,8 @@ concatenate, a reshape that must copy), ``"memset"`` (``zeros``), ``"matmul"`` (
 dot, einsum), ``"gather"`` and ``"scatter"`` (advanced indexing, take, put,
 ``scatter_add``), ``"sort"``, ``"random"``, ``"h2d"`` (a host-to-device copy), ``"nccl"``,
 and for the kernels and libraries others add: ``"kernel"`` (``ElementwiseKernel``,
-``ReductionKernel``, ``RawKernel``), ``"cudnn"``. Views, ``empty`` and an operation on
+``ReductionKernel``, ``RawKernel``), ``"cudnn"``, and ``"graph"`` (one
+``cupy.cuda.Graph.launch``, whatever it replays). Views, ``empty`` and an operation on
 an empty array launch nothing (CuPy skips the kernel). Host synchronizations: ``"get"``
 (``.get()``, ``asnumpy``, printing), ``"float"``, ``"int"``, ``"bool"``, ``"complex"``,
 ``"item"``, ``"tolist"``, ``"tobytes"``, ``"mask"`` and ``"nonzero"`` (the count of a
@@ -82,6 +83,10 @@ class Counts:
 
 _active: list[Counts] = []
 
+#: Set by :mod:`.cuda.graph` while some stream captures: ``guard("launch" | "sync", kind)``
+#: raises what CUDA or CuPy raise for a launch it cannot record or a host synchronization.
+_capture_guard = None
+
 
 def _call_site() -> str:
     """``file:line`` of the first frame outside the stand-in and framework/backend.py (the
@@ -97,8 +102,12 @@ def _call_site() -> str:
     return f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
-def launch(kind: str, n: int = 1) -> None:
-    """Records ``n`` kernel launches of ``kind`` (a no-op unless a :func:`count` block is open)."""
+def launch(kind: str, n: int = 1, stream_checked: bool = False) -> None:
+    """Records ``n`` kernel launches of ``kind`` (a no-op unless a :func:`count` block is open).
+    ``stream_checked``: the caller launched on a stream it named and checked against
+    stream capture itself (a library handle's stream), not on the current stream."""
+    if _capture_guard is not None and not stream_checked:
+        _capture_guard("launch", kind)
     if _active:
         site = _call_site()
         for c in _active:
@@ -107,6 +116,8 @@ def launch(kind: str, n: int = 1) -> None:
 
 def host_sync(kind: str) -> None:
     """Records one host synchronization of ``kind`` (a no-op unless a :func:`count` block is open)."""
+    if _capture_guard is not None:
+        _capture_guard("sync", kind)
     if _active:
         site = _call_site()
         for c in _active:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy
 
 from . import _core
+from .cuda import graph as _graph
 from .cuda import runtime
 
 _XORWOW_STATE_BYTES = 48  # sizeof(curandStateXORWOW)
@@ -95,8 +96,12 @@ class Generator:
             if size is not None and tuple(numpy.atleast_1d(size)) != out.shape:
                 raise ValueError("size must match out.shape when used together")
             _core._check_current(out)
-            out._a[...] = draw(out.shape)
-            _core._launch("random", out.size)
+            host, shape = out._a, out.shape
+
+            def kernel():  # the generator's state advances at every run, captured or not
+                host[...] = draw(shape)
+
+            _graph.run("random", kernel, out.size, (out,))
             return out
         shape = () if size is None else size
         return _drawn(numpy.asarray(draw(shape)))

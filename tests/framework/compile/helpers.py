@@ -44,29 +44,30 @@ def train_step(model, opt):
 
 def snapshot(model, opt) -> list[np.ndarray]:
     """Parameters, gradients, buffers (running statistics) and optimizer state, as copies."""
-    out = [p.detach().numpy().copy() for p in model.parameters()]
-    out += [p.grad.numpy().copy() for p in model.parameters() if p.grad is not None]
-    out += [b.numpy().copy() for b in model.buffers()]
+    out = [p.detach().cpu().numpy().copy() for p in model.parameters()]
+    out += [p.grad.cpu().numpy().copy() for p in model.parameters() if p.grad is not None]
+    out += [b.cpu().numpy().copy() for b in model.buffers()]
     for st in opt.state.values():
         for k in sorted(st):
             v = st[k]
-            out.append(v.numpy().copy() if isinstance(v, fw.Tensor) else np.asarray(v))
+            out.append(v.cpu().numpy().copy() if isinstance(v, fw.Tensor) else np.asarray(v))
     return out
 
 
-def run(kind, policy, compiled, steps, norm=None, optimizer="sgd"):
-    """Trains ``steps`` steps; returns (losses, snapshots after each step, the step callable)."""
+def run(kind, policy, compiled, steps, norm=None, optimizer="sgd", device="cpu", **compile_kw):
+    """Trains ``steps`` steps on ``device``; returns (losses, snapshots after each step, the
+    step callable)."""
     fw.inplace.set_policy(policy)
-    model = make_model(kind, norm)
+    model = make_model(kind, norm).to(device)
     if optimizer == "sgd":
         opt = fw.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     else:
         opt = fw.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-4)
     step = train_step(model, opt)
-    f = fw.compile(step) if compiled else step
+    f = fw.compile(step, **compile_kw) if compiled else step
     losses, states = [], []
     for x, y in batches(kind, steps):
-        losses.append(f(x, y).detach().numpy().copy())
+        losses.append(f(x.to(device), y.to(device)).detach().cpu().numpy().copy())
         states.append(snapshot(model, opt))
     return losses, states, f
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from .. import counting
-from . import runtime
+from . import graph, runtime
 
 _stack = threading.local()  # .devices: the devices to restore when ``with Device(n)`` blocks end
 
@@ -60,6 +60,9 @@ class Device:
     def synchronize(self) -> None:
         """Returns at once: nothing is queued on a simulated device (a host synchronization on a GPU)."""
         runtime.getDeviceProperties(self.id)  # still refuses a device that does not exist
+        capture = graph.any_capture(self.id)
+        if capture is not None:  # a capture on the device: cudaErrorStreamCaptureUnsupported
+            raise graph.fail(capture)
         counting.host_sync("synchronize")
 
     @property

@@ -14,7 +14,9 @@ CuPy's where this project depends on it:
   allocation also ``alloc_preprocess``/``alloc_postprocess``, and every free
   ``free_preprocess``/``free_postprocess(device_id, mem_size, mem_ptr, pmem_id)``:
   keyword arguments only, as ``cupy/cuda/memory.pyx`` calls them;
-- a block goes back to the pool when the last array using it is garbage collected.
+- a block goes back to the pool when the last array using it is garbage collected;
+- while a stream of the device captures a graph, every allocation is refused
+  (``cudaErrorStreamCaptureUnsupported``; see :mod:`.graph`).
 
 CuPy also splits a larger free block to serve a smaller request; the stand-in reuses
 only blocks of the same rounded size. Pointers of live blocks can be looked up
@@ -28,7 +30,7 @@ import weakref
 
 import numpy
 
-from . import runtime
+from . import graph, runtime
 from .device import Device
 from .memory_hook import _hooks
 
@@ -155,6 +157,8 @@ class SingleDeviceMemoryPool:
     def malloc(self, size: int) -> MemoryPointer:
         size = int(size)
         rounded = _round_size(size)
+        if rounded and graph._captures:
+            graph.check_allocation(self._device_id)  # refused during stream capture
         hooks = _hooks()
         if not hooks:
             return self._malloc(rounded)
@@ -265,6 +269,8 @@ class MemoryPool:
 
 def _malloc(size: int) -> MemoryPointer:
     """The raw allocator (no pool, no hooks): what ``set_allocator(None)`` selects."""
+    if size and graph._captures:
+        graph.check_allocation(runtime.getDevice())  # cudaMalloc during stream capture
     return MemoryPointer(Memory(int(size)), 0)
 
 

@@ -27,7 +27,7 @@ import sys
 import numpy
 
 from .. import counting
-from . import memory, runtime, stream
+from . import graph, memory, runtime, stream
 
 available = importlib.util.find_spec("mpi4py") is not None
 
@@ -159,10 +159,11 @@ class NcclCommunicator:
     # -- collectives -----------------------------------------------------------------------------
     def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int) -> None:  # noqa: N802
         self._check_stream(stream)
-        counting.launch("nccl")
         recv = self._buffer(recvbuf, count, datatype)
         send = recv if sendbuf == recvbuf else self._buffer(sendbuf, count, datatype)
-        self._reduce_into(send, recv, op, root=None)
+        # NCCL supports stream capture: in a graph, every replay reduces again (all ranks
+        # must replay theirs, as on a GPU)
+        graph.launch_on(stream, "nccl", lambda: self._reduce_into(send, recv, op, root=None))
 
     def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int, stream: int) -> None:
         self._check_stream(stream)

@@ -26,6 +26,11 @@ _local = threading.local()
 #: memory holds, for ``memGetInfo``.
 _pools: weakref.WeakSet = weakref.WeakSet()
 
+#: Set by :mod:`.graph` (which imports this module): a capture on a device, and how a
+#: refused call fails it.
+_any_capture = None
+_fail = None
+
 
 class CUDARuntimeError(RuntimeError):
     """What CuPy raises for a failed CUDA runtime call (``status`` is the CUDA error code)."""
@@ -33,6 +38,12 @@ class CUDARuntimeError(RuntimeError):
     def __init__(self, status: int, message: str):
         self.status = status
         super().__init__(message)
+
+
+# cudaStreamCaptureMode (CuPy's runtime has these names)
+streamCaptureModeGlobal = 0  # noqa: N816 - CUDA's names
+streamCaptureModeThreadLocal = 1  # noqa: N816
+streamCaptureModeRelaxed = 2  # noqa: N816
 
 
 def getDeviceCount() -> int:  # noqa: N802 - CuPy's names
@@ -53,7 +64,11 @@ def setDevice(device: int) -> None:  # noqa: N802
 
 def deviceSynchronize() -> None:  # noqa: N802
     """Nothing to wait for: the stand-in runs every operation when it is called (a host
-    synchronization on a GPU)."""
+    synchronization on a GPU). Refused while a stream of the device captures
+    (``cudaErrorStreamCaptureUnsupported``, which invalidates the capture)."""
+    capture = _any_capture(getDevice()) if _any_capture is not None else None
+    if capture is not None:
+        raise _fail(capture)
     counting.host_sync("synchronize")
 
 

@@ -13,6 +13,7 @@ import threading
 import weakref
 
 from .. import counting
+from . import graph as _graph
 from . import runtime
 
 _handles = itertools.count(0x5000)  # fake, unique, non-zero handles (0 is the null stream)
@@ -49,9 +50,14 @@ class Event:
 
     def record(self, stream=None) -> None:
         self._recorded_on = get_current_stream() if stream is None else stream
+        self._capture = _graph.capture_of(self._recorded_on)
 
     def synchronize(self) -> None:
-        """Returns at once (nothing is pending); a host synchronization on a GPU."""
+        """Returns at once (nothing is pending); a host synchronization on a GPU. Refused for
+        an event recorded in a capture that is still going on (it stands for no work)."""
+        capture = getattr(self, "_capture", None)
+        if capture is not None and _graph.capture_of(capture.stream) is capture:
+            raise _graph.fail(capture)
         counting.host_sync("synchronize")
 
 
@@ -92,11 +98,38 @@ class _BaseStream:
 
     @property
     def done(self) -> bool:
+        """True (nothing is pending); querying a capturing stream invalidates its capture
+        (CUDA's cudaStreamQuery fails there) and answers False."""
+        capture = _graph.capture_of(self)
+        if capture is not None:
+            capture.invalidated = True
+            return False
         return True
 
     def synchronize(self) -> None:
-        """Returns at once (nothing is pending); a host synchronization on a GPU."""
+        """Returns at once (nothing is pending); a host synchronization on a GPU. On a
+        capturing stream: ``cudaErrorStreamCaptureUnsupported``, and the capture is invalid."""
+        capture = _graph.capture_of(self)
+        if capture is not None:
+            raise _graph.fail(capture)
         counting.host_sync("synchronize")
+
+    def begin_capture(self, mode=None) -> None:
+        """Starts capturing the work launched on this stream into a graph (``mode``: one of
+        ``runtime.streamCaptureMode*``; CuPy's default is relaxed). The null stream cannot
+        be captured."""
+        _graph._begin(self, mode)
+
+    def end_capture(self) -> _graph.Graph:
+        """Ends the capture and returns the :class:`~.graph.Graph` of the recorded work. A
+        capture that an illegal operation invalidated ends too, raising
+        ``cudaErrorStreamCaptureInvalidated``; a stream that does not capture raises
+        ``cudaErrorIllegalState``."""
+        return _graph._end(self)
+
+    def is_capturing(self) -> bool:
+        """Whether the stream is in capture mode (a failed capture too, until ``end_capture``)."""
+        return _graph.capture_of(self) is not None
 
     def record(self, event: Event | None = None) -> Event:
         """Records an event on this stream (a new one when ``event`` is None)."""
@@ -140,6 +173,9 @@ def get_current_stream(device_id: int = -1) -> Stream:
     if device_id == -1:
         device_id = runtime.getDevice()
     return _current().get(device_id, Stream.null)
+
+
+_graph._current_stream = get_current_stream
 
 
 def _stream_device(ptr: int) -> int | None:

@@ -1,0 +1,194 @@
+"""A GPU program replayed as one CUDA graph (docs/COMPILE.md, "CUDA graphs").
+
+A planned program runs its nodes in a fixed order on buffers that the plan fixed: that
+is what CUDA's stream capture needs. :class:`GraphReplay` captures the executor's replay
+function once on a side stream (``Stream.begin_capture`` / ``end_capture``); every later
+call copies the step's tensor arguments into static input slots and launches the graph:
+one launch, plus one copy per argument and one per returned tensor (copied out, since the
+next launch writes over the graph's buffers).
+
+What CUDA and CuPy refuse during capture (an allocation, a host synchronization, a host
+transfer, cuBLAS) makes the capture fail: the capture is ended (no stream is left
+capturing), :attr:`GraphReplay.reason` says in one line which node could not be captured
+and why, and the step keeps running uncaptured (the plan still applies).
+
+A graph bakes into its kernels the scalars and the buffers it was captured with. So it
+is launched only while the traced scalars have the values they had at capture (else the
+call runs uncaptured: a learning-rate schedule or Adam's step count make every call
+differ), and while every other program input (parameters, optimizer state, gradients) is
+still the array it was (else the graph is captured again, up to :data:`RECAPTURES`
+times).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from .. import backend
+
+RECAPTURES = 3
+
+
+class GraphReplay:
+    """The CUDA-graph replay of one executor (a program on a GPU).
+
+    Attributes:
+        graph: the captured ``cupy.cuda.Graph``, or None.
+        reason: why the step does not replay as a graph (None while it does or before the
+            first try).
+        captures: how many captures were tried; ``launches``: calls replayed by the graph;
+        ``uncaptured``: calls that ran uncaptured after a graph existed (scalars changed).
+    """
+
+    def __init__(self, executor):
+        self.executor = executor
+        program = executor.program
+        self.device = program.device
+        self.xp = backend.xp_for(self.device)
+        self.graph = None
+        self.reason = None
+        self.captures = self.launches = self.uncaptured = 0
+        self.failed = False
+        values = program.values
+        self.args = [vid for vid in program.inputs if values[vid].source.kind == "arg"]
+        self.slots: dict = {}  # value id -> static input slot (the step's tensor arguments)
+        self.bound: dict = {}  # value id -> the array every other input was at capture
+        self.scalars = None
+        self.outputs: dict = {}  # value id -> the array the graph leaves it in
+
+    # --- calling -----------------------------------------------------------------------
+    def run(self, replay, scal) -> bool:
+        """Runs the bound program through the graph (capturing it first when needed).
+        Returns False when the caller must run it uncaptured."""
+        if self.failed:
+            return False
+        if self.graph is not None:
+            if tuple(scal) != self.scalars:
+                self.uncaptured += 1
+                self.reason = "traced scalars changed since the capture (their values are baked into the graph)"
+                return False
+            if any(self.executor.env[vid] is not arr for vid, arr in self.bound.items()):
+                self.graph = None  # an input was rebound: its old address is in the graph
+                if self.captures > RECAPTURES:
+                    self.failed = True
+                    self.reason = f"program inputs were rebound {self.captures} times; the graph was given up"
+                    return False
+        if self.graph is None and not self._capture(replay, scal):
+            return False
+        self._launch()
+        return True
+
+    def _launch(self) -> None:
+        env, xp = self.executor.env, self.xp
+        with backend.device_context(self.device):
+            for vid, slot in self.slots.items():
+                xp.copyto(slot, env[vid])  # copy-in: the graph reads the slot
+            self.graph.launch()
+        for vid, arr in self.outputs.items():
+            env[vid] = arr
+        self.launches += 1
+        self.reason = None
+
+    def _capture(self, replay, scal) -> bool:
+        ex, xp = self.executor, self.xp
+        env, g = ex.env, ex.globals
+        self.captures += 1
+        with backend.device_context(self.device):
+            for vid in self.args:
+                arr = env[vid]
+                if not arr.flags.c_contiguous:
+                    return self._give_up(f"argument {ex.program.values[vid].source.name} is not C-contiguous")
+                if vid not in self.slots:
+                    self.slots[vid] = xp.empty(arr.shape, dtype=arr.dtype)
+            # the graph reads the slots: the generated code (globals) and the op-code
+            # closures (env) must both see them while capturing
+            given = {vid: env[vid] for vid in self.slots}
+            for vid, slot in self.slots.items():
+                env[vid] = slot
+            for vid, name in ex.input_names:
+                g[name] = env[vid]
+            stream = xp.cuda.Stream(non_blocking=True)
+            error = None
+            with stream:
+                stream.begin_capture()
+                try:
+                    replay()
+                except Exception as e:  # noqa: BLE001 - any refusal ends the capture, reported below
+                    error = e
+                    tb = sys.exc_info()[2]
+                try:
+                    graph = stream.end_capture()
+                except Exception as e:  # noqa: BLE001 - an invalidated capture ends here (not capturing after)
+                    if error is None:
+                        error, tb = e, sys.exc_info()[2]
+                    graph = None
+        for vid, arr in given.items():  # the arguments themselves again: copied into the slots at launch
+            env[vid] = arr
+        ex.ctxs.clear()
+        if error is not None:
+            return self._give_up(self._which(error, tb))
+        self.graph = graph
+        self.scalars = tuple(scal)
+        self.bound = {vid: env[vid] for vid in ex.program.inputs if vid not in self.slots}
+        program = ex.program
+        sinks = program.output_refs() + [
+            wb.value for wb in program.writebacks if wb.value is not None and wb.how not in ("scalar", "const")
+        ]
+        self.outputs = {vid: env[vid] for vid in sinks if env[vid] is not None}
+        self.reason = None
+        return True
+
+    def _give_up(self, reason: str) -> bool:
+        self.failed = True
+        self.graph = None
+        self.reason = reason
+        self.executor.ctxs.clear()
+        return False
+
+    def _which(self, error, tb) -> str:
+        """One line: the node whose kernel could not be captured, and what was refused."""
+        ex = self.executor
+        filename = f"<fw.compile: {ex.program.name}>"
+        line = None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == filename:
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        if line is None:
+            return f"the capture failed outside the nodes ({what})"
+        node = None
+        lines = ex.source.splitlines()
+        for text in reversed(lines[: line - 1]):
+            m = re.match(r"\s*# (\d+): ", text)
+            if m:
+                node = ex.program.nodes[int(m.group(1))]
+                break
+        if node is None:
+            return f"the capture failed ({what})"
+        file, lineno = node.site
+        site = f" at {_relative(file)}:{lineno}" if lineno else ""
+        return f"node {node.index} {node.name}{site} could not be captured: {what}"
+
+    # --- reporting -----------------------------------------------------------------------
+    def mode(self) -> str:
+        if self.graph is not None and self.reason is None:
+            return "cuda graph"
+        if self.reason is not None:
+            return f"uncaptured: {self.reason}"
+        return "not captured yet"
+
+    def launches_per_replay(self) -> int | None:
+        """Launches of one graph replay: the graph, the argument copies, the copies out."""
+        if self.graph is None:
+            return None
+        return 1 + len(self.slots) + len(self.executor.program.output_refs())
+
+
+def _relative(path: str) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return path

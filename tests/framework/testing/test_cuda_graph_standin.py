@@ -1,0 +1,360 @@
+"""Stream capture on the CuPy stand-in: what CuPy and CUDA record, replay and refuse.
+
+Real CuPy's own tests of ``cupy.cuda.Graph`` (``tests/cupy_tests/cuda_tests/test_graph.py``)
+fix the API and the errors: ``Stream.begin_capture``/``end_capture``/``is_capturing``,
+``Graph.launch``; a stream synchronization during capture is
+``cudaErrorStreamCaptureUnsupported`` and invalidates the capture (``end_capture`` then
+raises ``cudaErrorStreamCaptureInvalidated`` and leaves capture mode); a host
+synchronization CuPy makes itself raises RuntimeError ("is capturing") and a cuBLAS call
+NotImplementedError, both before anything reaches CUDA, so the capture goes on. A failed
+capture leaves the stream capturing until ``end_capture``, as measured on an H200.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from framework.testing import cudnn_standin as sc
+from framework.testing import cupy_standin as cp
+from framework.testing.cupy_standin import counting
+from framework.testing.cupy_standin.cuda.runtime import CUDARuntimeError
+
+UNSUPPORTED = "cudaErrorStreamCaptureUnsupported"
+INVALIDATED = "cudaErrorStreamCaptureInvalidated"
+
+
+@pytest.fixture
+def stream():
+    s = cp.cuda.Stream(non_blocking=True)
+    yield s
+    if s.is_capturing():  # a failing test must not leave the stream capturing for the next
+        try:
+            s.end_capture()
+        except CUDARuntimeError:
+            pass
+
+
+def _f32(*values):
+    return cp.asarray(np.array(values, np.float32))
+
+
+# --- what a capture records and a launch replays ---------------------------------------------
+
+
+def test_captured_kernels_are_recorded_not_run_and_replayed_on_the_same_buffers(stream):
+    x, out = _f32(1, 2, 3), _f32(0, 0, 0)
+    with stream:
+        stream.begin_capture()
+        assert stream.is_capturing() and not cp.cuda.Stream.null.is_capturing()
+        cp.multiply(x, 2, out=out)
+        cp.add(out, x, out=out)
+        graph = stream.end_capture()
+    assert not stream.is_capturing()
+    assert isinstance(graph, cp.cuda.Graph) and graph.kinds() == {"elementwise": 2}
+    np.testing.assert_array_equal(out.get(), [0, 0, 0])  # nothing ran during the capture
+    with counting.count() as c:
+        graph.launch()
+    assert c.by_kind() == {"graph": 1} and c.host_syncs == 0
+    np.testing.assert_array_equal(out.get(), [3, 6, 9])
+    x[...] = 10  # a replay reads what the buffers hold now; scalars were baked in
+    graph.launch(stream)
+    np.testing.assert_array_equal(out.get(), [30, 30, 30])
+
+
+def test_every_recordable_kernel_kind_is_replayed(stream):
+    x, y, filled, part = _f32(1, 2, 3, 4), _f32(0, 0, 0, 0), _f32(0, 0), _f32(0, 0, 0, 0)
+    total, doubled_total = cp.zeros((), dtype=cp.float32), cp.zeros((), dtype=cp.float32)
+    double = cp.ElementwiseKernel("T x", "T y", "y = x + x", "double_it")
+    double.reference = lambda a, b: np.add(a, a, out=b)
+    summed = cp.ReductionKernel("T x", "T y", "x", "a + b", "y = a", "0", "sum_it")
+    summed.reference = lambda a, axis: a.sum(axis=axis)
+    gen = cp.random.default_rng(0)
+    noise = cp.empty(4, dtype=cp.float32)
+    with stream:
+        stream.begin_capture()
+        double(x, y)  # ElementwiseKernel into given outputs
+        summed(y, out=doubled_total)  # ReductionKernel into out=
+        cp.sum(x, out=total)  # a CuPy reduction into out=
+        filled.fill(7)
+        cp.copyto(part, y)
+        part[1:3] = 5
+        gen.random(dtype=cp.float32, out=noise)
+        graph = stream.end_capture()
+    assert graph.kinds() == {"kernel": 2, "reduction": 1, "elementwise": 2, "copy": 1, "random": 1}
+    assert not filled.get().any() and not part.get().any()
+    graph.launch()
+    np.testing.assert_array_equal(y.get(), [2, 4, 6, 8])
+    assert total.get() == 10 and doubled_total.get() == 20
+    np.testing.assert_array_equal(filled.get(), [7, 7])
+    np.testing.assert_array_equal(part.get(), [2, 5, 5, 8])
+    first = noise.get()
+    graph.launch()
+    second = noise.get()
+    # the generator's state advances at every replay: no repeated draws
+    assert ((first >= 0) & (first < 1)).all() and not np.array_equal(first, second)
+
+
+def test_work_on_another_stream_is_not_captured(stream):
+    x, out = _f32(1, 2), _f32(0, 0)
+    other = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        with other:
+            cp.multiply(x, 3, out=out)  # runs now, on a stream that does not capture
+            assert out.get().sum() == 9  # and may synchronize
+        graph = stream.end_capture()
+    assert len(graph) == 0
+    np.testing.assert_array_equal(out.get(), [3, 6])
+
+
+def test_a_graph_launched_into_a_capture_is_a_child_graph(stream):
+    x, out = _f32(1), _f32(0)
+    with stream:
+        stream.begin_capture()
+        cp.add(out, x, out=out)
+        inner = stream.end_capture()
+        stream.begin_capture()
+        inner.launch()
+        inner.launch()
+        outer = stream.end_capture()
+    assert out.get()[0] == 0 and outer.kinds() == {"graph": 2}
+    outer.launch()
+    assert out.get()[0] == 2
+
+
+def test_capture_state_errors(stream):
+    with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
+        cp.cuda.Stream.null.begin_capture()  # the legacy stream cannot be captured
+    with pytest.raises(CUDARuntimeError, match="cudaErrorIllegalState"):
+        stream.end_capture()  # not capturing
+    stream.begin_capture()
+    with pytest.raises(CUDARuntimeError, match="cudaErrorIllegalState"):
+        stream.begin_capture()
+    stream.end_capture()
+    with cp.cuda.Device(1):
+        with pytest.raises(CUDARuntimeError, match="cudaErrorInvalidResourceHandle"):
+            stream.begin_capture() or stream.end_capture().launch()
+
+
+# --- what a capture refuses --------------------------------------------------------------------
+
+
+def test_a_pool_allocation_is_refused_and_invalidates_the_capture(stream):
+    x = _f32(1, 2)
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
+            x + 1  # a new result: a pool allocation
+        assert stream.is_capturing()  # a failed capture stays capturing ...
+        with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
+            cp.empty(3, dtype=cp.float32)  # ... and the next call fails again
+        with pytest.raises(CUDARuntimeError, match=INVALIDATED):
+            stream.end_capture()  # which ends it
+    assert not stream.is_capturing()
+    np.testing.assert_array_equal((x + 1).get(), [2, 3])  # and allows normal work after
+
+
+def test_an_allocation_on_another_stream_of_the_device_is_refused_too(stream):
+    other = cp.cuda.Stream(non_blocking=True)
+    stream.begin_capture()
+    with other, pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
+        cp.zeros(2, dtype=cp.float32)  # cudaMalloc during a capture of the device
+    with pytest.raises(CUDARuntimeError, match=INVALIDATED):
+        stream.end_capture()
+    with cp.cuda.Device(1):  # another device's pool is not affected
+        stream1 = cp.cuda.Stream(non_blocking=True)
+        stream1.begin_capture()
+    with cp.cuda.Device(0):
+        assert cp.zeros(2, dtype=cp.float32).get().sum() == 0
+    with cp.cuda.Device(1):
+        stream1.end_capture()
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        lambda a: a.get(),
+        lambda a: float(a[0]),
+        lambda a: bool(a[0]),
+        lambda a: a[0].item(),
+        lambda a: a.tolist(),
+        lambda a: int(a[0]),
+        lambda a: cp.asnumpy(a),
+    ],
+    ids=["get", "float", "bool", "item", "tolist", "int", "asnumpy"],
+)
+def test_a_host_synchronization_from_an_array_is_refused_by_cupy_and_the_capture_goes_on(stream, sync):
+    a, out = _f32(1, 2), _f32(0, 0)
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(RuntimeError, match="is capturing") as e:
+            sync(a)
+        assert not isinstance(e.value, CUDARuntimeError)
+        cp.add(a, a, out=out)
+        graph = stream.end_capture()  # not invalidated: CuPy refused before calling CUDA
+    graph.launch()
+    np.testing.assert_array_equal(out.get(), [2, 4])
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        lambda s: s.synchronize(),
+        lambda s: cp.cuda.Device(0).synchronize(),
+        lambda s: cp.cuda.runtime.deviceSynchronize(),
+        lambda s: s.record().synchronize(),
+    ],
+    ids=["stream", "device", "runtime", "event"],
+)
+def test_a_cuda_synchronization_is_refused_by_cuda_and_invalidates_the_capture(stream, sync):
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
+            sync(stream)
+        with pytest.raises(CUDARuntimeError, match=INVALIDATED):
+            stream.end_capture()
+    assert not stream.is_capturing()
+    stream.synchronize()
+
+
+def test_querying_a_capturing_stream_invalidates_the_capture(stream):
+    stream.begin_capture()
+    assert stream.done is False
+    with pytest.raises(CUDARuntimeError, match=INVALIDATED):
+        stream.end_capture()
+    assert stream.done is True
+
+
+@pytest.mark.parametrize(
+    "transfer",
+    [lambda a: a.set(np.ones(2, np.float32)), lambda a: cp.asarray(np.ones(2, np.float32)), lambda a: a[[0, 1]]],
+    ids=["set", "asarray", "host-index"],
+)
+def test_a_host_transfer_is_refused_and_invalidates_the_capture(stream, transfer):
+    a = _f32(1, 2)
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
+            transfer(a)
+        with pytest.raises(CUDARuntimeError, match=INVALIDATED):
+            stream.end_capture()
+    np.testing.assert_array_equal(a.get(), [1, 2])
+
+
+@pytest.mark.parametrize(
+    "product",
+    [
+        lambda a, b, o: cp.matmul(a, b, out=o),
+        lambda a, b, o: a @ b,
+        lambda a, b, o: a.dot(b, out=o),
+        lambda a, b, o: cp.dot(a, b, out=o),
+        lambda a, b, o: cp.tensordot(a, b, 1),
+        lambda a, b, o: cp.einsum("ij,jk->ik", a, b),
+    ],
+    ids=["matmul", "@", "ndarray.dot", "dot", "tensordot", "einsum"],
+)
+def test_cublas_is_refused_by_cupy_during_capture_and_the_capture_goes_on(stream, product):
+    a = cp.asarray(np.eye(2, dtype=np.float32))
+    out = cp.zeros((2, 2), dtype=cp.float32)
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(NotImplementedError, match="calling cuBLAS API during stream capture is currently unsup"):
+            product(a, a, out)
+        graph = stream.end_capture()
+    assert len(graph) == 0 and not out.get().any()  # nothing written, nothing recorded
+
+
+def test_a_launch_the_standin_cannot_record_is_refused_by_name(stream):
+    a, out = _f32(1, 2), cp.zeros(2, dtype=cp.int64)
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(NotImplementedError, match="'reduction' launch during stream capture"):
+            cp.argmax(a, out=out[0])
+        stream.end_capture()
+
+
+def test_random_draws_that_allocate_are_refused(stream):
+    gen = cp.random.default_rng(1)
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
+            gen.random(4, dtype=cp.float32)
+        with pytest.raises(CUDARuntimeError, match=INVALIDATED):
+            stream.end_capture()
+
+
+# --- libraries: cuDNN and NCCL run on the stream their handle names ---------------------------
+
+
+def _conv_graph(handle):
+    g = sc.pygraph(
+        io_data_type=sc.data_type.FLOAT,
+        intermediate_data_type=sc.data_type.FLOAT,
+        compute_data_type=sc.data_type.FLOAT,
+        handle=handle,
+    )
+    x, w = g.tensor(name="x", dim=[1, 1, 3, 3]), g.tensor(name="w", dim=[1, 1, 1, 1])
+    y = g.conv_fprop(x, w, padding=[0, 0], stride=[1, 1], dilation=[1, 1])
+    y.set_output(True).set_dim([1, 1, 3, 3]).set_stride([9, 9, 3, 1])
+    g.build([sc.heur_mode.A, sc.heur_mode.FALLBACK])
+    return g, x, w, y
+
+
+def test_a_cudnn_execution_on_the_capturing_stream_is_recorded(stream):
+    handle = sc.create_handle()
+    sc.set_stream(handle, stream.ptr)
+    g, tx, tw, ty = _conv_graph(handle)
+    x = cp.asarray(np.arange(9, dtype=np.float32).reshape(1, 1, 3, 3))
+    w, y = cp.full((1, 1, 1, 1), 2.0, dtype=cp.float32), cp.zeros((1, 1, 3, 3), dtype=cp.float32)
+    workspace = cp.empty(g.get_workspace_size(), dtype=cp.uint8)
+    with stream:
+        stream.begin_capture()
+        g.execute({tx: x, tw: w, ty: y}, workspace, handle=handle)
+        graph = stream.end_capture()
+    assert graph.kinds() == {"cudnn": 1} and not y.get().any()
+    with counting.count() as c:
+        graph.launch()
+    assert c.by_kind() == {"graph": 1}
+    np.testing.assert_array_equal(y.get().ravel(), 2 * np.arange(9))
+
+
+def test_a_cudnn_handle_on_the_legacy_stream_cannot_join_a_blocking_capture():
+    blocking = cp.cuda.Stream()
+    handle = sc.create_handle()  # on the legacy default stream
+    g, tx, tw, ty = _conv_graph(handle)
+    x, w, y = (cp.zeros(s, dtype=cp.float32) for s in ((1, 1, 3, 3), (1, 1, 1, 1), (1, 1, 3, 3)))
+    workspace = cp.empty(g.get_workspace_size(), dtype=cp.uint8)
+    with blocking:
+        blocking.begin_capture()
+        with pytest.raises(CUDARuntimeError, match="cudaErrorStreamCaptureImplicit"):
+            g.execute({tx: x, tw: w, ty: y}, workspace, handle=handle)
+        with pytest.raises(CUDARuntimeError, match=INVALIDATED):
+            blocking.end_capture()
+
+
+def test_a_graph_refuses_to_replay_on_memory_freed_since_the_capture(stream):
+    x, out = _f32(1, 2), _f32(0, 0)
+    with stream:
+        stream.begin_capture()
+        cp.add(x, x, out=out)
+        graph = stream.end_capture()
+    graph.launch()
+    del x  # its block goes back to the pool: a GPU would replay on memory handed out again
+    gc.collect()
+    with pytest.raises(RuntimeError, match=r"kernel 0 \(elementwise\) of this graph uses device memory that was freed"):
+        graph.launch()
+
+
+def test_a_recorded_kernel_is_checked_when_it_is_recorded(stream):
+    x, out = _f32(1.5, 2.5), cp.zeros(2, dtype=cp.int32)
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(TypeError, match="Cannot cast"):
+            cp.add(x, x, out=out)  # float32 into int32 under same_kind: refused at the launch
+        with pytest.raises(TypeError, match="Cannot cast"):
+            cp.copyto(out, x)
+        graph = stream.end_capture()
+    assert len(graph) == 0 and not out.get().any()
