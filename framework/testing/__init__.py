@@ -204,13 +204,4 @@ def _directional(fn, inputs, weights, x, v, eps) -> float:
             out = fn(*[t.clone() if isinstance(t, Tensor) else t for t in inputs])
         return float((to_numpy(out).astype(np.float64) * weights).sum())
 
-    data = x._data
-    old = data.copy()
-    step = backend.to_device(v * eps, x.device) if x.device.type != "cpu" else v * eps
-    data += step
-    up = loss()
-    data[...] = old
-    data -= step
-    down = loss()
-    data[...] = old
-    return (up - down) / (2 * eps)
+    return _directional_value(loss, x, v, eps)
