@@ -49,3 +49,22 @@ def test_other_errors_keep_their_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_module.Trainer, "_train_step", step)
     with pytest.raises(RuntimeError, match="a bug"):
         run_cli(lambda: Trainer(tiny_config(tmp_path)).fit())
+
+
+@pytest.mark.gpu
+def test_a_step_beyond_the_gpus_memory_exits_2_with_one_line(tmp_path, cupy, capsys):
+    """End to end on the GPU leg: the pool's limit (CuPy's ``set_limit``, what
+    ``CUPY_GPU_MEMORY_LIMIT`` sets) below what a step needs stops the run with one line."""
+    pool = cupy.get_default_memory_pool()
+    cfg = tiny_config(tmp_path, "device=cuda", "data.batch_size=64")
+    with cupy.cuda.Device(0):
+        before = pool.get_limit()
+        pool.free_all_blocks()  # the limit counts cached blocks too: start from what is in use
+        pool.set_limit(size=pool.used_bytes() + (64 << 10))  # room for the model, not for a step
+        try:
+            assert run_cli(lambda: Trainer(cfg).fit()) == 2
+        finally:
+            pool.set_limit(size=before)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1 and "out of memory on cuda:0" in err[0] and "batch 64" in err[0], err
+    assert "pool limit" in err[0] and "asked for" in err[0], err

@@ -382,3 +382,31 @@ def test_nccl_calls_take_device_pointers_of_the_communicators_device(monkeypatch
     with pytest.raises(ValueError, match="commId length"):
         nccl.NcclCommunicator(1, b"short", 0)
     comm.destroy()
+
+
+def test_the_pool_limit_frees_cached_blocks_then_raises_cupys_out_of_memory_error():
+    from framework.testing import cupy_standin as cp
+
+    pool = cp.cuda.MemoryPool()
+    with cp.cuda.Device(0):
+        pool.set_limit(size=4096)
+        assert pool.get_limit() == 4096
+        a = pool.malloc(2048)
+        b = pool.malloc(2048)
+        del b  # back to the pool, cached
+        assert pool.total_bytes() == 4096
+        c = pool.malloc(1024)  # a new block: the cached one is given back first
+        assert pool.total_bytes() == 3072 and pool.n_free_blocks() == 0
+        with pytest.raises(cp.cuda.memory.OutOfMemoryError) as info:
+            pool.malloc(2048)
+        assert str(info.value) == (
+            "Out of memory allocating 2,048 bytes (allocated so far: 3,072 bytes, limit set to: 4,096 bytes)."
+        )
+        assert isinstance(info.value, MemoryError)
+        pool.set_limit(fraction=0.5)
+        assert pool.get_limit() == cp.cuda.runtime.getDeviceProperties(0)["totalGlobalMem"] // 2
+        with pytest.raises(ValueError, match="at one time"):
+            pool.set_limit(size=1, fraction=0.5)
+        pool.set_limit()  # no limit
+        assert pool.get_limit() == 0 and pool.malloc(8192).mem.size == 8192
+        del a, c

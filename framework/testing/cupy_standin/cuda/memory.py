@@ -16,7 +16,11 @@ CuPy's where this project depends on it:
   keyword arguments only, as ``cupy/cuda/memory.pyx`` calls them;
 - a block goes back to the pool when the last array using it is garbage collected;
 - while a stream of the device captures a graph, every allocation is refused
-  (``cudaErrorStreamCaptureUnsupported``; see :mod:`.graph`).
+  (``cudaErrorStreamCaptureUnsupported``; see :mod:`.graph`);
+- ``set_limit(size=None, fraction=None)`` caps what the pool holds (in use and cached,
+  as ``total_bytes()``), as CuPy's: a new block that would pass the cap first frees the
+  cached blocks, then raises :class:`OutOfMemoryError` with CuPy's message, so a step too
+  large for its device fails here as it would on a GPU.
 
 CuPy also splits a larger free block to serve a smaller request; the stand-in reuses
 only blocks of the same rounded size. Pointers of live blocks can be looked up
@@ -142,6 +146,26 @@ def _host_buffer(memptr: MemoryPointer) -> tuple[numpy.ndarray, int]:
 _pools = runtime._pools  # every single-device pool: for pointer lookups, and runtime.memGetInfo
 
 
+class OutOfMemoryError(MemoryError):
+    """CuPy's out-of-memory error: ``size`` asked for, ``total`` allocated so far, the ``limit``."""
+
+    def __init__(self, size, total, limit=0):
+        self._size, self._total, self._limit = size, total, limit
+        if limit == 0:
+            msg = f"Out of memory allocating {size:,} bytes"
+            if total != -1:
+                msg += f" (allocated so far: {total:,} bytes)."
+        else:
+            msg = (
+                f"Out of memory allocating {size:,} bytes "
+                f"(allocated so far: {total:,} bytes, limit set to: {limit:,} bytes)."
+            )
+        super().__init__(msg)
+
+    def __reduce__(self):
+        return (type(self), (self._size, self._total, self._limit))
+
+
 class SingleDeviceMemoryPool:
     """The pool of one device: rounds, reuses freed blocks of the same size, calls hooks."""
 
@@ -152,7 +176,24 @@ class SingleDeviceMemoryPool:
         self._in_use = 0
         self._total = 0
         self._live: dict[int, weakref.ref] = {}  # ptr -> the PooledMemory handed out
+        self._limit = 0  # bytes the pool may hold; 0: no limit
         _pools.add(self)
+
+    def set_limit(self, size=None, fraction=None) -> None:
+        """Caps the bytes the pool holds: ``size`` bytes, or ``fraction`` of the device's memory
+        (neither: no limit), as CuPy's ``set_limit``."""
+        if size is not None and fraction is not None:
+            raise ValueError("size and fraction cannot be specified at one time")
+        if fraction is not None:
+            if not 0 <= fraction <= 1:
+                raise ValueError(f"memory limit fraction out of range: {fraction}")
+            size = int(fraction * runtime._mem_info(self._device_id)[1])
+        if size is not None and size < 0:
+            raise ValueError(f"memory limit size out of range: {size}")
+        self._limit = int(size or 0)
+
+    def get_limit(self) -> int:
+        return self._limit
 
     def malloc(self, size: int) -> MemoryPointer:
         size = int(size)
@@ -191,6 +232,10 @@ class SingleDeviceMemoryPool:
         return MemoryPointer(pmem, 0)
 
     def _alloc(self, rounded: int) -> Memory:
+        if self._limit and self._total + rounded > self._limit:
+            self.free_all_blocks()  # CuPy gives the cached blocks back before it gives up
+            if self._total + rounded > self._limit:
+                raise OutOfMemoryError(rounded, self._total, self._limit)
         hooks = _hooks()
         for hook in hooks:
             hook.alloc_preprocess(device_id=self._device_id, mem_size=rounded)
@@ -265,6 +310,12 @@ class MemoryPool:
 
     def free_all_blocks(self, stream=None) -> None:
         self._device_pool().free_all_blocks(stream)
+
+    def set_limit(self, size=None, fraction=None) -> None:
+        self._device_pool().set_limit(size, fraction)
+
+    def get_limit(self) -> int:
+        return self._device_pool().get_limit()
 
 
 def _malloc(size: int) -> MemoryPointer:
