@@ -31,7 +31,8 @@ simulated GPUs, and fails where it would fail on a GPU:
   and call site.
 
 What it cannot show: CuPy's kernels and their numerics (the values are NumPy's), GPU
-timings and asynchrony, NCCL itself, and device memory limits.
+timings and asynchrony, NCCL itself, and the device's memory size (a pool limit set
+with ``set_limit`` is enforced, as CuPy enforces it).
 """
 
 from __future__ import annotations
