@@ -387,7 +387,11 @@ LEGEND = [
     ("peak/floor", "peak over floor (1.00: nothing above what the step must hold)"),
     ("activation MB", "peak minus parameters, gradients and optimizer state; act. vs off: that over off's"),
     ("saved MB", "what autograd holds for backward at the forward/backward boundary (not a saving)"),
-    ("auto ops", "writes policy auto ran in place per step; auto MB: what they did not allocate, summed"),
+    (
+        "auto ops",
+        "ops of the last step whose input policy auto proved dead and overwrote (its writes over "
+        "gradients and optimizer state not counted); auto MB: what they did not allocate, summed",
+    ),
     ("samples/s", "median of the timed rounds"),
 ]
 
