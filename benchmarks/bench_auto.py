@@ -122,11 +122,21 @@ def _measure(args, repeats):
                 f"| {chain.replace('_chain', '')} | {policy} | {us:.2f} | "
                 f"{'' if policy == 'on' else f'{us - on:+.2f}'} | {rewritten[(chain, policy)]} |"
             )
+    print(
+        common.legend(
+            [
+                ("µs/op fwd+bwd", "per add op of the chain, forward + backward, the minimum over rounds"),
+                ("auto - on", "what auto's proof adds per op, µs (negative: faster than on)"),
+                ("ops rewritten", "how many of the chain's ops auto ran in place"),
+            ]
+        )
+    )
     sweep = size_sweep(max(3, repeats // 5), SWEEP_FLOATS[:2] if args.quick else SWEEP_FLOATS)
     print("\n| tensor | on µs/op | auto µs/op (every tensor proved) | auto / on |")
     print("|---:|---:|---:|---:|")
     for r in sweep:
         print(f"| {r['kib']:.1f} KiB | {r['on_us']:.2f} | {r['auto_us']:.2f} | {r['auto_us'] / r['on_us']:.2f} |")
+    print(common.legend([("auto / on", "auto's µs/op over on's, minimum times: what the proof costs at that size")]))
     info = common.machine_info()
     print(f"\n{repeats} repeats, min. Machine: {common.machine_line(info)}")
     payload = {

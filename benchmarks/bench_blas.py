@@ -76,7 +76,11 @@ def main(argv=None) -> dict:
         shape = f"({m} x {k}) @ ({k} x {n}{', transposed' if b_transposed else ''})"
         rows.append([what, (f"{batch} x " if batch > 1 else "") + shape, f"{best * 1e3:.3f}", f"{gflops:.0f}"])
         results.append({"what": what, "shape": [batch, m, k, n], "min_seconds": best, "gflops": gflops})
-    print(common.markdown_table(["product", "shape", "ms per call (min)", "GFLOP/s"], rows))
+    legend = [
+        ("ms per call (min)", "the fastest round's time divided by its calls (the minimum estimates the cost)"),
+        ("GFLOP/s", "2 x batch x m x k x n floating-point operations per second at that minimum"),
+    ]
+    print(common.markdown_table(["product", "shape", "ms per call (min)", "GFLOP/s"], rows, legend))
     payload = {"machine": info, "command": common.command_line(), "repeats": repeats, "results": results}
     if args.json:
         common.write_json(args.json, payload)

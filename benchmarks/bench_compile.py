@@ -258,7 +258,9 @@ def main(argv=None) -> dict:
     print(f"### Bitwise: compiled (captured under `off`) vs eager `off`, {steps} steps\n")
     print(
         common.markdown_table(
-            ["model", "batch", "steps", "losses, params, running stats, optimizer state equal", "time"], bit_rows
+            ["model", "batch", "steps", "losses, params, running stats, optimizer state equal", "time"],
+            bit_rows,
+            [("time", "wall-clock seconds of both trainings, eager and compiled")],
         )
     )
 
@@ -303,6 +305,19 @@ def main(argv=None) -> dict:
                 "unbound chains",
             ],
             rows,
+            [
+                ("eager peak", "MB (2^20 bytes) of one eager step, measured; the next four: the compiled step's"),
+                ("compiled: planned", "the memory plan's peak; replay (measured): the last replay's measured peak"),
+                ("lower bound", "the arena packed perfectly: each buffer allocated when made, freed after last use"),
+                ("floor", "parameters + gradients + optimizer state + what backward reads from forward"),
+                ("planned/floor", "planned peak over the floor (1.000: nothing above what the step must hold)"),
+                ("arena", "MB of the one buffer the planned values live in"),
+                (
+                    "re-inplaced ops",
+                    "ops the compiler turned in place; unbound chains: inputs whose chain "
+                    "does not end in their own buffer",
+                ),
+            ],
         )
     )
 
@@ -327,7 +342,13 @@ def main(argv=None) -> dict:
             f"{tiny['eager'] / tiny['compiled']:.1f}x",
         ]
     )
-    print(common.markdown_table(["what", "eager", "compiled", "speedup"], srows))
+    print(
+        common.markdown_table(
+            ["what", "eager", "compiled", "speedup"],
+            srows,
+            [("speedup", "eager over compiled, minimum times (above 1x: compiled is faster)")],
+        )
+    )
     print(f"\n(NumPy forward + backward kernels of the same chain, written by hand: {tiny['numpy']:.2f} µs/op)")
 
     cap_name = "resnet20" if "resnet20" in models else "resnet8"
@@ -350,6 +371,10 @@ def main(argv=None) -> dict:
                     f"{c['build_s'] * 1e3:.1f} ms",
                 ]
                 for n, c in caps.items()
+            ],
+            [
+                ("ratio", "the call before it over the eager step's time"),
+                ("plan", "the time spent planning (passes, memory plan, verifier), part of the call"),
             ],
         )
     )

@@ -124,7 +124,11 @@ def main(argv=None):
         }
     print(common.machine_line(result["machine"]))
     print(f"{n_ops} ops on {SIZE} floats, {repeats} interleaved rounds; us per op (min over rounds)")
-    print(common.markdown_table(["chain", "checked", "unchecked", "check (min)", "check (median)"], rows))
+    legend = [
+        ("checked, unchecked", "µs per op with and without the consumed-input check, the minimum over rounds"),
+        ("check (min), check (median)", "checked minus unchecked, µs per op, of the minima and of the medians"),
+    ]
+    print(common.markdown_table(["chain", "checked", "unchecked", "check (min)", "check (median)"], rows, legend))
     worst = max(result[w]["check_us_per_op_median"] for w in ("forward", "fwd+bwd"))
     print(f"budget {BUDGET_US} us per op: {'met' if worst <= BUDGET_US else 'NOT met'} (worst median {worst:+.3f} us)")
     if args.json:

@@ -271,7 +271,13 @@ def layer_table(results) -> str:
             ]
         )
     return common.markdown_table(
-        ["layer", "pass", "variant", "chosen", "ms median (min-max)", "GFLOP/s", "ws MiB", "time ours / torch"], rows
+        ["layer", "pass", "variant", "chosen", "ms median (min-max)", "GFLOP/s", "ws MiB", "time ours / torch"],
+        rows,
+        [
+            ("chosen", "the choosing modes that pick this variant for the layer and pass"),
+            ("GFLOP/s", "at the median time; ws MiB: the peak of the variant's workspace"),
+            ("time ours / torch", "median of the per-round ratios (min-max); below 1x: faster than PyTorch"),
+        ],
     )
 
 
@@ -297,7 +303,11 @@ def chosen_table(results) -> str:
     headers = ["layer", "pass", "torch ms", "gemm ms"]
     for mode in C.CHOOSING:
         headers += [f"{mode}: algorithm", f"{mode}: ms (time vs torch)"]
-    return common.markdown_table(headers, rows)
+    legend = [
+        ("torch ms", "medians; gemm: the algorithm used before the per-layer choice"),
+        ("ms (time vs torch)", "the chosen algorithm's median ms, and its time over PyTorch's"),
+    ]
+    return common.markdown_table(headers, rows, legend)
 
 
 def network_totals(results) -> dict:
@@ -418,7 +428,7 @@ def main(argv=None) -> int:
             [mode, f"{t * 1e3:.1f}", f"{t / totals['torch']:.2f}x" if totals.get("torch") else "-"]
             for mode, t in totals.items()
         ]
-        print(common.markdown_table(["mode", "ms", "time vs torch"], rows))
+        print(common.markdown_table(["mode", "ms", "time vs torch"], rows, [("time vs torch", "ms over PyTorch's ms")]))
     if model:
         print(f"\nResNet-20 training step, batch {batch}, SGD momentum, policy on, {args.clock} clock:\n")
         rows = [
@@ -427,7 +437,9 @@ def main(argv=None) -> int:
         ]
         print(
             common.markdown_table(
-                ["conv2d mode", "step ms median (min-max)", "samples/s", "samples/s ours / torch"], rows
+                ["conv2d mode", "step ms median (min-max)", "samples/s", "samples/s ours / torch"],
+                rows,
+                [("samples/s ours / torch", "our throughput over PyTorch's, median (min-max); above 1x: faster")],
             )
         )
     if args.json:

@@ -467,6 +467,11 @@ def report(res: dict, info: dict) -> None:
                 "vs per-param (min / median)",
             ],
             rows,
+            [
+                ("collectives", "MPI allreduce calls per gradient sync"),
+                ("vs raw (min / median)", "one raw MPI Allreduce of the same bytes: its time over this path's"),
+                ("vs per-param (min / median)", "allreduce_ per parameter's time over this path's"),
+            ],
         )
     )
     b = a["rows"]["DataParallel.finish(), on, 25 MiB buckets"]
@@ -501,6 +506,10 @@ def report(res: dict, info: dict) -> None:
                 ]
                 for p in ("off", "on")
             ],
+            [
+                ("policy", "on: gradients are views into the allreduce buckets; off: packed into copies"),
+                ("gradients live after step (MiB)", "gradient bytes still allocated once the step returns"),
+            ],
         )
     )
     one = m["one_gradient_copy_mb"]
@@ -524,6 +533,7 @@ def report(res: dict, info: dict) -> None:
                 [2, f"{w['samples_per_s_2']['best']:.1f}", f"{w['samples_per_s_2']['median']:.1f}"],
                 ["efficiency", f"{w['efficiency_best']:.2f}", f"{w['efficiency_median']:.2f}"],
             ],
+            [("efficiency", "samples/s with 2 ranks over 2 x samples/s with 1 (1.00: perfect weak scaling)")],
         )
     )
     print(
@@ -535,7 +545,13 @@ def report(res: dict, info: dict) -> None:
         f"## Overlap of the allreduce with backward (MLP 1024-2048-2048-10, {o['bytes'] / MB:.1f} MiB of "
         f"gradients in {o['buckets']} buckets, batch {o['batch_per_rank']} per rank)\n"
     )
-    print(common.markdown_table(["timing", "median ms"], [[k, ms(v)] for k, v in o["median_s"].items()]))
+    print(
+        common.markdown_table(
+            ["timing", "median ms"],
+            [[k, ms(v)] for k, v in o["median_s"].items()],
+            [("median ms", "per step, the slowest rank's, median over rounds")],
+        )
+    )
     print(
         f"\nOverlap = (compute + comm - step) / comm: {o['overlap, step (poll in hooks)']:.2f} with polls in "
         f"the hooks, {o['overlap, step (no polling)']:.2f} without.\n"

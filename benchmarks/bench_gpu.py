@@ -339,6 +339,17 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+LEGEND = [
+    ("peak MB", "the peak of the GPU memory pool over the measured steps (PyTorch rows: its own); MB = 2^20 bytes"),
+    ("peak vs PyTorch, samples/s vs PyTorch", "ours over PyTorch's, same model and batch (peak: lower is better)"),
+    ("samples/s", "median of the synchronized rounds; step ms: the same, per step"),
+    ("floor MB", "parameters + gradients + optimizer state + what autograd holds for backward"),
+    ("activation MB", "peak minus parameters, gradients and optimizer state"),
+    ("launches/step", "kernel launches of one step (where they were counted: the line below)"),
+    ("host syncs/step", "times one step waits for the GPU (a device-to-host copy or synchronize)"),
+]
+
+
 def markdown(results: dict) -> str:
     rows = results["rows"]
     lines = [
@@ -448,6 +459,7 @@ def main(argv=None) -> int:
         backend.use_device(device)
         rows = count_only(args.models, batches, device)
         print(count_markdown(rows))
+        print(common.legend(LEGEND[-2:]))
         if args.json:
             common.write_json(
                 args.json, {"benchmark": "bench_gpu --count-only", "command": common.command_line(), "rows": rows}
@@ -490,6 +502,7 @@ def main(argv=None) -> int:
     }
     results["targets"] = targets(rows)
     print(markdown(results))
+    print(common.legend(LEGEND))
     env = results["env"]
     print(
         f"\n{env['gpu']} ({env['device']}), CuPy {env['cupy']}, CUDA runtime {env['cuda_runtime']}, "

@@ -208,6 +208,7 @@ def main(argv=None) -> int:
         common.markdown_table(
             ["variant", "steps", "wall s (min)", "ms/step"],
             [[k, steps, f"{min(v):.3f}", f"{1000 * min(v) / steps:.3f}"] for k, v in times.items()],
+            [("wall s (min)", "the fastest round's seconds for all steps; ms/step: that over the steps")],
         )
     )
     print(
@@ -232,6 +233,10 @@ def main(argv=None) -> int:
                 ]
                 for name, w in variants.items()
                 if name != "no logging"
+            ],
+            [
+                ("time / no logging (median)", "the loop's time with this writer over without, median of the rounds"),
+                ("min-max", "the lowest and highest of those per-round ratios: the spread"),
             ],
         )
     )

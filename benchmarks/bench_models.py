@@ -41,6 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import framework as fw  # noqa: E402
+from benchmarks import common  # noqa: E402
 from framework import memory, nn, optim  # noqa: E402
 from models import build_model  # noqa: E402
 
@@ -380,6 +381,21 @@ def _env() -> dict:
     }
 
 
+LEGEND = [
+    ("peak MB", "the highest live array memory of a steady-state step; MB = 2^20 bytes"),
+    ("floor MB", "parameters + gradients + optimizer state + saved MB: what the step cannot do without"),
+    ("peak/floor", "peak over floor (1.00: nothing above what the step must hold)"),
+    ("activation MB", "peak minus parameters, gradients and optimizer state; act. vs off: that over off's"),
+    ("saved MB", "what autograd holds for backward at the forward/backward boundary (not a saving)"),
+    (
+        "auto ops",
+        "ops of the last step whose input policy auto proved dead and overwrote (its writes over "
+        "gradients and optimizer state not counted); auto MB: what they did not allocate, summed",
+    ),
+    ("samples/s", "median of the timed rounds"),
+]
+
+
 def markdown(results) -> str:
     lines = [
         "| model | batch | variant | peak MB | floor MB | peak/floor | activation MB | act. vs off | saved MB "
@@ -423,6 +439,7 @@ def main(argv=None) -> int:
     )
     results["rounds"] = rounds
     print(markdown(results))
+    print(common.legend(LEGEND))
     env = results["env"]
     print(
         f"\n{rounds} timed rounds, medians; python {env['python']}, numpy {env['numpy']}, "

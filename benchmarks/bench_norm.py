@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import framework as fw  # noqa: E402
+from benchmarks import common  # noqa: E402
 from framework import memory  # noqa: E402
 from framework.ops.norm import batch_norm, inplace_abn  # noqa: E402
 
@@ -136,6 +137,16 @@ def main(argv=None) -> int:
             f"| {r['forward_ms']:.1f} | {r['backward_ms']:.1f} | {r['total_ms']:.1f} "
             f"| {r['total_ms'] / ref['total_ms']:.2f}x |"
         )
+    print(
+        common.legend(
+            [
+                ("saved for backward", "MiB autograd keeps for backward; act: in activations of the input's size"),
+                ("peak above inputs", "highest live MiB in forward + backward above what was live before it"),
+                ("forward ms, backward ms, total ms", "medians of the runs"),
+                ("vs BN + ReLU", "total ms over the first row's (BatchNorm then ReLU, out of place)"),
+            ]
+        )
+    )
     if args.json:
         meta = dict(
             shape=list(shape),

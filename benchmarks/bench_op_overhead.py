@@ -195,13 +195,18 @@ def main(argv=None) -> dict:
         f"(mix: {', '.join(MIX)}), best of {repeats}\n"
     )
     print(f"Machine: {common.machine_line(info)}\n")
-    print(common.markdown_table(["mode", "µs/op (min)", "µs/op (median)", "framework µs/op (share)"], rows))
-    print("\nframework = min minus the NumPy kernels of the same mode (forward+backward or forward).")
+    legend = [
+        ("µs/op (min), µs/op (median)", "per op of the chain, the fastest and the median of the rounds"),
+        ("framework µs/op (share)", "min minus the NumPy kernels of the same mode (forward+backward or forward)"),
+    ]
+    print(common.markdown_table(["mode", "µs/op (min)", "µs/op (median)", "framework µs/op (share)"], rows, legend))
     print(f"\nTarget: forward + backward <= {TARGET_US:g} µs/op: {'MET' if met else 'MISSED'} ({fb:.2f} µs/op)\n")
     print(f"### By op kind (chains of {n_ops} of one op; µs/op, min of {repeats})\n")
     print(
         common.markdown_table(
-            ["op", "fwd+bwd", "fwd (grad on)", "fwd (no_grad)", "NumPy fwd", "NumPy fwd+bwd"], kind_rows
+            ["op", "fwd+bwd", "fwd (grad on)", "fwd (no_grad)", "NumPy fwd", "NumPy fwd+bwd"],
+            kind_rows,
+            [("NumPy fwd, NumPy fwd+bwd", "the same op's NumPy kernels alone, written by hand: the floor")],
         )
     )
 

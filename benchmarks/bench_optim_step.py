@@ -116,7 +116,13 @@ def main(argv=None):
             )
     print(common.machine_line(result["machine"]))
     print(f"ResNet-20: {result['parameters']} parameters, {result['numel']} floats; policy auto; ms (min of {repeats})")
-    print(common.markdown_table(["optimizer", "call", "per-parameter", "flat", "speed-up", "flat (median)"], rows))
+    legend = [
+        ("per-parameter, flat", "ms per call, minimum: one update per parameter, or one over the flat buffer"),
+        ("speed-up", "per-parameter over flat, minimum times"),
+        ("flat (median)", "the flat call's median, how noisy the rounds were"),
+    ]
+    headers = ["optimizer", "call", "per-parameter", "flat", "speed-up", "flat (median)"]
+    print(common.markdown_table(headers, rows, legend))
     for name, ops in result["ops_per_step"].items():
         print(f"ops per step, {name}: per-parameter {ops['per-parameter']}, flat {ops['flat']}")
     if args.json:

@@ -213,7 +213,11 @@ def main(argv=None):
     info = common.machine_info()
     print(common.machine_line(info) + f", PyTorch {torch.__version__}, {rounds} alternating rounds, ms per step")
     headers, rows = report(result)
-    print(common.markdown_table(headers, rows))
+    legend = [
+        ("PyTorch fwd", "ms per step, medians of the rounds: forward, backward and their sum, for each framework"),
+        ("ours / PyTorch", "our ms over PyTorch's (below 1: faster)"),
+    ]
+    print(common.markdown_table(headers, rows, legend))
     if args.json:
         payload = {"machine": info, "command": common.command_line(), "headers": headers, "rows": rows}
         common.write_json(args.json, payload)

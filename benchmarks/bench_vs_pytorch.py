@@ -268,7 +268,14 @@ def main(argv=None):
         + f", PyTorch {torch.__version__}, policy {args.policy}, conv2d {args.conv}"
     )
     print(
-        common.markdown_table(["workload", "ours vs PyTorch (median)", "speed ratio", "spread", "target", "met"], rows)
+        common.markdown_table(
+            ["workload", "ours vs PyTorch (median)", "speed ratio", "spread", "target", "met"],
+            rows,
+            [
+                ("speed ratio", "our speed over PyTorch's (its time over ours), median of the rounds; above 1: faster"),
+                ("spread", "the lowest and highest per-round speed ratio"),
+            ],
+        )
     )
     if args.rss:
         rss = results["rss"] = measure_rss(3 if args.quick else 5, args.batch)

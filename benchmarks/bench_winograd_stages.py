@@ -148,7 +148,12 @@ def main(argv=None) -> dict:
                 | {"torch_ms": torch_ms, "chunks": len(fwd.parts)}
             )
     headers = ["layer", "algorithm", *(f"{s} ms" for s in STEPS), "total ms", "products GFLOP/s", "PyTorch ms"]
-    print(common.markdown_table(headers, rows))
+    legend = [
+        ("pad ms", "each stage's median ms over the rounds; total ms: their sum"),
+        ("products GFLOP/s", "the batched products' floating-point operations per second"),
+        ("PyTorch ms", "the median of torch's conv2d forward on the same input (- without torch)"),
+    ]
+    print(common.markdown_table(headers, rows, legend))
     payload = {"machine": info, "command": common.command_line(), "repeats": repeats, "batch": batch}
     payload["results"] = results
     if args.json:

@@ -142,11 +142,21 @@ def machine_line(info: dict | None = None) -> str:
     )
 
 
-def markdown_table(headers: list[str], rows: list[list]) -> str:
-    """A GitHub Markdown table; numbers are printed as they are given (format them first)."""
+def legend(pairs: list[tuple[str, str]]) -> str:
+    """A table's legend: a blank line (so that Markdown ends the table), then one line per
+    ``(columns, meaning)`` pair, ``legend: columns: meaning``, as the trainer's tables end
+    (``trainers.logging.tables.format_summary``). Every printed table of the benchmarks
+    ends with one for its columns whose meaning is not obvious (what a ratio is against,
+    min or median, units)."""
+    return "\n" + "\n".join(f"legend: {columns}: {meaning}" for columns, meaning in pairs) if pairs else ""
+
+
+def markdown_table(headers: list[str], rows: list[list], legend_pairs: list[tuple[str, str]] = ()) -> str:
+    """A GitHub Markdown table; numbers are printed as they are given (format them first).
+    ``legend_pairs`` adds its :func:`legend` below."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return "\n".join(lines) + ("\n" + legend(list(legend_pairs)) if legend_pairs else "")
 
 
 def parser(description: str, default_repeats: int) -> argparse.ArgumentParser:

@@ -35,6 +35,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks import common  # noqa: E402
 from framework import backend  # noqa: E402
 
 POLICIES = "off,auto,on,on+abn"
@@ -154,6 +155,14 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     results = [run_step(name, step_argv, TIMEOUTS[name]) for name, step_argv in plan]
     print("\n" + summary(results))
+    print(
+        common.legend(
+            [
+                ("exit", "the step's exit status (0: it passed)"),
+                ("seconds", "the step's wall-clock time; last line: the last line it printed"),
+            ]
+        )
+    )
     return 0 if all(r["exit"] == 0 for r in results) else 1
 
 

@@ -26,6 +26,7 @@ import sys
 
 import numpy as np
 
+from benchmarks import common
 from framework import backend
 from framework.ops import conv
 from framework.ops.conv_algorithms import ALGORITHMS, ConvGeometry, choice
@@ -115,6 +116,15 @@ def main(argv=None):
             print(f"{c}->{co} {hw}x{hw} s{stride} x{count:<4} {name:<12} {cells[0]:>20} {cells[1]:>20}")
     for when, (calls, cudnn) in totals.items():
         print(f"whole network, forward and backward, {when}: {calls} calls into CuPy, {cudnn} cuDNN executes")
+    print(
+        common.legend(
+            [
+                ("layer", "in->out channels, input size, stride, x how many such layers ResNet-20 has"),
+                ("before: CPU choice", "calls into CuPy (cuDNN executes), algorithm: the CPU's choice run on the GPU"),
+                ("now: GPU choice", "the same for the algorithm the GPU takes now; totals count every layer"),
+            ]
+        )
+    )
 
 
 if __name__ == "__main__":

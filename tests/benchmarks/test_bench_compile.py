@@ -16,6 +16,8 @@ def test_bench_compile_quick(capsys, tmp_path):
     out = capsys.readouterr().out
     for heading in ("### Bitwise", "### Memory of one step", "### Speed", "### Capture cost", "### Targets"):
         assert heading in out
+    for column in ("planned/floor", "lower bound", "speedup", "plan"):  # the tables' legends
+        assert f"\nlegend: {column}: " in out
     saved = json.loads(path.read_text())
     assert saved["params"] == {"steps": 3, "repeats": 3, "quick": True}
     # the compiled steps replay eager's numbers bit for bit

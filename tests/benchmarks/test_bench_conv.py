@@ -31,6 +31,8 @@ def test_bench_conv_quick(capsys, tmp_path):
         ["--quick", "--repeats", "1", "--variants", "gemm,grid,winograd2,winograd4", "--model", "--json", str(path)]
     )
     out = capsys.readouterr().out
+    for column in ("time ours / torch", "ms (time vs torch)", "samples/s ours / torch"):  # the tables' legends
+        assert f"\nlegend: {column}: " in out
     per_layer, chosen, totals, model = _tables(out)
     per_pass = {(r[0], r[1], r[2]): r for r in per_layer[1:]}
     # every layer and pass has gemm and grid; stride-1 layers also Winograd, strided ones not

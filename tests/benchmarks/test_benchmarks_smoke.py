@@ -21,6 +21,12 @@ def _table_rows(text: str) -> list[list[str]]:
     return rows
 
 
+def _legend(text: str) -> dict[str, str]:
+    """The legend lines every printed table ends with (``common.legend``): columns -> meaning."""
+    lines = [line.removeprefix("legend: ") for line in text.splitlines() if line.startswith("legend: ")]
+    return dict(line.split(": ", 1) for line in lines)
+
+
 def test_op_overhead_quick(capsys, tmp_path):
     path = tmp_path / "overhead.json"
     payload = bench_op_overhead.main(["--quick", "--json", str(path)])
@@ -37,6 +43,9 @@ def test_op_overhead_quick(capsys, tmp_path):
     for kind in bench_op_overhead.MIX:
         assert kind in first_cells
     assert "Target: forward + backward <= 10 µs/op:" in out
+    legend = _legend(out)
+    assert "min minus the NumPy kernels" in legend["framework µs/op (share)"]
+    assert "NumPy fwd, NumPy fwd+bwd" in legend
     assert "Machine: " in out
     saved = json.loads(path.read_text())
     assert saved["params"]["quick"] is True and saved["params"]["ops"] == 20
@@ -66,6 +75,7 @@ def test_elementwise_quick(capsys, tmp_path):
     for name in ("x.add_(y)", "x.relu_()", "x.exp_()", "x.mul_(y)"):
         assert name in [r[0] for r in rows]
     assert "Target: x.add_(y) <= 1.15x raw NumPy:" in out
+    assert {"vs np inplace", "ratio", "alloc/call"} <= set(_legend(out))
     saved = json.loads(path.read_text())
     size = saved["params"]["size"]
     assert size == 1 << 16
@@ -90,6 +100,10 @@ def test_common_helpers():
     assert len(common.time_repeats(lambda: None, 4)) == 4
     table = common.markdown_table(["x", "y"], [[1, "2"]])
     assert table.splitlines() == ["| x | y |", "|---|---|", "| 1 | 2 |"]
+    table = common.markdown_table(["x", "y"], [[1, "2"]], [("y", "what y is")])
+    # a blank line ends the Markdown table before the legend
+    assert table.splitlines()[3:] == ["", "legend: y: what y is"]
+    assert common.legend([]) == ""
     info = common.machine_info()
     assert info["cores"] >= 1 and info["cpu"]
     assert info["blas"] != "unknown" and f"NumPy {info['numpy']} ({info['blas']})" in common.machine_line(info)
@@ -108,6 +122,7 @@ def test_logging_quick(capsys, tmp_path):
     out = capsys.readouterr().out
     assert {r[0] for r in _table_rows(out)} >= {"logging on", "logging off"}
     assert "Overhead of logging every 10 steps + progress bar:" in out
+    assert {"wall s (min)", "time / no logging (median)", "min-max"} <= set(_legend(out))
     assert {"RunLogger (RecordWriter)", "FileWriter.add_summary", "SummaryWriter.add_scalar x 14"} <= {
         r[0] for r in _table_rows(out)
     }
@@ -121,7 +136,7 @@ def test_logging_quick(capsys, tmp_path):
     }
 
 
-def test_bench_auto_rewrites_temporaries_and_rebound_names_not_kept_ones(tmp_path):
+def test_bench_auto_rewrites_temporaries_and_rebound_names_not_kept_ones(tmp_path, capsys):
     from benchmarks import bench_auto
 
     payload = bench_auto.main(["--quick", "--repeats", "1", "--json", str(tmp_path / "auto.json")])
@@ -135,6 +150,7 @@ def test_bench_auto_rewrites_temporaries_and_rebound_names_not_kept_ones(tmp_pat
         "named_chain/auto": 0,
     }
     assert (tmp_path / "auto.json").exists()
+    assert {"auto - on", "ops rewritten", "auto / on"} <= set(_legend(capsys.readouterr().out))
 
 
 def test_consumed_check_quick(capsys, tmp_path):
@@ -145,6 +161,7 @@ def test_consumed_check_quick(capsys, tmp_path):
     out = capsys.readouterr().out
     assert [r[0] for r in _table_rows(out)][1:] == ["forward", "fwd+bwd"]
     assert "budget 0.3 us per op" in out
+    assert "check (min), check (median)" in _legend(out)
     saved = json.loads(path.read_text())
     for what in ("forward", "fwd+bwd"):
         assert {"checked_us_per_op", "unchecked_us_per_op", "check_us_per_op_median"} <= set(saved[what])
@@ -164,6 +181,7 @@ def test_vs_pytorch_quick(capsys, tmp_path):
     saved = json.loads(path.read_text())
     assert set(saved["workloads"]) == {"mlp", "resnet20", "tiny"} and saved["policy"] == "auto"
     assert saved["conv"] == "auto" and "conv2d auto" in out
+    assert "PyTorch's" in _legend(out)["speed ratio"] and "spread" in _legend(out)
     bench_vs_pytorch.main(["--quick", "--repeats", "1", "--only", "resnet20", "--conv", "fast"])
     assert "conv2d fast" in capsys.readouterr().out
 
@@ -198,7 +216,9 @@ def test_resnet_breakdown_quick(capsys):
     from benchmarks import bench_resnet_breakdown
 
     bench_resnet_breakdown.main(["--quick"])
-    rows = _table_rows(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    rows = _table_rows(out)
+    assert "ours / PyTorch" in _legend(out)
     names = [r[0] for r in rows][1:]
     assert names[0] == "3->16 32x32" and names[-2:] == ["whole step, split as above", "**whole step as it runs**"]
     assert {"**all convolutions**", "batch norm (19 layers)", "everything else"} <= set(names)
@@ -212,6 +232,7 @@ def test_blas_quick(capsys, tmp_path):
     assert rows[0] == ["product", "shape", "ms per call (min)", "GFLOP/s"]
     assert [r[0] for r in rows[1:]] == [what for what, *_ in bench_blas.QUICK_SHAPES]
     assert common.blas_kernels() in out  # the kernels that ran are on the record
+    assert set(_legend(out)) == {"ms per call (min)", "GFLOP/s"}
     saved = json.loads(path.read_text())
     assert saved["repeats"] == 3 and all(r["gflops"] > 0 for r in saved["results"])
 
@@ -223,6 +244,7 @@ def test_winograd_stages_quick(capsys, tmp_path):
     rows = _table_rows(out)
     assert rows[0][:2] == ["layer", "algorithm"] and rows[0][-3:] == ["total ms", "products GFLOP/s", "PyTorch ms"]
     assert [r[1] for r in rows[1:]] == ["winograd2", "winograd4"] * len(bench_winograd_stages.QUICK_LAYERS)
+    assert "PyTorch ms" in _legend(out)
     assert common.blas_kernels() in out
     saved = json.loads(path.read_text())
     for r in saved["results"]:
