@@ -91,7 +91,8 @@ DOCS = ["README.md"] + sorted(
 )
 # The history records commands as they were run then; the current docs must run now.
 HISTORY = {os.path.join("docs", "BENCHMARKS-HISTORY.md")}
-# Written by another line of work and merged with it; until then, not in this tree.
+
+
 def doc_commands():
     """``(doc, command)``: each ``python ...`` command of the docs' bash blocks and inline
     code, one per ``&&``-separated part, with what comes before ``python`` (environment
