@@ -6,7 +6,8 @@ On the CuPy stand-in (CI's GPU) stream capture refuses what CUDA and CuPy refuse
 here allocates nothing and calls no cuBLAS inside the capture. Today's training steps do
 not capture (their first Linear calls cuBLAS, their first convolution allocates its
 output): those tests check the one-line reason and that the step keeps running
-uncaptured, bitwise equal to eager. A step made of ops that write into planned buffers
+uncaptured, bitwise equal to eager. (Their matrix products go through the cuDNN frontend's
+matmul, which captures; without the frontend, CuPy's cuBLAS refuses.) A step made of ops that write into planned buffers
 captures, and replays as copy-in plus one graph launch.
 """
 
@@ -66,17 +67,33 @@ def test_the_mlp_has_dropout_and_its_replays_draw_new_masks():
     assert [x.tobytes() for x in again] == [x.tobytes() for x in losses]
 
 
-def test_a_failed_capture_names_the_node_and_why_and_the_step_runs_uncaptured():
+@pytest.fixture(params=["frontend", "none"])
+def cudnn_or_not(request, monkeypatch):
+    """With the cuDNN frontend (matrix products through its matmul), or without (cuBLAS)."""
+    if request.param == "none":
+        monkeypatch.setenv(backend.CUDNN_ENV, "none")
+    backend.forget_cudnn()
+    if request.param == "frontend" and backend.cudnn_module() is None:
+        pytest.skip("NVIDIA's cuDNN frontend is not installed: pip install nvidia-cudnn-frontend")
+    yield request.param
+    backend.forget_cudnn()
+
+
+def test_a_failed_capture_names_the_node_and_why_and_the_step_runs_uncaptured(cudnn_or_not):
     eager_losses, eager_states, _ = run("mlp", "off", False, 4, device="cuda")
     losses, states, compiled = run("mlp", "off", True, 4, device="cuda")
     assert [x.tobytes() for x in losses] == [x.tobytes() for x in eager_losses]
     assert all(bitwise_equal(a, b) for a, b in zip(states, eager_states))
     mode = compiled.report()["replay_mode"]
     assert "\n" not in mode
-    assert mode == (
-        "uncaptured: node 0 Linear at models/mlp.py:75 could not be captured: NotImplementedError: "
-        "calling cuBLAS API during stream capture is currently unsupported"
-    )
+    # with the frontend the product is capturable and the next refusal is the allocation of
+    # its output (not yet a planned buffer); without it, CuPy refuses cuBLAS
+    why = {
+        "frontend": "CUDARuntimeError: cudaErrorStreamCaptureUnsupported: operation not permitted when stream "
+        "is capturing",
+        "none": "NotImplementedError: calling cuBLAS API during stream capture is currently unsupported",
+    }[cudnn_or_not]
+    assert mode == f"uncaptured: node 0 Linear at models/mlp.py:75 could not be captured: {why}"
     assert compiled.report()["replay_launches"] is None
     graph = compiled._current().executor.cuda_graph
     assert graph.captures == 1 and graph.graph is None  # tried once, never again
@@ -223,7 +240,9 @@ def test_guards_include_the_device_index_and_the_strides():
 
 
 def test_the_arena_is_one_allocation_on_the_device():
-    _, _, compiled = run("mlp", "off", True, 3, device="cuda")
+    # the ConvNet: the plan of the MLP (its products through the cuDNN frontend, each with
+    # a workspace allocated per call) has its lowest peak with no arena at all
+    _, _, compiled = run("convnet", "off", True, 3, "bn", device="cuda")
     ex = compiled._current().executor
     assert compiled.report()["arena_bytes"] == ex.arena.nbytes > 0
     assert backend.device_of(ex.arena).type == "cuda"
