@@ -12,6 +12,12 @@ transfer, cuBLAS) makes the capture fail: the capture is ended (no stream is lef
 capturing), :attr:`GraphReplay.reason` says in one line which node could not be captured
 and why, and the step keeps running uncaptured (the plan still applies).
 
+The kernels allocate their outputs, temporaries and library workspaces as they do eagerly.
+So the first replay runs uncaptured and records its pool allocations (sizes, lifetimes);
+they are packed into one more device allocation, the graph's private arena, and the next
+call captures with an allocator that hands each allocation its place there
+(:class:`_GraphPool`): nothing reaches CuPy's pool or cudaMalloc during the capture.
+
 A graph bakes into its kernels the scalars and the buffers it was captured with. So it
 is launched only while the traced scalars have the values they had at capture (else the
 call runs uncaptured: a learning-rate schedule or Adam's step count make every call
@@ -22,13 +28,95 @@ times).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 
-from .. import backend
+from .. import backend, memory
+from .plan import greedy_by_size
 
 RECAPTURES = 3
+POOL_ALIGN = 512  # CuPy's pool rounds every request to 512 bytes
+
+
+class _AllocationRecorder:
+    """Records the pool allocations of one uncaptured replay on a device: the size of each
+    (in allocation order) and when it went back to the pool (a CuPy memory hook)."""
+
+    def __init__(self, xp, device_id: int):
+        base = xp.cuda.MemoryHook
+        recorder = self
+
+        class Hook(base):
+            name = "fw_compile_graph_pool"
+
+            def malloc_postprocess(self, **kw):
+                if kw["device_id"] == device_id and kw["mem_size"]:
+                    recorder.live[kw["pmem_id"]] = len(recorder.sizes)
+                    recorder.sizes.append(kw["mem_size"])
+                    recorder.spans.append([recorder.clock, None])
+                    recorder.clock += 1
+
+            def free_postprocess(self, **kw):
+                k = recorder.live.pop(kw["pmem_id"], None)
+                if k is not None:
+                    recorder.spans[k][1] = recorder.clock
+                    recorder.clock += 1
+
+        self.hook = Hook()
+        self.sizes: list = []
+        self.spans: list = []
+        self.live: dict = {}
+        self.clock = 0
+
+    def layout(self):
+        """``(offsets, arena bytes)``: each allocation's offset in one arena where no two
+        that are live at once meet. An allocation still alive when the replay ended (a
+        gradient, a returned value, new optimizer state) keeps its bytes for the whole step:
+        the next launch must not write over it before reading it."""
+        end = self.clock
+        items = [
+            (k, size, 0 if stop is None else start, end if stop is None else stop)
+            for k, (size, (start, stop)) in enumerate(zip(self.sizes, self.spans))
+        ]
+        return greedy_by_size(items, POOL_ALIGN)
+
+
+class _GraphPool:
+    """The allocator CuPy uses while the step is captured: the k-th allocation gets its
+    planned place in the graph's arena (allocated before the capture), so nothing reaches
+    CuPy's pool or cudaMalloc while the stream captures. A request that is not the
+    recorded one (another size, one more) raises: the capture fails with that reason."""
+
+    def __init__(self, xp, arena, sizes, offsets):
+        self.xp, self.arena, self.sizes, self.offsets = xp, arena, sizes, offsets
+        self.next = 0
+        self.previous = None
+
+    def malloc(self, size: int):
+        size = int(size)
+        if size == 0:
+            return self.previous(0)
+        k = self.next
+        rounded = -(-size // POOL_ALIGN) * POOL_ALIGN
+        if k >= len(self.sizes) or self.sizes[k] != rounded:
+            recorded = f"{self.sizes[k]} bytes" if k < len(self.sizes) else "none"
+            raise RuntimeError(
+                f"allocation {k} during the capture ({rounded} bytes) is not the recorded one ({recorded}): "
+                "the step allocates differently from call to call"
+            )
+        self.next += 1
+        base = self.arena.data
+        return self.xp.cuda.MemoryPointer(base.mem, base.ptr - base.mem.ptr + self.offsets[k])
+
+    def __enter__(self):
+        self.previous = self.xp.cuda.get_allocator()
+        self.xp.cuda.set_allocator(self.malloc)
+        return self
+
+    def __exit__(self, *_):
+        self.xp.cuda.set_allocator(self.previous)
 
 
 class GraphReplay:
@@ -57,6 +145,11 @@ class GraphReplay:
         self.bound: dict = {}  # value id -> the array every other input was at capture
         self.scalars = None
         self.outputs: dict = {}  # value id -> the array the graph leaves it in
+        # the allocations of one uncaptured replay (sizes, offsets, arena bytes), recorded
+        # at the first replay; the capture (at the next) serves them from ``pool_arena``
+        self.recorded = None
+        self.pool_arena = None
+        self._record_next = False
 
     # --- calling -----------------------------------------------------------------------
     def run(self, replay, scal) -> bool:
@@ -75,10 +168,27 @@ class GraphReplay:
                     self.failed = True
                     self.reason = f"program inputs were rebound {self.captures} times; the graph was given up"
                     return False
+        if self.graph is None and self.recorded is None:
+            self._record_next = True  # this call runs uncaptured, its allocations recorded
+            return False
         if self.graph is None and not self._capture(replay, scal):
             return False
         self._launch()
         return True
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Around an uncaptured replay: records its pool allocations when the next capture
+        needs them (see :class:`_GraphPool`)."""
+        if not self._record_next:
+            yield
+            return
+        self._record_next = False
+        recorder = _AllocationRecorder(self.xp, self.device.index)
+        with recorder.hook:
+            yield
+        offsets, nbytes = recorder.layout()
+        self.recorded = (recorder.sizes, offsets, nbytes)
 
     def _launch(self) -> None:
         env, xp = self.executor.env, self.xp
@@ -109,9 +219,13 @@ class GraphReplay:
                 env[vid] = slot
             for vid, name in ex.input_names:
                 g[name] = env[vid]
+            sizes, offsets, nbytes = self.recorded
+            if self.pool_arena is None or self.pool_arena.nbytes < nbytes:
+                self.pool_arena = None
+                self.pool_arena = memory.track(xp.empty(max(nbytes, 1), dtype=xp.uint8), "workspace")
             stream = xp.cuda.Stream(non_blocking=True)
             error = None
-            with stream:
+            with stream, _GraphPool(xp, self.pool_arena, sizes, offsets):
                 stream.begin_capture()
                 try:
                     replay()

@@ -3,12 +3,11 @@ where the capture is legal.
 
 On the CuPy stand-in (CI's GPU) stream capture refuses what CUDA and CuPy refuse
 (allocations, host synchronizations, host transfers, cuBLAS), so a graph that captures
-here allocates nothing and calls no cuBLAS inside the capture. Today's training steps do
-not capture (their first Linear calls cuBLAS, their first convolution allocates its
-output): those tests check the one-line reason and that the step keeps running
-uncaptured, bitwise equal to eager. (Their matrix products go through the cuDNN frontend's
-matmul, which captures; without the frontend, CuPy's cuBLAS refuses.) A step made of ops that write into planned buffers
-captures, and replays as copy-in plus one graph launch.
+here allocates nothing from the pool and calls no cuBLAS inside the capture. The models'
+training steps capture (their products through the cuDNN frontend, their allocations
+served from the graph's private arena) and replay as copy-in plus one graph launch,
+bitwise equal to eager; without the frontend the first Linear calls cuBLAS, and the test
+checks the one-line reason and that the step keeps running uncaptured.
 """
 
 from __future__ import annotations
@@ -53,8 +52,36 @@ def test_compiled_on_the_gpu_matches_eager_off_bitwise(kind, norm, steps):
         assert bitwise_equal(states[k], eager_states[k]), f"state differs at step {k}"
     report = compiled.report()
     assert report["replays"] == steps - 2  # captured twice (the first step makes the momentum buffers)
-    assert report["replay_mode"].startswith("uncaptured: node 0 ")  # see the next test
+    # the first replay runs uncaptured and records its allocations; the next captures the
+    # graph, and every later step launches it
+    assert report["replay_mode"] == "cuda graph"
+    graph = compiled._current().executor.cuda_graph
+    assert graph.captures == 1 and graph.launches == steps - 3 and graph.uncaptured == 0
     assert _no_capture_left()
+
+
+@standin_only
+@pytest.mark.parametrize("kind,norm", [("mlp", None), ("convnet", "bn")])
+def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind, norm):
+    from framework.testing.cupy_standin import counting
+
+    from .helpers import batches, make_model, train_step
+
+    fw.inplace.set_policy("off")
+    model = make_model(kind, norm).to("cuda")
+    opt = fw.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    f = fw.compile(train_step(model, opt))
+    kinds = []
+    for x, y in batches(kind, 6):
+        x, y = x.to("cuda"), y.to("cuda")
+        with counting.count() as c:
+            f(x, y)
+        kinds.append((c.by_kind(), c.host_syncs))
+    # two arguments copied in, one launch, the returned loss copied out
+    assert kinds[3:] == [({"copy": 3, "graph": 1}, 0)] * 3
+    assert f.report()["replay_launches"] == 4
+    graph = f._current().executor.cuda_graph
+    assert len(graph.graph) > 50 and graph.pool_arena is not None  # the whole step, in one graph
 
 
 def test_the_mlp_has_dropout_and_its_replays_draw_new_masks():
@@ -67,33 +94,27 @@ def test_the_mlp_has_dropout_and_its_replays_draw_new_masks():
     assert [x.tobytes() for x in again] == [x.tobytes() for x in losses]
 
 
-@pytest.fixture(params=["frontend", "none"])
-def cudnn_or_not(request, monkeypatch):
-    """With the cuDNN frontend (matrix products through its matmul), or without (cuBLAS)."""
-    if request.param == "none":
-        monkeypatch.setenv(backend.CUDNN_ENV, "none")
+@pytest.fixture
+def no_cudnn(monkeypatch):
+    """Without the cuDNN frontend: matrix products through CuPy's cuBLAS."""
+    monkeypatch.setenv(backend.CUDNN_ENV, "none")
     backend.forget_cudnn()
-    if request.param == "frontend" and backend.cudnn_module() is None:
-        pytest.skip("NVIDIA's cuDNN frontend is not installed: pip install nvidia-cudnn-frontend")
-    yield request.param
+    yield
     backend.forget_cudnn()
 
 
-def test_a_failed_capture_names_the_node_and_why_and_the_step_runs_uncaptured(cudnn_or_not):
+def test_a_failed_capture_names_the_node_and_why_and_the_step_runs_uncaptured(no_cudnn):
     eager_losses, eager_states, _ = run("mlp", "off", False, 4, device="cuda")
     losses, states, compiled = run("mlp", "off", True, 4, device="cuda")
     assert [x.tobytes() for x in losses] == [x.tobytes() for x in eager_losses]
     assert all(bitwise_equal(a, b) for a, b in zip(states, eager_states))
     mode = compiled.report()["replay_mode"]
     assert "\n" not in mode
-    # with the frontend the product is capturable and the next refusal is the allocation of
-    # its output (not yet a planned buffer); without it, CuPy refuses cuBLAS
-    why = {
-        "frontend": "CUDARuntimeError: cudaErrorStreamCaptureUnsupported: operation not permitted when stream "
-        "is capturing",
-        "none": "NotImplementedError: calling cuBLAS API during stream capture is currently unsupported",
-    }[cudnn_or_not]
-    assert mode == f"uncaptured: node 0 Linear at models/mlp.py:75 could not be captured: {why}"
+    # without the cuDNN frontend the products are cuBLAS's, which CuPy refuses in a capture
+    assert mode == (
+        "uncaptured: node 0 Linear at models/mlp.py:75 could not be captured: NotImplementedError: "
+        "calling cuBLAS API during stream capture is currently unsupported"
+    )
     assert compiled.report()["replay_launches"] is None
     graph = compiled._current().executor.cuda_graph
     assert graph.captures == 1 and graph.graph is None  # tried once, never again
