@@ -154,15 +154,15 @@ def test_a_compiled_gpu_run_gives_the_losses_of_the_eager_gpu_run_bitwise(tmp_pa
     assert comp.losses == eager.losses
     assert all(a.tobytes() == b.tobytes() for a, b in zip(comp_state, eager_state))
     report = step.report()
-    # the step captures (its products through the cuDNN frontend), but the schedule's
-    # learning rate changes every step and is baked into the graph: those calls run
-    # uncaptured, and say so; without the frontend the first Linear calls cuBLAS
+    # the step replays as one CUDA graph (its products through the cuDNN frontend), the
+    # schedule's learning rate read from the device; without the frontend the first Linear
+    # calls cuBLAS and the step runs uncaptured, and says so
     from framework import backend
 
     if backend.cudnn_module() is not None:
-        assert report["replay_mode"] == (
-            "uncaptured: traced scalars changed since the capture (their values are baked into the graph)"
-        )
+        assert report["replay_mode"] == "cuda graph"
+        graph = step._current().executor.cuda_graph
+        assert graph.launches > 0 and graph.uncaptured == 0 and not graph.baked
     else:
         assert report["replay_mode"].startswith("uncaptured: node ") and "cuBLAS" in report["replay_mode"]
     tags = read_scalars(comp.run_dir)

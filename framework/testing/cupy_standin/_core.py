@@ -352,7 +352,8 @@ class ufunc:
             if self.__name__ != "matmul" and out.size and _graph.current_capture() is not None:
                 # CuPy checks the types and shapes when the kernel is launched (recorded): so
                 # does the stand-in, on a host copy of the output (the buffer is not written)
-                np_ufunc(*host, out=host_out.copy(), dtype=dtype, casting=casting)
+                with numpy.errstate(all="ignore"):  # what the buffers hold now is not used
+                    np_ufunc(*host, out=host_out.copy(), dtype=dtype, casting=casting)
                 _graph.record(
                     "elementwise",
                     lambda: np_ufunc(*host, out=host_out, dtype=dtype, casting=casting),
