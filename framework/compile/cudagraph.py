@@ -168,10 +168,9 @@ class _DeviceScalar:
 
 def _arithmetic(op, reflected):
     def method(self, other):
-        if hasattr(other, "dtype") and hasattr(other, "shape") and getattr(other, "ndim", 0) >= 0:
-            if not isinstance(other, (int, float)) and backend.device_of(other).type == "cuda":
-                dev = self.on_device(other.dtype)
-                return op(other, dev) if reflected else op(dev, other)
+        if isinstance(other, self.owner.xp.ndarray):  # an array on the device: the kernel reads the slot
+            dev = self.on_device(other.dtype)
+            return op(other, dev) if reflected else op(dev, other)
         return op(other, self._bake()) if reflected else op(self._bake(), other)
 
     return method
@@ -275,10 +274,11 @@ class GraphReplay:
             for vid, slot in self.slots.items():
                 xp.copyto(slot, env[vid])  # copy-in: the graph reads the slot
             if self._uploads():
-                n = len(self.executor.scal)
+                values = [v if type(v) in (int, float) else 0 for v in self.executor.scal]  # others: baked
+                n = len(values)
                 host = np.empty(12 * n, dtype=np.uint8)
-                host[: 8 * n].view(np.float64)[:] = self.executor.scal
-                host[8 * n :].view(np.float32)[:] = self.executor.scal
+                host[: 8 * n].view(np.float64)[:] = values
+                host[8 * n :].view(np.float32)[:] = values
                 self.dscal.set(host)  # ONE host-to-device copy: this call's scalars
             self.graph.launch()
         for vid, arr in self.outputs.items():
