@@ -383,6 +383,8 @@ def add_scaled_(y, x, alpha) -> None:
             y.reshape(-1)[...] = out
         return
     xp = get_array_module(y)
+    if hasattr(alpha, "on_device"):  # a traced scalar of a captured step: read on the device
+        alpha = alpha.on_device(x.dtype)
     xp.add(y, xp.multiply(x, alpha), out=y)
 
 

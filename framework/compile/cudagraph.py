@@ -12,23 +12,184 @@ transfer, cuBLAS) makes the capture fail: the capture is ended (no stream is lef
 capturing), :attr:`GraphReplay.reason` says in one line which node could not be captured
 and why, and the step keeps running uncaptured (the plan still applies).
 
-A graph bakes into its kernels the scalars and the buffers it was captured with. So it
-is launched only while the traced scalars have the values they had at capture (else the
-call runs uncaptured: a learning-rate schedule or Adam's step count make every call
-differ), and while every other program input (parameters, optimizer state, gradients) is
-still the array it was (else the graph is captured again, up to :data:`RECAPTURES`
-times).
+The kernels allocate their outputs, temporaries and library workspaces as they do eagerly.
+So the first replay runs uncaptured and records its pool allocations (sizes, lifetimes);
+they are packed into one more device allocation, the graph's private arena, and the next
+call captures with an allocator that hands each allocation its place there
+(:class:`_GraphPool`): nothing reaches CuPy's pool or cudaMalloc during the capture.
+
+The traced scalars (learning rate, Adam's step count, ...) are read by the graph's kernels
+from one small device buffer (:class:`_DeviceScalar`), rewritten by one host-to-device
+copy before each launch; a scalar an op uses as a Python number is baked into the graph,
+and the graph is launched only while the baked ones have their capture values (else the
+call runs uncaptured). Every other program input (parameters, optimizer state) must still
+be the array it was (else the graph is captured again, up to :data:`RECAPTURES` times).
 """
 
 from __future__ import annotations
 
+import contextlib
+import operator
 import os
 import re
 import sys
 
-from .. import backend
+import numpy as np
+
+from .. import backend, memory
+from .plan import greedy_by_size
 
 RECAPTURES = 3
+POOL_ALIGN = 512  # CuPy's pool rounds every request to 512 bytes
+
+
+class _AllocationRecorder:
+    """Records the pool allocations of one uncaptured replay on a device: the size of each
+    (in allocation order) and when it went back to the pool (a CuPy memory hook)."""
+
+    def __init__(self, xp, device_id: int):
+        base = xp.cuda.MemoryHook
+        recorder = self
+
+        class Hook(base):
+            name = "fw_compile_graph_pool"
+
+            def malloc_postprocess(self, **kw):
+                if kw["device_id"] == device_id and kw["mem_size"]:
+                    recorder.live[kw["pmem_id"]] = len(recorder.sizes)
+                    recorder.sizes.append(kw["mem_size"])
+                    recorder.spans.append([recorder.clock, None])
+                    recorder.clock += 1
+
+            def free_postprocess(self, **kw):
+                k = recorder.live.pop(kw["pmem_id"], None)
+                if k is not None:
+                    recorder.spans[k][1] = recorder.clock
+                    recorder.clock += 1
+
+        self.hook = Hook()
+        self.sizes: list = []
+        self.spans: list = []
+        self.live: dict = {}
+        self.clock = 0
+
+    def layout(self):
+        """``(offsets, arena bytes)``: each allocation's offset in one arena where no two
+        that are live at once meet. An allocation still alive when the replay ended (a
+        gradient, a returned value, new optimizer state) keeps its bytes for the whole step:
+        the next launch must not write over it before reading it."""
+        end = self.clock
+        items = [
+            (k, size, 0 if stop is None else start, end if stop is None else stop)
+            for k, (size, (start, stop)) in enumerate(zip(self.sizes, self.spans))
+        ]
+        return greedy_by_size(items, POOL_ALIGN)
+
+
+class _GraphPool:
+    """The allocator CuPy uses while the step is captured: the k-th allocation gets its
+    planned place in the graph's arena (allocated before the capture), so nothing reaches
+    CuPy's pool or cudaMalloc while the stream captures. A request that is not the
+    recorded one (another size, one more) raises: the capture fails with that reason."""
+
+    def __init__(self, xp, arena, sizes, offsets):
+        self.xp, self.arena, self.sizes, self.offsets = xp, arena, sizes, offsets
+        self.next = 0
+        self.previous = None
+
+    def malloc(self, size: int):
+        size = int(size)
+        if size == 0:
+            return self.previous(0)
+        k = self.next
+        rounded = -(-size // POOL_ALIGN) * POOL_ALIGN
+        if k >= len(self.sizes) or self.sizes[k] != rounded:
+            recorded = f"{self.sizes[k]} bytes" if k < len(self.sizes) else "none"
+            raise RuntimeError(
+                f"allocation {k} during the capture ({rounded} bytes) is not the recorded one ({recorded}): "
+                "the step allocates differently from call to call"
+            )
+        self.next += 1
+        base = self.arena.data
+        return self.xp.cuda.MemoryPointer(base.mem, base.ptr - base.mem.ptr + self.offsets[k])
+
+    def __enter__(self):
+        self.previous = self.xp.cuda.get_allocator()
+        self.xp.cuda.set_allocator(self.malloc)
+        return self
+
+    def __exit__(self, *_):
+        self.xp.cuda.set_allocator(self.previous)
+
+
+class _DeviceScalar:
+    """A traced scalar of a captured step, as its kernels see it: where an op multiplies an
+    array by it (``Add``/``Sub``'s ``alpha``, ``backend.add_scaled_``), the kernel reads a
+    0-d device array of the array's dtype (a slot of :attr:`GraphReplay.dscal`, rewritten
+    by one host-to-device copy before each launch), so the graph follows a learning-rate
+    schedule. Comparisons read the host value (the capture recorded guards on them, checked
+    at every call). Any other use (``float()``, Python arithmetic, another dtype) bakes the
+    value into the graph: the slot is then compared at every call, and a call with another
+    value runs uncaptured."""
+
+    __array_priority__ = 1000  # ``array * scalar`` asks the scalar (CuPy's rule, as NumPy's)
+
+    def __init__(self, owner, slot: int, value):
+        self.owner, self.slot, self.value = owner, slot, value
+
+    def on_device(self, dtype):
+        views = self.owner.dscal_views.get(getattr(dtype, "name", str(dtype)))
+        if views is None:
+            return self._bake()
+        return views[self.slot]
+
+    def _bake(self):
+        self.owner.baked.add(self.slot)
+        return self.value
+
+    def __float__(self):
+        return float(self._bake())
+
+    def __int__(self):
+        return int(self._bake())
+
+    def __index__(self):
+        return self._bake().__index__()
+
+    def __bool__(self):
+        return bool(self.value)
+
+    def __hash__(self):
+        return hash(self.value)
+
+    def __repr__(self):
+        return f"<device scalar {self.slot}: {self.value!r}>"
+
+
+def _arithmetic(op, reflected):
+    def method(self, other):
+        if isinstance(other, self.owner.xp.ndarray):  # an array on the device: the kernel reads the slot
+            dev = self.on_device(other.dtype)
+            return op(other, dev) if reflected else op(dev, other)
+        return op(other, self._bake()) if reflected else op(self._bake(), other)
+
+    return method
+
+
+def _comparison(op):
+    return lambda self, other: op(self.value, other)
+
+
+for _name, _op in (("add", operator.add), ("sub", operator.sub), ("mul", operator.mul), ("truediv", operator.truediv)):
+    setattr(_DeviceScalar, f"__{_name}__", _arithmetic(_op, False))
+    setattr(_DeviceScalar, f"__r{_name}__", _arithmetic(_op, True))
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    setattr(_DeviceScalar, f"__{_name}__", _comparison(getattr(operator, _name)))
+_DeviceScalar.__neg__ = lambda self: -self._bake()
+_DeviceScalar.__pos__ = lambda self: +self._bake()
+_DeviceScalar.__abs__ = lambda self: abs(self._bake())
+_DeviceScalar.__pow__ = lambda self, other: self._bake() ** other
+_DeviceScalar.__rpow__ = lambda self, other: other ** self._bake()
 
 
 class GraphReplay:
@@ -51,12 +212,22 @@ class GraphReplay:
         self.reason = None
         self.captures = self.launches = self.uncaptured = 0
         self.failed = False
+        self._scalar_failure = False
         values = program.values
         self.args = [vid for vid in program.inputs if values[vid].source.kind == "arg"]
         self.slots: dict = {}  # value id -> static input slot (the step's tensor arguments)
         self.bound: dict = {}  # value id -> the array every other input was at capture
         self.scalars = None
         self.outputs: dict = {}  # value id -> the array the graph leaves it in
+        # the allocations of one uncaptured replay (sizes, offsets, arena bytes), recorded
+        # at the first replay; the capture (at the next) serves them from ``pool_arena``
+        self.recorded = None
+        self.pool_arena = None
+        self._record_next = False
+        # the traced scalars on the device: float64 then float32 slots in one buffer
+        self.dscal = None
+        self.dscal_views: dict = {}  # dtype name -> [0-d view per slot]
+        self.baked: set = set()  # slots whose value the graph baked in (compared at each call)
 
     # --- calling -----------------------------------------------------------------------
     def run(self, replay, scal) -> bool:
@@ -65,7 +236,7 @@ class GraphReplay:
         if self.failed:
             return False
         if self.graph is not None:
-            if tuple(scal) != self.scalars:
+            if any(scal[i] != self.scalars[i] for i in self.baked):
                 self.uncaptured += 1
                 self.reason = "traced scalars changed since the capture (their values are baked into the graph)"
                 return False
@@ -75,26 +246,90 @@ class GraphReplay:
                     self.failed = True
                     self.reason = f"program inputs were rebound {self.captures} times; the graph was given up"
                     return False
+        if self.graph is None and self.recorded is None:
+            self._record_next = True  # this call runs uncaptured, its allocations recorded
+            return False
         if self.graph is None and not self._capture(replay, scal):
             return False
         self._launch()
         return True
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Around an uncaptured replay: records its pool allocations when the next capture
+        needs them (see :class:`_GraphPool`)."""
+        if not self._record_next:
+            yield
+            return
+        self._record_next = False
+        recorder = _AllocationRecorder(self.xp, self.device.index)
+        with recorder.hook:
+            yield
+        offsets, nbytes = recorder.layout()
+        self.recorded = (recorder.sizes, offsets, nbytes)
 
     def _launch(self) -> None:
         env, xp = self.executor.env, self.xp
         with backend.device_context(self.device):
             for vid, slot in self.slots.items():
                 xp.copyto(slot, env[vid])  # copy-in: the graph reads the slot
+            if self._uploads():
+                values = [v if type(v) in (int, float) else 0 for v in self.executor.scal]  # others: baked
+                n = len(values)
+                host = np.empty(12 * n, dtype=np.uint8)
+                host[: 8 * n].view(np.float64)[:] = values
+                host[8 * n :].view(np.float32)[:] = values
+                self.dscal.set(host)  # ONE host-to-device copy: this call's scalars
             self.graph.launch()
         for vid, arr in self.outputs.items():
             env[vid] = arr
         self.launches += 1
         self.reason = None
 
+    def _uploads(self) -> bool:
+        """Whether the graph reads some traced scalar from the device."""
+        return self.dscal is not None and len(self.baked) < len(self.executor.scal)
+
+    def _device_scalars(self, scal) -> list:
+        """The traced scalars as :class:`_DeviceScalar` (numbers only; others stay, baked)."""
+        xp, n = self.xp, len(scal)
+        if self.dscal is None or self.dscal.nbytes != 12 * n:
+            self.dscal = memory.track(xp.empty(12 * n, dtype=xp.uint8), "workspace")
+            f64, f32 = self.dscal[: 8 * n].view(xp.float64), self.dscal[8 * n :].view(xp.float32)
+            self.dscal_views = {"float64": [f64[i] for i in range(n)], "float32": [f32[i] for i in range(n)]}
+        out = []
+        for i, v in enumerate(scal):
+            if type(v) in (int, float):
+                out.append(_DeviceScalar(self, i, v))
+            else:
+                self.baked.add(i)
+                out.append(v)
+        return out
+
     def _capture(self, replay, scal) -> bool:
+        """Captures with the traced scalars on the device; where the step uses one in a way
+        that cannot read it from the device and the capture fails, captures again with every
+        scalar baked in."""
+        self.captures += 1
+        host = list(scal)
+        if host:
+            self.baked = set()
+            with backend.device_context(self.device):
+                scal[:] = self._device_scalars(host)
+            try:
+                if self._capture_once(replay, host, device_scalars=True):
+                    return True
+            finally:
+                scal[:] = host
+            if self.failed and not self._scalar_failure:
+                return False
+            self.failed, self.reason = False, None
+        self.baked = set(range(len(host)))
+        return self._capture_once(replay, host, device_scalars=False)
+
+    def _capture_once(self, replay, scal, device_scalars: bool) -> bool:
         ex, xp = self.executor, self.xp
         env, g = ex.env, ex.globals
-        self.captures += 1
         with backend.device_context(self.device):
             for vid in self.args:
                 arr = env[vid]
@@ -109,9 +344,13 @@ class GraphReplay:
                 env[vid] = slot
             for vid, name in ex.input_names:
                 g[name] = env[vid]
+            sizes, offsets, nbytes = self.recorded
+            if self.pool_arena is None or self.pool_arena.nbytes < nbytes:
+                self.pool_arena = None
+                self.pool_arena = memory.track(xp.empty(max(nbytes, 1), dtype=xp.uint8), "workspace")
             stream = xp.cuda.Stream(non_blocking=True)
             error = None
-            with stream:
+            with stream, _GraphPool(xp, self.pool_arena, sizes, offsets):
                 stream.begin_capture()
                 try:
                     replay()
@@ -128,6 +367,8 @@ class GraphReplay:
             env[vid] = arr
         ex.ctxs.clear()
         if error is not None:
+            # a device scalar where the op needs a number: try again with the values baked in
+            self._scalar_failure = device_scalars
             return self._give_up(self._which(error, tb))
         self.graph = graph
         self.scalars = tuple(scal)
@@ -184,7 +425,7 @@ class GraphReplay:
         """Launches of one graph replay: the graph, the argument copies, the copies out."""
         if self.graph is None:
             return None
-        return 1 + len(self.slots) + len(self.executor.program.output_refs())
+        return 1 + len(self.slots) + len(self.executor.program.output_refs()) + (1 if self._uploads() else 0)
 
 
 def _relative(path: str) -> str:

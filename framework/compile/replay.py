@@ -303,7 +303,11 @@ class Executor:
         if not graphed:
             for vid, name in self.input_names:
                 g[name] = env[vid]
-            self._replay()
+            if self.cuda_graph is not None:
+                with self.cuda_graph.recording():  # the first replay's allocations, for the capture
+                    self._replay()
+            else:
+                self._replay()
         result = self._outputs(program.outputs, graphed)
         self._write_back(args)
         self.ctxs.clear()

@@ -57,22 +57,26 @@ def make_report(compiled, entry) -> dict:
 def _replay_mode(entry) -> dict:
     """How the step replays: ``replay_mode`` ("cpu", "cuda graph", "uncaptured: <why>"),
     ``replay_launches`` (the launches of one graph replay: the graph, its input copies and
-    its copies out; None when it does not replay as a graph), ``graph_captures``."""
+    its copies out; None when it does not replay as a graph), ``graph_captures``,
+    ``graph_arena_bytes`` (the graph's private arena, where its kernels' own allocations
+    live; 0 without a graph)."""
     ex = entry.executor
     graph = ex.cuda_graph if ex is not None else None
     dev = entry.program.device
     if dev is None or dev.type == "cpu":
-        return {"replay_mode": "cpu", "replay_launches": None, "graph_captures": 0}
+        return {"replay_mode": "cpu", "replay_launches": None, "graph_captures": 0, "graph_arena_bytes": 0}
     if graph is None:
         return {
             "replay_mode": "uncaptured: CUDA graphs off (fw.compile(cuda_graph=False))",
             "replay_launches": None,
             "graph_captures": 0,
+            "graph_arena_bytes": 0,
         }
     return {
         "replay_mode": graph.mode(),
         "replay_launches": graph.launches_per_replay(),
         "graph_captures": graph.captures,
+        "graph_arena_bytes": graph.pool_arena.nbytes if graph.graph is not None and graph.pool_arena is not None else 0,
     }
 
 
@@ -94,7 +98,8 @@ def explain(compiled, entry, draw=None, file=None) -> str:
     )
     if r["replay_mode"] != "cpu":
         launches = f", {r['replay_launches']} launches a replay" if r["replay_launches"] is not None else ""
-        lines.append(f"  replays as: {r['replay_mode']}{launches}")
+        arena = f", graph arena {_mb(r['graph_arena_bytes'])}" if r["graph_arena_bytes"] else ""
+        lines.append(f"  replays as: {r['replay_mode']}{launches}{arena}")
     lines.append(f"  re-inplaced: {', '.join(r['reinplaced_ops']) or 'none'}")
     lines.append(
         f"  copies avoided: {r['copies_avoided_bytes']} bytes ({r['copies_elided']} copies elided); "

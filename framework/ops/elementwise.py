@@ -60,6 +60,13 @@ def _into(ctx, g, shape=None):
 # --- binary arithmetic ----------------------------------------------------------------
 
 
+def _on_device(y, x):
+    """``y`` itself, or where it is a traced scalar of a step captured into a CUDA graph
+    (:mod:`framework.compile.cudagraph`), the 0-d device array of ``x``'s dtype the graph
+    reads it from (the same value a Python number gives in ``x``'s dtype)."""
+    return y.on_device(x.dtype) if hasattr(y, "on_device") and hasattr(x, "dtype") else y
+
+
 class Add(Function):
     inplace_name = "add_"
     auto_inplace = True
@@ -69,6 +76,7 @@ class Add(Function):
         xp = _xp(x, y)
         if alpha != 1:
             y = y * alpha  # a Python scalar y stays one (xp.multiply would make it float64)
+        y = _on_device(y, x)
         return xp.add(x, y, out=ctx.out)
 
     def backward(ctx, g):
@@ -106,6 +114,7 @@ class Sub(Function):
         xp = _xp(x, y)
         if alpha != 1:
             y = y * alpha  # a Python scalar y stays one (xp.multiply would make it float64)
+        y = _on_device(y, x)
         return xp.subtract(x, y, out=ctx.out)
 
     def backward(ctx, g):
@@ -122,6 +131,7 @@ class Mul(Function):
 
     def forward(ctx, x, y):
         ctx.mx, ctx.my = _meta(x), _meta(y)
+        y = _on_device(y, x)
         return _xp(x, y).multiply(x, y, out=ctx.out)
 
     def backward(ctx, g):
@@ -140,6 +150,7 @@ class Div(Function):
 
     def forward(ctx, x, y):
         ctx.mx, ctx.my = _meta(x), _meta(y)
+        y = _on_device(y, x)
         return _xp(x, y).true_divide(x, y, out=ctx.out)
 
     def backward(ctx, g):

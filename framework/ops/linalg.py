@@ -7,6 +7,7 @@ from .. import inplace, memory
 from ..autograd.function import Function
 from ..backend import get_array_module
 from .broadcast import astype, sum_to
+from .matmul_gpu import matmul as _mm
 
 
 class Matmul(Function):
@@ -19,7 +20,7 @@ class Matmul(Function):
             raise RuntimeError("both arguments to matmul need to be at least 1D")
         ctx.xshape, ctx.yshape = x.shape, y.shape
         ctx.xdtype, ctx.ydtype = x.dtype, y.dtype
-        return get_array_module(x).matmul(x, y)
+        return _mm(x, y, get_array_module(x))
 
     def backward(ctx, g):
         xp = get_array_module(g)
@@ -34,12 +35,12 @@ class Matmul(Function):
         if ctx.needs_input_grad[0]:
             y = ctx.y
             y2 = y[:, None] if y1 else y
-            gx = xp.matmul(g2, xp.swapaxes(y2, -1, -2))
+            gx = _mm(g2, xp.swapaxes(y2, -1, -2), xp)
             gx = sum_to(gx[..., 0, :] if x1 else gx, ctx.xshape, ctx.xdtype)
         if ctx.needs_input_grad[1]:
             x = ctx.x
             x2 = x[None, :] if x1 else x
-            gy = xp.matmul(xp.swapaxes(x2, -1, -2), g2)
+            gy = _mm(xp.swapaxes(x2, -1, -2), g2, xp)
             gy = sum_to(gy[..., 0] if y1 else gy, ctx.yshape, ctx.ydtype)
         return gx, gy
 
@@ -69,7 +70,7 @@ class Linear(Function):
 
     def forward(ctx, x, weight, bias=None, add_bias_inplace=True):
         xp = get_array_module(x)
-        out = memory.track(xp.matmul(_rows(x, xp), weight.T), "activations")
+        out = memory.track(_mm(_rows(x, xp), weight.T, xp), "activations")
         if bias is not None:
             if add_bias_inplace and out.dtype == bias.dtype:
                 out += bias
@@ -87,11 +88,11 @@ class Linear(Function):
         gx = gw = gb = None
         need_x, need_w, need_b = ctx.needs_input_grad
         if need_x:
-            gx = astype(xp.matmul(g2, ctx.weight), ctx.dtypes[0])
+            gx = astype(_mm(g2, ctx.weight, xp), ctx.dtypes[0])
             if len(ctx.xshape) != 2:
                 gx = gx.reshape(ctx.xshape)
         if need_w:
-            gw = astype(xp.matmul(g2.T, _rows(ctx.x, xp)), ctx.dtypes[1])
+            gw = astype(_mm(g2.T, _rows(ctx.x, xp), xp), ctx.dtypes[1])
         if need_b:
             gb = astype(g2.sum(axis=0), ctx.dtypes[2])
         return gx, gw, gb

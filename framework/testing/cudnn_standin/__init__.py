@@ -8,9 +8,10 @@ framework calls, with the real package's names and signatures (a test holds them
 the real module where it imports): handles and streams (:func:`create_handle`,
 :func:`set_stream`), the enums (:class:`data_type`, :class:`heur_mode`,
 :class:`numerical_note`), :class:`cudnnGraphNotSupportedError` and the graph class
-:class:`pygraph` with its tensors, ``conv_fprop`` / ``conv_dgrad`` / ``conv_wgrad``, the
-build steps, ``get_workspace_size`` and ``execute``. What it does beyond that subset
-raises (NotImplementedError or the frontend's own error), never silently differs.
+:class:`pygraph` with its tensors, ``conv_fprop`` / ``conv_dgrad`` / ``conv_wgrad``,
+``matmul`` (batched, 3-D operands, strides as declared), the build steps,
+``get_workspace_size`` and ``execute``. What it does beyond that subset raises
+(NotImplementedError or the frontend's own error), never silently differs.
 
 How it behaves like the real one, and what it checks that the real one would get wrong
 silently or crash on:
@@ -280,12 +281,30 @@ class pygraph:  # noqa: N801
         """conv_wgrad(image, loss) -> DW: the gradient of conv_fprop's weight (set DW's dims)."""
         return self._conv("conv_wgrad", args, name, compute_data_type, out_dims, kwargs)
 
+    def matmul(self, A, B, compute_data_type=None, padding: float = 0.0, name: str = ""):  # noqa: N803
+        """matmul(A, B) -> C = A @ B: batched ``[b, m, k] @ [b, k, n] -> [b, m, n]`` (a batch of
+        1 broadcast), the operands' strides as declared (a transposed view is a stride)."""
+        if not isinstance(A, Tensor) or not isinstance(B, Tensor):
+            raise TypeError("matmul() needs the tensors A and B, made by this graph's tensor()")
+        if padding:
+            raise NotImplementedError("cudnn stand-in: matmul with padding is not in its subset")
+        out = self._add(f"{name or 'matmul'}::C", None, None, self._compute, None, True)
+        if A.dim is not None and B.dim is not None and len(A.dim) == 3 and len(B.dim) == 3:
+            out.dim = [max(A.dim[0], B.dim[0]), A.dim[1], B.dim[2]]
+            out.stride = _row_major(out.dim)
+        self._nodes.append(("matmul", {"A": A, "B": B}, {}, out, compute_data_type or self._compute))
+        self._validated = self._graph_built = False
+        return out
+
     # --- building ---
 
     def validate(self) -> None:
         if len(self._nodes) != 1:
-            raise NotImplementedError("cudnn stand-in: a graph of exactly one convolution is its subset")
+            raise NotImplementedError("cudnn stand-in: a graph of exactly one convolution or matmul is its subset")
         op, inputs, attrs, out, _ = self._nodes[0]
+        if op == "matmul":
+            self._validate_matmul(inputs, out)
+            return
         for t in list(inputs.values()) + [out]:
             if not t.dim or len(t.dim) != 4 or len(t.stride) != 4:
                 raise ValueError(f"cudnn: tensor {t.name!r} needs 4 dims and strides (set_dim on a dgrad/wgrad output)")
@@ -306,6 +325,20 @@ class pygraph:  # noqa: N801
                 f"cudnn: {op}: image {x}, filter {w} and output {y} do not form a convolution "
                 f"with padding {pad} and stride {stride}"
             )
+        self._validated = True
+
+    def _validate_matmul(self, inputs, out) -> None:
+        a, b = inputs["A"], inputs["B"]
+        for t in (a, b, out):
+            if not t.dim or len(t.dim) != 3 or len(t.stride) != 3:
+                raise ValueError(f"cudnn: matmul tensor {t.name!r} needs 3 dims and strides [batch, rows, columns]")
+            if t.data_type is None or t.data_type not in _NUMPY_TYPES:
+                raise cudnnGraphNotSupportedError(f"cudnn stand-in: tensor {t.name!r} has data type {t.data_type}")
+        if out.is_virtual:
+            raise ValueError(f"cudnn: the graph's output {out.name!r} is virtual: call set_output(True)")
+        batch = max(a.dim[0], b.dim[0])
+        if a.dim[2] != b.dim[1] or {a.dim[0], b.dim[0]} - {1, batch} or out.dim != [batch, a.dim[1], b.dim[2]]:
+            raise cudnnGraphNotSupportedError(f"cudnn: matmul of {a.dim} and {b.dim} into {out.dim}")
         self._validated = True
 
     def build_operation_graph(self) -> None:
@@ -393,7 +426,10 @@ class pygraph:  # noqa: N801
         tf32, operands, result = self._plan.tf32, [bound[t.uid] for t in inputs.values()], bound[out.uid]
 
         def kernel():
-            values = _COMPUTE[op](*(_host(a, tf32) for a in operands), out.dim, pad, stride)
+            if op == "matmul":
+                values = numpy.matmul(*(_host(a, tf32) for a in operands))
+            else:
+                values = _COMPUTE[op](*(_host(a, tf32) for a in operands), out.dim, pad, stride)
             numpy.copyto(result._a, values, casting="unsafe")
 
         # on the handle's stream: recorded, not run, while that stream captures a graph

@@ -171,13 +171,46 @@ def _call(kind, func, *args, **kwargs):
     out = kwargs.get("out")
     args = [_unwrap(a, device_id, inputs) for a in args]
     kwargs = {k: _unwrap(v, device_id, inputs) for k, v in kwargs.items()}
-    if kind is not None and isinstance(out, ndarray) and _graph.current_capture() is not None:
-        if out.size:  # a kernel into a given output: recorded into the capture, not run
-            _graph.record(kind, lambda: func(*args, **kwargs), arrays=inputs)
-        return out
+    if kind is not None and _graph.current_capture() is not None:
+        if isinstance(out, ndarray):
+            if out.size:  # a kernel into a given output: recorded into the capture, not run
+                _graph.record(kind, lambda: func(*args, **kwargs), arrays=inputs)
+            return out
+        if out is None:
+            return _captured(kind, lambda: func(*args, **kwargs), inputs)
     res = _wrap(func(*args, **kwargs), inputs)
     if kind is not None:
         _launch(kind, _size(res))
+    return res
+
+
+def _captured(kind, compute, inputs):
+    """During stream capture: a kernel that allocates its result. Its output is allocated
+    now (from the current allocator: refused when that is the pool, as CUDA refuses
+    cudaMalloc during capture; served where an allocator hands out memory that already
+    exists), and the kernel is recorded to compute into it at each launch, as CuPy does on
+    a GPU. The shapes come from ``compute()`` on what the buffers hold now (not used)."""
+    with numpy.errstate(all="ignore"):
+        probe = compute()
+    res = _wrap(probe, inputs)
+    seq = res if type(res) in (tuple, list) else (res,)
+    new = [
+        (i, r._a)
+        for i, r in enumerate(seq)
+        if isinstance(r, ndarray) and r.base is None and not any(r is x for x in inputs)
+    ]
+    if not new:  # a view of an input (or an input): no kernel
+        return res
+    news = [seq[i] for i, _ in new]
+
+    def kernel():
+        with numpy.errstate(all="ignore"):
+            out = compute()
+        outs = out if type(out) in (tuple, list) else (out,)
+        for i, host in new:
+            numpy.copyto(host, outs[i], casting="unsafe")
+
+    _graph.record(kind, kernel, arrays=(*inputs, *news))
     return res
 
 
@@ -254,6 +287,13 @@ def _scatter(a: ndarray, key, value, np_ufunc) -> None:
         raise TypeError(f"Unsupported type {type(a)}")
     _check_current(a, value)
     index, _ = _index(key, a)
+    if a.size and _graph.current_capture() is not None:
+        # recorded: the index arrays are read (and wrapped) when the kernel runs
+        operand = _operand(value)
+        arrays = [a] + [v for v in (key if type(key) is tuple else (key,)) if isinstance(v, ndarray)]
+        arrays += [value] if isinstance(value, ndarray) else []
+        _graph.record("scatter", lambda: np_ufunc.at(a._a, _index(key, a)[0], operand), arrays=arrays)
+        return
     np_ufunc.at(a._a, index, _operand(value))
     _launch("scatter", a.size)
 
@@ -295,6 +335,13 @@ class ufunc:
         device_id = _check_current(*args)
         host = [_operand(x) for x in args]
         if out is None:
+            if self.__name__ != "matmul" and _graph.current_capture() is not None:
+                np_ufunc = self._np
+                return _captured(
+                    "elementwise",
+                    lambda: np_ufunc(*host, dtype=dtype, casting=casting),
+                    [x for x in args if isinstance(x, ndarray)],
+                )
             res = _wrap(self._np(*host, dtype=dtype, casting=casting))
         else:
             if not isinstance(out, ndarray):
@@ -305,7 +352,8 @@ class ufunc:
             if self.__name__ != "matmul" and out.size and _graph.current_capture() is not None:
                 # CuPy checks the types and shapes when the kernel is launched (recorded): so
                 # does the stand-in, on a host copy of the output (the buffer is not written)
-                np_ufunc(*host, out=host_out.copy(), dtype=dtype, casting=casting)
+                with numpy.errstate(all="ignore"):  # what the buffers hold now is not used
+                    np_ufunc(*host, out=host_out.copy(), dtype=dtype, casting=casting)
                 _graph.record(
                     "elementwise",
                     lambda: np_ufunc(*host, out=host_out, dtype=dtype, casting=casting),
@@ -955,6 +1003,10 @@ def _reduce(func, a, axis, launches=1, **kwargs):
     """A reduction: CuPy's axis check, then ``launches`` reduction kernels."""
     _check_axis(axis, a.ndim)
     res = _call("reduction", func, a, axis=axis, **kwargs)
+    if _graph.current_capture() is not None:  # CuPy's further passes, recorded (the first computed all)
+        for _ in range(launches - 1 if res.size else 0):
+            _graph.record("reduction", lambda: None, arrays=(a, res))
+        return res
     _launch("reduction", (launches - 1) * res.size)
     return res
 
@@ -963,6 +1015,19 @@ def _arg_reduce(func, a, axis, out, dtype, keepdims):
     """argmax/argmin: one reduction kernel, writing ``dtype`` (and into ``out``) itself."""
     _check_axis(axis, a.ndim)
     _check_current(a, out)
+    if _graph.current_capture() is not None:
+        host = a._a
+
+        def compute():
+            r = func(host, axis=axis, keepdims=keepdims)
+            return numpy.asarray(r).astype(dtype, copy=False) if dtype is not None else r
+
+        if out is None:
+            return _captured("reduction", compute, [a])
+        dst = out._a
+        if out.size:
+            _graph.record("reduction", lambda: dst.__setitem__(Ellipsis, compute()), arrays=(a, out))
+        return out
     res = func(a._a, axis=axis, keepdims=keepdims)
     if dtype is not None:
         res = numpy.asarray(res).astype(dtype, copy=False)

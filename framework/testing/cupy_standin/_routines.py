@@ -72,8 +72,8 @@ def empty(shape, dtype=float, order="C"):
 def zeros(shape, dtype=float, order="C"):
     """CuPy clears the new memory with one ``cudaMemsetAsync`` (kind ``"memset"``)."""
     a = ndarray(shape, dtype, order=order)
-    a._a.fill(0)
-    _launch("memset", a.nbytes)
+    host = a._a
+    _graph.run("memset", lambda: host.fill(0), a.nbytes, (a,))  # recorded while capturing
     return a
 
 
@@ -99,8 +99,8 @@ def empty_like(prototype, dtype=None, order="K", subok=None, shape=None):
 
 def zeros_like(a, dtype=None, order="K", subok=None, shape=None):
     out = empty_like(a, dtype, order, subok, shape)
-    out._a.fill(0)
-    _launch("memset", out.nbytes)
+    host = out._a
+    _graph.run("memset", lambda: host.fill(0), out.nbytes, (out,))  # recorded while capturing
     return out
 
 

@@ -86,6 +86,10 @@ class Generator:
         return _drawn(numpy.asarray(self._rng().exponential(scale, size)))
 
     def _draw(self, draw, size, dtype, out):
+        if out is None and _graph.current_capture() is not None:
+            # CuPy draws with its own kernels (not the host cuRAND API): capturable, into a
+            # new array from the current allocator (the pool refuses it during capture)
+            out = _core.ndarray(() if size is None else tuple(numpy.atleast_1d(size)), dtype)
         if out is not None:
             if not isinstance(out, _core.ndarray):
                 raise TypeError("out must be a cupy.ndarray")

@@ -3,11 +3,11 @@ where the capture is legal.
 
 On the CuPy stand-in (CI's GPU) stream capture refuses what CUDA and CuPy refuse
 (allocations, host synchronizations, host transfers, cuBLAS), so a graph that captures
-here allocates nothing and calls no cuBLAS inside the capture. Today's training steps do
-not capture (their first Linear calls cuBLAS, their first convolution allocates its
-output): those tests check the one-line reason and that the step keeps running
-uncaptured, bitwise equal to eager. A step made of ops that write into planned buffers
-captures, and replays as copy-in plus one graph launch.
+here allocates nothing from the pool and calls no cuBLAS inside the capture. The models'
+training steps capture (their products through the cuDNN frontend, their allocations
+served from the graph's private arena) and replay as copy-in plus one graph launch,
+bitwise equal to eager; without the frontend the first Linear calls cuBLAS, and the test
+checks the one-line reason and that the step keeps running uncaptured.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def _no_capture_left() -> bool:
 
 # --- bitwise equal to eager `off` on the same device -------------------------------------------
 
-# 100 steps for the small models; ResNet-20 (width 4, 8x8 images) 20 steps: 100 steps of it
-# take over a minute on the stand-in.
-MODELS = [("mlp", None, 100), ("convnet", "bn", 100), ("resnet", "bn", 20), ("resnet", "inplace_abn", 20)]
+# 100 steps each; ResNet-20 at width 4 on 8x8 images (a few seconds on the stand-in once
+# the step replays as a graph)
+MODELS = [("mlp", None, 100), ("convnet", "bn", 100), ("resnet", "bn", 100), ("resnet", "inplace_abn", 100)]
 
 
 @pytest.mark.parametrize("kind,norm,steps", MODELS, ids=[f"{k}-{n}" for k, n, _ in MODELS])
@@ -52,8 +52,38 @@ def test_compiled_on_the_gpu_matches_eager_off_bitwise(kind, norm, steps):
         assert bitwise_equal(states[k], eager_states[k]), f"state differs at step {k}"
     report = compiled.report()
     assert report["replays"] == steps - 2  # captured twice (the first step makes the momentum buffers)
-    assert report["replay_mode"].startswith("uncaptured: node 0 ")  # see the next test
+    # the first replay runs uncaptured and records its allocations; the next captures the
+    # graph, and every later step launches it
+    assert report["replay_mode"] == "cuda graph"
+    graph = compiled._current().executor.cuda_graph
+    assert graph.captures == 1 and graph.launches == steps - 3 and graph.uncaptured == 0
     assert _no_capture_left()
+
+
+@standin_only
+@pytest.mark.parametrize("kind,norm", [("mlp", None), ("convnet", "bn")])
+def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind, norm):
+    from framework.testing.cupy_standin import counting
+
+    from .helpers import batches, make_model, train_step
+
+    fw.inplace.set_policy("off")
+    model = make_model(kind, norm).to("cuda")
+    opt = fw.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    f = fw.compile(train_step(model, opt))
+    kinds = []
+    for x, y in batches(kind, 6):
+        x, y = x.to("cuda"), y.to("cuda")
+        with counting.count() as c:
+            f(x, y)
+        kinds.append((c.by_kind(), c.host_syncs))
+    # two arguments copied in, the traced scalars (lr, momentum, ...) in ONE copy, one
+    # launch, the returned loss copied out
+    assert kinds[3:] == [({"copy": 3, "h2d": 1, "graph": 1}, 0)] * 3
+    assert f.report()["replay_launches"] == 5
+    graph = f._current().executor.cuda_graph
+    assert len(graph.graph) > 50  # the whole step, in one graph
+    assert f.report()["graph_arena_bytes"] == graph.pool_arena.nbytes > 0
 
 
 def test_the_mlp_has_dropout_and_its_replays_draw_new_masks():
@@ -66,13 +96,23 @@ def test_the_mlp_has_dropout_and_its_replays_draw_new_masks():
     assert [x.tobytes() for x in again] == [x.tobytes() for x in losses]
 
 
-def test_a_failed_capture_names_the_node_and_why_and_the_step_runs_uncaptured():
+@pytest.fixture
+def no_cudnn(monkeypatch):
+    """Without the cuDNN frontend: matrix products through CuPy's cuBLAS."""
+    monkeypatch.setenv(backend.CUDNN_ENV, "none")
+    backend.forget_cudnn()
+    yield
+    backend.forget_cudnn()
+
+
+def test_a_failed_capture_names_the_node_and_why_and_the_step_runs_uncaptured(no_cudnn):
     eager_losses, eager_states, _ = run("mlp", "off", False, 4, device="cuda")
     losses, states, compiled = run("mlp", "off", True, 4, device="cuda")
     assert [x.tobytes() for x in losses] == [x.tobytes() for x in eager_losses]
     assert all(bitwise_equal(a, b) for a, b in zip(states, eager_states))
     mode = compiled.report()["replay_mode"]
     assert "\n" not in mode
+    # without the cuDNN frontend the products are cuBLAS's, which CuPy refuses in a capture
     assert mode == (
         "uncaptured: node 0 Linear at models/mlp.py:75 could not be captured: NotImplementedError: "
         "calling cuBLAS API during stream capture is currently unsupported"
@@ -153,9 +193,11 @@ def test_a_legal_step_replays_as_one_graph_launch_plus_the_input_copy():
         kinds.append(c.by_kind())
     assert m.w.detach().cpu().numpy().tobytes() == eager[-1][0].tobytes()
     assert m.v.detach().cpu().numpy().tobytes() == eager[-1][1].tobytes()
-    assert kinds[2:] == [{"copy": 1, "graph": 1}] * 6  # the argument's copy-in and ONE launch
+    # the argument's copy-in, the traced scalar ``a`` (read by mul_ from the device) in one
+    # host-to-device copy, and ONE launch
+    assert kinds[2:] == [{"copy": 1, "h2d": 1, "graph": 1}] * 6
     report = f.report()
-    assert report["replay_mode"] == "cuda graph" and report["replay_launches"] == 2
+    assert report["replay_mode"] == "cuda graph" and report["replay_launches"] == 3
     graph = f._current().executor.cuda_graph
     assert graph.captures == 1 and len(graph.graph) == 4  # the four ops, one kernel each
     assert _no_capture_left()
@@ -169,14 +211,39 @@ def test_a_legal_step_is_bitwise_equal_to_eager_over_100_steps():
     assert f.report()["replay_mode"] == "cuda graph"
 
 
-def test_a_changed_traced_scalar_runs_that_call_uncaptured():
-    # the scalar is baked into the graph: a call with another value must not launch it
+def test_a_changed_traced_scalar_is_read_from_the_device():
     a_values = [0.5, 0.5, 0.5, 0.25, 0.5, 0.75]
     eager, _ = _train_legal("cuda", False, a_values)
     compiled, f = _train_legal("cuda", True, a_values)
     assert _same(eager, compiled)
     graph = f._current().executor.cuda_graph
-    assert graph.uncaptured == 2 and graph.captures == 1
+    assert graph.uncaptured == 0 and graph.captures == 1 and not graph.baked
+    assert f.report()["replay_mode"] == "cuda graph"
+
+
+def _pow_step(m):
+    def step(x, a):
+        with fw.no_grad():
+            m.w.mul_(0.5)
+            m.w.add_(x)
+            m.v.add_(m.w.abs().pow(a))  # pow takes the exponent as a number: baked into the graph
+
+    return step
+
+
+def test_a_changed_baked_scalar_runs_that_call_uncaptured():
+    # the scalar is baked into the graph: a call with another value must not launch it
+    a_values = [0.5, 0.5, 0.5, 0.25, 0.5, 0.75]
+    results = []
+    for compiled in (False, True):
+        m = _Params().to("cuda")
+        f = fw.compile(_pow_step(m), modules=[m]) if compiled else _pow_step(m)
+        for x, a in zip(_xs(len(a_values), "cuda"), a_values):
+            f(x, a)
+        results.append(m.v.detach().cpu().numpy().tobytes())
+    assert results[0] == results[1]
+    graph = f._current().executor.cuda_graph
+    assert graph.uncaptured == 2 and graph.captures == 1 and graph.baked == {0}
     assert f.report()["replay_mode"] == (
         "uncaptured: traced scalars changed since the capture (their values are baked into the graph)"
     )
@@ -223,7 +290,9 @@ def test_guards_include_the_device_index_and_the_strides():
 
 
 def test_the_arena_is_one_allocation_on_the_device():
-    _, _, compiled = run("mlp", "off", True, 3, device="cuda")
+    # the ConvNet: the plan of the MLP (its products through the cuDNN frontend, each with
+    # a workspace allocated per call) has its lowest peak with no arena at all
+    _, _, compiled = run("convnet", "off", True, 3, "bn", device="cuda")
     ex = compiled._current().executor
     assert compiled.report()["arena_bytes"] == ex.arena.nbytes > 0
     assert backend.device_of(ex.arena).type == "cuda"
@@ -252,3 +321,71 @@ def test_two_ranks_average_inside_the_graph_with_nccl_and_outside_with_host_stag
         assert out.count("ok cuda graph") == 2
     else:
         assert out.count("ok uncaptured: node 2 allreduce_mean_") == 2 and "is capturing" in out
+
+
+# --- traced scalars on the device: a learning rate that changes every step ----------------------
+
+
+def _scheduled(kind, norm, compiled, steps, optimizer):
+    from .helpers import batches, make_model, snapshot, train_step
+
+    fw.manual_seed(0)
+    fw.inplace.set_policy("off")
+    model = make_model(kind, norm).to("cuda")
+    if optimizer == "sgd":
+        opt = fw.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    else:
+        opt = fw.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-4)
+    step = train_step(model, opt)
+    f = fw.compile(step) if compiled else step
+    losses, states = [], []
+    for k, (x, y) in enumerate(batches(kind, steps)):
+        opt.param_groups[0]["lr"] = opt.defaults["lr"] * (0.97**k)  # a schedule: every step differs
+        losses.append(f(x.to("cuda"), y.to("cuda")).detach().cpu().numpy().copy())
+        states.append(snapshot(model, opt))
+    return losses, states, f
+
+
+@pytest.mark.parametrize(
+    "kind,norm,optimizer,steps",
+    [
+        ("mlp", None, "sgd", 100),
+        ("mlp", None, "adam", 100),
+        ("convnet", "bn", "sgd", 100),
+        ("resnet", "bn", "adam", 100),
+        ("resnet", "inplace_abn", "sgd", 100),
+    ],
+    ids=["mlp-sgd", "mlp-adam", "convnet-sgd", "resnet-adam", "resnet-inplace_abn-sgd"],
+)
+def test_a_learning_rate_schedule_replays_the_graph_with_device_scalars(kind, norm, optimizer, steps):
+    eager_losses, eager_states, _ = _scheduled(kind, norm, False, steps, optimizer)
+    losses, states, f = _scheduled(kind, norm, True, steps, optimizer)
+    for k in range(steps):
+        assert losses[k].tobytes() == eager_losses[k].tobytes(), f"loss differs at step {k}"
+        assert bitwise_equal(states[k], eager_states[k]), f"state differs at step {k}"
+    graph = f._current().executor.cuda_graph
+    assert f.report()["replay_mode"] == "cuda graph"
+    # the learning rate (and Adam's step count) read from the device: never baked in, so
+    # no call ran uncaptured, and each launch is preceded by ONE copy of the scalars
+    assert graph.uncaptured == 0 and graph.launches == steps - 3 and not graph.baked
+    assert f.report()["replay_launches"] == 5  # x, y in; the scalars; the graph; the loss out
+
+
+@standin_only
+def test_the_scalars_are_one_host_to_device_copy_before_the_launch():
+    from framework.testing.cupy_standin import counting
+
+    from .helpers import batches, make_model, train_step
+
+    fw.inplace.set_policy("off")
+    model = make_model("mlp").to("cuda")
+    opt = fw.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    f = fw.compile(train_step(model, opt))
+    kinds = []
+    for k, (x, y) in enumerate(batches("mlp", 6)):
+        opt.param_groups[0]["lr"] = 0.05 / (k + 1)
+        x, y = x.to("cuda"), y.to("cuda")
+        with counting.count() as c:
+            f(x, y)
+        kinds.append(c.by_kind())
+    assert kinds[3:] == [{"copy": 3, "h2d": 1, "graph": 1}] * 3

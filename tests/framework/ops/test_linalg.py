@@ -100,3 +100,50 @@ def test_linear_weight_gradient_is_adopted_in_its_own_layout():
     g = lin.weight.grad._data
     assert g.flags.c_contiguous and g.base is None
     assert_close(lin.weight.grad, np.ones((16, 32), np.float32).T @ x.numpy(), rtol=1e-5)
+
+
+@pytest.fixture
+def frontend_or_not(request, monkeypatch):
+    """The GPU leg with the cuDNN frontend (its stand-in without a GPU), or without it."""
+    from framework import backend as fw_backend
+
+    if fw_backend.cupy_module() is None:
+        pytest.skip("needs CuPy or its stand-in")
+    if request.param == "none":
+        monkeypatch.setenv(fw_backend.CUDNN_ENV, "none")
+    fw_backend.forget_cudnn()
+    if request.param == "frontend" and fw_backend.cudnn_module() is None:
+        pytest.skip("NVIDIA's cuDNN frontend is not installed: pip install nvidia-cudnn-frontend")
+    yield request.param
+    fw_backend.forget_cudnn()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("frontend_or_not", ["frontend", "none"], indirect=True)
+def test_gpu_matrix_products_go_through_the_cudnn_frontend_where_it_is_installed(frontend_or_not):
+    """Linear's and matmul's products on a GPU: one cuDNN execution each (capturable into a
+    CUDA graph), transposed operands declared by their strides; CuPy's cuBLAS without it."""
+    from framework.testing import cupy_standin, to_numpy
+    from framework.testing.cupy_standin import counting
+
+    if fw.backend.cupy_module() is not cupy_standin:
+        pytest.skip("counts launches with the CuPy stand-in")
+    rng = np.random.default_rng(5)
+    xs, ws, bs = rng.standard_normal((6, 4)), rng.standard_normal((3, 4)), rng.standard_normal(3)
+    x, w, b = (fw.tensor(a.astype(np.float32)).to("cuda").requires_grad_() for a in (xs, ws, bs))
+    with counting.count() as c:
+        y = F.linear(x, w, b)
+        y.backward(fw.ones_like(y))
+    products = c.by_kind().get("cudnn", 0) if frontend_or_not == "frontend" else c.by_kind().get("matmul", 0)
+    assert products == 3, c.by_kind()  # forward, grad_x, grad_w
+    assert c.by_kind().get("matmul" if frontend_or_not == "frontend" else "cudnn", 0) == 0, c.by_kind()
+    assert c.host_syncs == 0
+    tol = dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(y), xs @ ws.T + bs, **tol)
+    np.testing.assert_allclose(to_numpy(x.grad), np.ones((6, 3)) @ ws, **tol)
+    np.testing.assert_allclose(to_numpy(w.grad), np.ones((6, 3)).T @ xs, **tol)
+    a3, b3 = rng.standard_normal((2, 3, 5)), rng.standard_normal((2, 5, 4))
+    with counting.count() as c:
+        z = fw.matmul(fw.tensor(a3).to("cuda"), fw.tensor(b3).to("cuda"))
+    assert c.by_kind().get("cudnn" if frontend_or_not == "frontend" else "matmul", 0) == 1, c.by_kind()
+    np.testing.assert_allclose(to_numpy(z), a3 @ b3, rtol=1e-12, atol=1e-12)

@@ -153,3 +153,76 @@ def test_what_the_real_backend_would_get_wrong_is_refused():
     g.build_plans()
     with pytest.raises(TypeError, match="stream pointer"):
         sc.set_stream(sc.create_handle(), cp.cuda.Stream())
+
+
+def _matmul_graph(a_shape, a_stride, b_shape, b_stride, dtype=sc.data_type.FLOAT, tf32=False):
+    g = sc.pygraph(io_data_type=dtype, intermediate_data_type=dtype, compute_data_type=dtype, handle=sc.create_handle())
+    ta = g.tensor(name="A", dim=list(a_shape), stride=list(a_stride), data_type=dtype)
+    tb = g.tensor(name="B", dim=list(b_shape), stride=list(b_stride), data_type=dtype)
+    tc = g.matmul(ta, tb, compute_data_type=dtype)
+    shape = [max(a_shape[0], b_shape[0]), a_shape[1], b_shape[2]]
+    assert tc.get_dim() == shape  # the frontend infers C's dims from A's and B's
+    tc.set_output(True).set_dim(shape).set_stride(sc._row_major(shape)).set_data_type(dtype)
+    g.build_operation_graph()
+    g.create_execution_plans([sc.heur_mode.A, sc.heur_mode.FALLBACK])
+    if not tf32:
+        g.deselect_numeric_notes([sc.numerical_note.TENSOR_CORE])
+    g.check_support()
+    g.build_plans()
+    return g, ta, tb, tc
+
+
+def test_matmul_is_the_batched_product_of_strided_operands_in_float64_one_launch():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((3, 5, 4))
+    b = rng.standard_normal((3, 6, 4))  # bound transposed: B = b^T by its strides, no copy
+    da, db = cp.asarray(a), cp.asarray(b).transpose(0, 2, 1)
+    g, ta, tb, tc = _matmul_graph(a.shape, (20, 4, 1), (3, 4, 6), (24, 1, 4), sc.data_type.DOUBLE)
+    out = cp.empty((3, 5, 6), dtype=np.float64)
+    ws = cp.empty(g.get_workspace_size(), dtype=np.uint8)
+    with counting.count() as c:
+        g.execute({ta: da, tb: db, tc: out}, ws)
+    assert c.by_kind() == {"cudnn": 1} and c.host_syncs == 0
+    np.testing.assert_allclose(out.get(), a @ b.transpose(0, 2, 1), rtol=1e-12, atol=1e-12)
+    # a batch of one is broadcast over the other operand's batch
+    g, ta, tb, tc = _matmul_graph((1, 5, 4), (20, 4, 1), (3, 4, 6), (24, 1, 4), sc.data_type.DOUBLE)
+    out = cp.empty((3, 5, 6), dtype=np.float64)
+    g.execute({ta: da[:1], tb: db, tc: out}, cp.empty(g.get_workspace_size(), dtype=np.uint8))
+    np.testing.assert_allclose(out.get(), a[:1] @ b.transpose(0, 2, 1), rtol=1e-12, atol=1e-12)
+
+
+def test_matmul_float32_is_tf32_unless_tensor_cores_are_deselected_and_refuses_bad_shapes():
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((1, 8, 64)).astype(np.float32), rng.standard_normal((1, 64, 8)).astype(np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    errors = {}
+    for tf32 in (False, True):
+        g, ta, tb, tc = _matmul_graph(a.shape, (512, 64, 1), b.shape, (512, 8, 1), tf32=tf32)
+        out = cp.empty(exact.shape, dtype=np.float32)
+        g.execute({ta: cp.asarray(a), tb: cp.asarray(b), tc: out}, cp.empty(g.get_workspace_size(), dtype=np.uint8))
+        errors[tf32] = np.abs(out.get() - exact).max() / np.abs(exact).max()
+    assert errors[False] < 1e-7 and 1e-5 < errors[True] < 1e-2, errors
+    with pytest.raises(sc.cudnnGraphNotSupportedError, match="matmul of"):
+        _matmul_graph((1, 8, 5), (40, 5, 1), (1, 4, 8), (32, 8, 1))
+    with pytest.raises(sc.cudnnGraphNotSupportedError, match="matmul of"):
+        _matmul_graph((2, 8, 4), (32, 4, 1), (3, 4, 8), (32, 8, 1))
+    g = sc.pygraph(io_data_type=sc.data_type.FLOAT)
+    with pytest.raises(NotImplementedError, match="padding"):
+        g.matmul(g.tensor(dim=[1, 2, 2]), g.tensor(dim=[1, 2, 2]), padding=1.0)
+
+
+def test_a_matmul_execution_is_recorded_into_a_capture_and_replayed_by_the_graph():
+    a = cp.asarray(np.arange(6, dtype=np.float32).reshape(1, 2, 3))
+    b = cp.asarray(np.ones((1, 3, 2), dtype=np.float32))
+    g, ta, tb, tc = _matmul_graph((1, 2, 3), (6, 3, 1), (1, 3, 2), (6, 2, 1))
+    out, ws = cp.zeros((1, 2, 2), dtype=np.float32), cp.empty(g.get_workspace_size(), dtype=np.uint8)
+    handle = sc.create_handle()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        sc.set_stream(handle, stream.ptr)
+        stream.begin_capture()
+        g.execute({ta: a, tb: b, tc: out}, ws, handle=handle)
+        graph = stream.end_capture()
+    assert graph.kinds() == {"cudnn": 1} and not out.get().any()  # recorded, not run
+    graph.launch()
+    np.testing.assert_array_equal(out.get()[0], np.arange(6, dtype=np.float32).reshape(2, 3) @ np.ones((3, 2)))

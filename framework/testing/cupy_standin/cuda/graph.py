@@ -26,11 +26,15 @@ GPU. The stand-in is stricter than CuPy in one place, on purpose: CuPy (whose
 ``begin_capture`` defaults to relaxed mode) serves a pool allocation during capture, and
 the block's address is baked into the graph while the pool hands the block out again
 after the capture; the stand-in refuses every pool allocation during capture, so code
-that passes here allocates nothing inside a graph. And it records only the launches it
-knows how to replay (ufuncs and kernels writing into ``out=``, ``copyto``, ``fill``,
-assignment into a view, ``ElementwiseKernel``/``ReductionKernel`` with their outputs
-given, ``Generator`` draws into ``out=``, the cuDNN stand-in's ``execute``, NCCL's
-allreduce); any other launch during capture raises ``NotImplementedError`` naming it.
+that passes here allocates nothing from the pool inside a graph. Memory an allocator set
+with ``cupy.cuda.set_allocator`` hands out of an allocation that already exists (a
+graph's private arena) is not an allocation CUDA sees, and is served. And it records only
+the launches it knows how to replay (ufuncs and kernels writing into ``out=``, ``copyto``,
+``fill``, assignment into a view, ``ElementwiseKernel``/``ReductionKernel`` with their
+outputs given, ``Generator`` draws, the cuDNN stand-in's ``execute``, NCCL's allreduce,
+and, their outputs allocated by the current allocator: ufuncs and the routines that
+compute through NumPy, reductions and argmax/argmin, ``zeros`` (a memset), scatters);
+any other launch during capture raises ``NotImplementedError`` naming it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,109 @@
+"""Matrix products on the GPU through NVIDIA's cuDNN frontend (``pygraph.matmul``).
+
+CuPy's ``matmul`` calls cuBLAS, which CuPy refuses while a stream captures a CUDA graph
+("calling cuBLAS API during stream capture is currently unsupported"), so a step with a
+``Linear`` could never replay as a graph. The cuDNN frontend's matmul is capturable (its
+``execute`` is a kernel on the handle's stream, like the convolutions'), so every matrix
+product of :class:`~framework.ops.linalg.Matmul` and :class:`~framework.ops.linalg.Linear`
+on a GPU goes through it where the frontend is installed: eagerly and compiled alike, so a
+compiled step runs exactly eager's kernels (bitwise equal) and launches as many (one
+``execute`` where CuPy made one cuBLAS call). See docs/COMPILE.md, "Matrix products on a
+GPU".
+
+A built graph (a plan) is cached per device, operand shapes and strides (in elements; a
+transposed view is declared by its strides, no copy) and dtype. Math: float32 runs in full
+float32 (the engines with ``numerical_note.TENSOR_CORE``, TF32 by default on Ampere and
+later, are deselected, as the ``cudnn`` convolutions do); engines that down-convert their
+inputs are never taken. Where the frontend is missing, the operands are not float32/float64
+2-D (or 3-D of one batch) matrices, or cuDNN has no engine for the geometry, the product is
+CuPy's (cuBLAS): it still runs eagerly, and a CUDA-graph capture of it fails with CuPy's
+one-line reason.
+"""
+
+from __future__ import annotations
+
+from .. import memory
+from ..backend import cudnn_module, cupy_module, current_device, current_stream
+
+_plans: dict = {}  # (device, a shape, a strides, b shape, b strides, dtype) -> _Plan or _UNSUPPORTED
+_UNSUPPORTED = object()
+
+
+class _Plan:
+    def __init__(self, graph, tensors, workspace_bytes):
+        self.graph, self.tensors, self.workspace_bytes = graph, tensors, workspace_bytes
+
+
+def _as3(a):
+    """``a`` as a 3-D view ``[batch, rows, columns]`` (a 2-D matrix gets a batch of one)."""
+    return a.reshape((1,) + a.shape) if a.ndim == 2 else a
+
+
+def _elements(a):
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def _matrix_layout(a) -> bool:
+    """Whether each matrix of ``a`` is row- or column-major (a transposed view is the other):
+    the layouts matmul engines take; other strides are given to CuPy."""
+    (r, c), (sr, sc) = a.shape[-2:], tuple(s // a.itemsize for s in a.strides[-2:])
+    return (sc == 1 and sr >= c) or (sr == 1 and sc >= r)
+
+
+def _usable(a, b):
+    if a.dtype != b.dtype or a.dtype.name not in ("float32", "float64") or a.ndim != b.ndim:
+        return False
+    if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[0] != b.shape[0]) or not a.size or not b.size:
+        return False
+    return _matrix_layout(a) and _matrix_layout(b)
+
+
+def _build(cudnn, a3, b3, handle):
+    io = cudnn.data_type.FLOAT if a3.dtype.name == "float32" else cudnn.data_type.DOUBLE
+    graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=io, compute_data_type=io, handle=handle)
+    ta = graph.tensor(name="A", dim=list(a3.shape), stride=list(_elements(a3)), data_type=io)
+    tb = graph.tensor(name="B", dim=list(b3.shape), stride=list(_elements(b3)), data_type=io)
+    tc = graph.matmul(ta, tb, compute_data_type=io, name="mm")
+    shape = [a3.shape[0], a3.shape[1], b3.shape[2]]
+    stride = [shape[1] * shape[2], shape[2], 1]
+    tc.set_output(True).set_dim(shape).set_stride(stride).set_data_type(io)
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.deselect_numeric_notes([cudnn.numerical_note.DOWN_CONVERT_INPUTS, cudnn.numerical_note.TENSOR_CORE])
+    graph.check_support()
+    graph.build_plans()
+    return _Plan(graph, (ta, tb, tc), graph.get_workspace_size())
+
+
+def matmul(a, b, xp):
+    """``a @ b`` for device arrays: one cuDNN frontend execution where it can run it, else
+    ``xp.matmul`` (cuBLAS). A new array, like ``xp.matmul``."""
+    cudnn = cudnn_module() if xp is cupy_module() else None  # not NumPy, nor a double backward's tensors
+    if cudnn is None or not _usable(a, b):
+        return xp.matmul(a, b)
+    from .conv_algorithms.gpu import _handles  # one handle per device for every cuDNN call
+
+    device = current_device().index
+    a3, b3 = _as3(a), _as3(b)
+    key = (device, a3.shape, _elements(a3), b3.shape, _elements(b3), a.dtype.name)
+    handle = _handles.get(device)
+    if handle is None:
+        handle = _handles[device] = cudnn.create_handle()
+    plan = _plans.get(key)
+    if plan is None:
+        try:
+            plan = _build(cudnn, a3, b3, handle)
+        except cudnn.cudnnGraphNotSupportedError:
+            plan = _UNSUPPORTED
+        _plans[key] = plan
+    if plan is _UNSUPPORTED:
+        return xp.matmul(a, b)
+    cudnn.set_stream(handle, current_stream().ptr)
+    # a new array that owns its memory (the inplace policy writes only over such), counted
+    # by the caller as xp.matmul's result is
+    out = xp.empty(a.shape[:-1] + b.shape[-1:], a.dtype)
+    workspace = memory.empty((plan.workspace_bytes,), xp.uint8, xp, "workspace") if plan.workspace_bytes else None
+    ta, tb, tc = plan.tensors
+    plan.graph.execute({ta: a3, tb: b3, tc: _as3(out)}, workspace, handle=handle)
+    return out
