@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from .. import memory
 from ..backend import cudnn_module, cupy_module, current_device, current_stream
+from .conv_algorithms.gpu import _handles  # one cuDNN handle per device, shared with the convolutions
 
 _plans: dict = {}  # (device, a shape, a strides, b shape, b strides, dtype) -> _Plan or _UNSUPPORTED
 _UNSUPPORTED = object()
@@ -82,8 +83,6 @@ def matmul(a, b, xp):
     cudnn = cudnn_module() if xp is cupy_module() else None  # not NumPy, nor a double backward's tensors
     if cudnn is None or not _usable(a, b):
         return xp.matmul(a, b)
-    from .conv_algorithms.gpu import _handles  # one handle per device for every cuDNN call
-
     device = current_device().index
     a3, b3 = _as3(a), _as3(b)
     key = (device, a3.shape, _elements(a3), b3.shape, _elements(b3), a.dtype.name)
