@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .. import memory
 from ..backend import cudnn_module, cupy_module, current_device, current_stream
-from .conv_algorithms.gpu import _handles  # one cuDNN handle per device, shared with the convolutions
+from .conv_algorithms.gpu import handle_for  # one cuDNN handle per device, shared with the convolutions
 
 _plans: dict = {}  # (device, a shape, a strides, b shape, b strides, dtype) -> _Plan or _UNSUPPORTED
 _UNSUPPORTED = object()
@@ -86,9 +86,7 @@ def matmul(a, b, xp):
     device = current_device().index
     a3, b3 = _as3(a), _as3(b)
     key = (device, a3.shape, _elements(a3), b3.shape, _elements(b3), a.dtype.name)
-    handle = _handles.get(device)
-    if handle is None:
-        handle = _handles[device] = cudnn.create_handle()
+    handle = handle_for(cudnn, device)
     plan = _plans.get(key)
     if plan is None:
         try:

@@ -67,6 +67,15 @@ _plans: dict = {}  # (device, pass, x shape, w shape, stride, padding, dtype, tf
 _handles: dict = {}  # device -> cudnn handle
 
 
+def handle_for(cudnn, device: int):
+    """The cuDNN handle of GPU ``device``: one per device for every cuDNN call (convolutions
+    and matrix products), made on first use."""
+    handle = _handles.get(device)
+    if handle is None:
+        handle = _handles[device] = cudnn.create_handle()
+    return handle
+
+
 class _Plan:
     """A built cuDNN graph of one pass and its tensors (operands in call order, then output)."""
 
@@ -127,9 +136,7 @@ def _run(op, geom, a, b, out_shape, tf32, xp, category):
     cudnn = cudnn_module()
     device = current_device().index
     key = (device, op, geom.x_shape, geom.w_shape, geom.stride, geom.padding, a.dtype.name, tf32)
-    handle = _handles.get(device)
-    if handle is None:
-        handle = _handles[device] = cudnn.create_handle()
+    handle = handle_for(cudnn, device)
     plan = _plans.get(key)
     if plan is None:
         try:
