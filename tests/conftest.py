@@ -25,7 +25,7 @@ import sys
 import pytest
 
 from framework import backend as fw_backend
-from framework import inplace
+from framework import inplace, memory
 from framework.autograd.grad_mode import state as _grad_state
 from framework.ops import conv as conv_ops
 
@@ -103,6 +103,15 @@ def cupy():
     if cp is None:
         pytest.skip(NO_GPU_REASON)
     return cp
+
+
+@pytest.fixture
+def gpu_run():
+    """For a test that runs a Trainer on a GPU: the trainer turns CuPy's pool hook on for
+    the process; leave none behind, so later tests read host memory again."""
+    yield
+    memory.disable_gpu_hook()
+    assert memory.gpu_counter() is None
 
 
 @pytest.fixture

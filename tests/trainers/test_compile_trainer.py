@@ -7,7 +7,6 @@ import sys
 import numpy as np
 import pytest
 
-from framework import memory
 from tests.conftest import requires_gpu
 from tests.mpi_util import find_mpiexec, needs_mpiexec, run_command
 from trainers.checkpoint import load_checkpoint
@@ -128,14 +127,6 @@ def test_two_ranks_compiled_equal_two_ranks_eager(tmp_path):
     ck = {k: load_checkpoint(str(tmp_path / "checkpoints" / "cmp" / n / "step_00000008.npz")) for k, n in names.items()}
     for name in ck["false"]["model"]:  # two ranks: the sum of two gradients does not depend on the order
         assert np.asarray(ck["true"]["model"][name]).tobytes() == np.asarray(ck["false"]["model"][name]).tobytes()
-
-
-@pytest.fixture
-def gpu_run():
-    """A GPU run turns the pool hook on: leave none behind (later tests read host memory)."""
-    yield
-    memory.disable_gpu_hook()
-    assert memory.gpu_counter() is None
 
 
 @pytest.mark.gpu

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from framework import memory
 from trainers import trainer as trainer_module
 from trainers.cli import run_cli
 from trainers.trainer import Trainer, out_of_memory_message
@@ -53,7 +52,7 @@ def test_other_errors_keep_their_traceback(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_a_step_beyond_the_gpus_memory_exits_2_with_one_line(tmp_path, cupy, capsys):
+def test_a_step_beyond_the_gpus_memory_exits_2_with_one_line(tmp_path, cupy, capsys, gpu_run):
     """End to end on the GPU leg: the pool's limit (CuPy's ``set_limit``, what
     ``CUPY_GPU_MEMORY_LIMIT`` sets) below what a step needs stops the run with one line."""
     pool = cupy.get_default_memory_pool()
@@ -66,7 +65,6 @@ def test_a_step_beyond_the_gpus_memory_exits_2_with_one_line(tmp_path, cupy, cap
             assert run_cli(lambda: Trainer(cfg).fit()) == 2
         finally:
             pool.set_limit(size=before)
-            memory.disable_gpu_hook()  # the trainer's pool hook: later tests read host memory again
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(err) == 1 and "out of memory on cuda:0" in err[0] and "batch 64" in err[0], err
     assert "pool limit" in err[0] and "asked for" in err[0], err

@@ -266,14 +266,6 @@ def _check_memory_logs(result, param_bytes: int, exact_sum: bool) -> None:
 # --- on a GPU ---------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def gpu_run():
-    """Leaves no pool hook behind: later tests in this process read host memory again."""
-    yield
-    memory.disable_gpu_hook()
-    assert memory.gpu_counter() is None
-
-
 @pytest.mark.gpu
 def test_gpu_run_logs_the_pool_hook_peak_and_a_sensible_breakdown(tmp_path, gpu_run, cupy):
     cfg = tiny_config(
