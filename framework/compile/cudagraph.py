@@ -13,10 +13,13 @@ capturing), :attr:`GraphReplay.reason` says in one line which node could not be 
 and why, and the step keeps running uncaptured (the plan still applies).
 
 The kernels allocate their outputs, temporaries and library workspaces as they do eagerly.
-So the first replay runs uncaptured and records its pool allocations (sizes, lifetimes);
-they are packed into one more device allocation, the graph's private arena, and the next
-call captures with an allocator that hands each allocation its place there
-(:class:`_GraphPool`): nothing reaches CuPy's pool or cudaMalloc during the capture.
+So the first replay runs uncaptured and records its pool allocations (sizes, lifetimes, and
+the node each happened in, from a ticked copy of the replay function); before the next call
+captures, the plan is laid out again (:meth:`GraphReplay._lay_out`): its planned buffers
+and those allocations packed together into ONE arena on one timeline, so the plan's peak
+is what the graph holds. The capture runs with an allocator that hands each allocation its
+place there (:class:`_GraphPool`): nothing reaches CuPy's pool or cudaMalloc during the
+capture. If no graph comes of it, the plan's layout is put back.
 
 The traced scalars (learning rate, Adam's step count, ...) are read by the graph's kernels
 from one small device buffer (:class:`_DeviceScalar`), rewritten by one host-to-device
@@ -28,6 +31,7 @@ be the array it was (else the graph is captured again, up to :data:`RECAPTURES` 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import operator
 import os
@@ -45,7 +49,9 @@ POOL_ALIGN = 512  # CuPy's pool rounds every request to 512 bytes
 
 class _AllocationRecorder:
     """Records the pool allocations of one uncaptured replay on a device: the size of each
-    (in allocation order) and when it went back to the pool (a CuPy memory hook)."""
+    (in allocation order), when it went back to the pool (a CuPy memory hook), and when
+    each node began (:meth:`tick`, called by the executor's ticked replay function), all on
+    one clock."""
 
     def __init__(self, xp, device_id: int):
         base = xp.cuda.MemoryHook
@@ -71,19 +77,52 @@ class _AllocationRecorder:
         self.sizes: list = []
         self.spans: list = []
         self.live: dict = {}
+        self.node_clock: dict = {}  # node index -> the clock when it began
         self.clock = 0
 
-    def layout(self):
-        """``(offsets, arena bytes)``: each allocation's offset in one arena where no two
-        that are live at once meet. An allocation still alive when the replay ended (a
-        gradient, a returned value, new optimizer state) keeps its bytes for the whole step:
-        the next launch must not write over it before reading it."""
+    def tick(self, node: int) -> None:
+        self.node_clock[node] = self.clock
+        self.clock += 1
+
+    def recording(self, n_nodes: int) -> _Recording:
+        """What the layout needs, with every time in clock units. An allocation still alive
+        when the replay ended (a gradient, a returned value, new optimizer state) spans the
+        whole step: the next launch must not write over it before it is read."""
         end = self.clock
-        items = [
-            (k, size, 0 if stop is None else start, end if stop is None else stop)
-            for k, (size, (start, stop)) in enumerate(zip(self.sizes, self.spans))
-        ]
-        return greedy_by_size(items, POOL_ALIGN)
+        starts = [end] * (n_nodes + 1)  # starts[k]: when node k began; starts[n]: the end
+        for k in range(n_nodes - 1, -1, -1):
+            starts[k] = self.node_clock.get(k, starts[k + 1])
+        spans = [(0, end) if stop is None else (start, stop) for start, stop in self.spans]
+        return _Recording(list(self.sizes), spans, starts)
+
+
+class _Recording:
+    """The allocations of one replay (sizes in order, ``(alloc, free)`` clock times) and the
+    clock time each node began (``starts``, one more for the end of the step)."""
+
+    def __init__(self, sizes, spans, starts):
+        self.sizes, self.spans, self.starts = sizes, spans, starts
+
+    def node_of(self, t: int) -> int:
+        """The node running at clock time ``t`` (the number of nodes at the end)."""
+        return max(bisect.bisect_right(self.starts, t) - 1, 0)
+
+    def layout(self, plan):
+        """ONE arena for the planned buffers and the kernels' allocations, packed together
+        (the plan's best-fit packer) on this clock: a planned buffer is live from the start
+        of its first node to the start of the node after its last use. Returns
+        ``(value offsets, allocation offsets, arena bytes)``."""
+        starts, n = self.starts, len(self.starts) - 1
+        items = []
+        for vid in plan.offsets:
+            first, last = plan.intervals[vid]
+            items.append((("value", vid), plan.nbytes[vid], starts[max(first, 0)], starts[min(last + 1, n)]))
+        for k, (size, (start, stop)) in enumerate(zip(self.sizes, self.spans)):
+            items.append((("kernel", k), size, start, stop))
+        offsets, nbytes = greedy_by_size(items, POOL_ALIGN)
+        values = {vid: offsets["value", vid] for vid in plan.offsets}
+        kernel = [offsets["kernel", k] for k in range(len(self.sizes))]
+        return values, kernel, nbytes
 
 
 class _GraphPool:
@@ -219,18 +258,19 @@ class GraphReplay:
         self.bound: dict = {}  # value id -> the array every other input was at capture
         self.scalars = None
         self.outputs: dict = {}  # value id -> the array the graph leaves it in
-        # the allocations of one uncaptured replay (sizes, offsets, arena bytes), recorded
-        # at the first replay; the capture (at the next) serves them from ``pool_arena``
+        # the allocations of one uncaptured replay (a _Recording), made at the first
+        # replay; before the next call captures, they and the planned buffers are laid out
+        # in ONE arena (the plan's, re-laid out: _lay_out), whose places the capture serves
         self.recorded = None
-        self.pool_arena = None
-        self._record_next = False
+        self.kernel_offsets = None  # allocation k's offset in the arena, once laid out
+        self._uncaptured_layout = None  # the plan's layout before, put back if no graph
         # the traced scalars on the device: float64 then float32 slots in one buffer
         self.dscal = None
         self.dscal_views: dict = {}  # dtype name -> [0-d view per slot]
         self.baked: set = set()  # slots whose value the graph baked in (compared at each call)
 
     # --- calling -----------------------------------------------------------------------
-    def run(self, replay, scal) -> bool:
+    def run(self, scal) -> bool:
         """Runs the bound program through the graph (capturing it first when needed).
         Returns False when the caller must run it uncaptured."""
         if self.failed:
@@ -247,26 +287,59 @@ class GraphReplay:
                     self.reason = f"program inputs were rebound {self.captures} times; the graph was given up"
                     return False
         if self.graph is None and self.recorded is None:
-            self._record_next = True  # this call runs uncaptured, its allocations recorded
-            return False
-        if self.graph is None and not self._capture(replay, scal):
-            return False
+            return False  # this call runs uncaptured, its allocations recorded (recording())
+        if self.graph is None:
+            if self.kernel_offsets is None:
+                self._lay_out()
+            if not self._capture(scal):
+                if self.failed:
+                    self._put_back()
+                return False
         self._launch()
         return True
 
+    def wants_recording(self) -> bool:
+        """Whether the uncaptured replay about to run should be recorded (:meth:`recording`)."""
+        return self.recorded is None and not self.failed
+
     @contextlib.contextmanager
     def recording(self):
-        """Around an uncaptured replay: records its pool allocations when the next capture
-        needs them (see :class:`_GraphPool`)."""
-        if not self._record_next:
-            yield
-            return
-        self._record_next = False
+        """Around an uncaptured replay of the ticked replay function (it is given the
+        ``tick`` this yields): records its pool allocations and when each node began."""
         recorder = _AllocationRecorder(self.xp, self.device.index)
         with recorder.hook:
-            yield
-        offsets, nbytes = recorder.layout()
-        self.recorded = (recorder.sizes, offsets, nbytes)
+            yield recorder.tick
+        self.recorded = recorder.recording(len(self.executor.program.nodes))
+
+    def _lay_out(self) -> None:
+        """Lays the plan out again, for the graph: the planned buffers and every allocation
+        the recorded replay made, in ONE arena (the executor binds it and regenerates its
+        replay function); the plan's peak is then that arena and what the step holds."""
+        ex = self.executor
+        plan, program = ex.plan, ex.program
+        values, kernel, nbytes = self.recorded.layout(plan)
+        rec = self.recorded
+        allocations = [
+            (off, size, rec.node_of(start), rec.node_of(stop))
+            for off, size, (start, stop) in zip(kernel, rec.sizes, rec.spans)
+        ]
+        vals = program.values
+        extra = (
+            sum(vals[vid].nbytes for vid in self.args)  # the static input slots
+            + 12 * len(ex.scal)  # the device scalars (float64 and float32 slots)
+            + sum(vals[vid].nbytes for vid in program.output_refs())  # the copies out
+        )
+        self._uncaptured_layout = plan.layout()
+        plan.hold_kernel_allocations(values, nbytes, allocations, extra)
+        ex.rebuild()
+        self.kernel_offsets = kernel
+
+    def _put_back(self) -> None:
+        """No graph after all: the plan's layout as it was (kernels allocate again)."""
+        if self._uncaptured_layout is not None:
+            self.executor.plan.set_layout(self._uncaptured_layout)
+            self.executor.rebuild()
+            self._uncaptured_layout = None
 
     def _launch(self) -> None:
         env, xp = self.executor.env, self.xp
@@ -306,7 +379,7 @@ class GraphReplay:
                 out.append(v)
         return out
 
-    def _capture(self, replay, scal) -> bool:
+    def _capture(self, scal) -> bool:
         """Captures with the traced scalars on the device; where the step uses one in a way
         that cannot read it from the device and the capture fails, captures again with every
         scalar baked in."""
@@ -317,7 +390,7 @@ class GraphReplay:
             with backend.device_context(self.device):
                 scal[:] = self._device_scalars(host)
             try:
-                if self._capture_once(replay, host, device_scalars=True):
+                if self._capture_once(host, device_scalars=True):
                     return True
             finally:
                 scal[:] = host
@@ -325,9 +398,9 @@ class GraphReplay:
                 return False
             self.failed, self.reason = False, None
         self.baked = set(range(len(host)))
-        return self._capture_once(replay, host, device_scalars=False)
+        return self._capture_once(host, device_scalars=False)
 
-    def _capture_once(self, replay, scal, device_scalars: bool) -> bool:
+    def _capture_once(self, scal, device_scalars: bool) -> bool:
         ex, xp = self.executor, self.xp
         env, g = ex.env, ex.globals
         with backend.device_context(self.device):
@@ -344,16 +417,12 @@ class GraphReplay:
                 env[vid] = slot
             for vid, name in ex.input_names:
                 g[name] = env[vid]
-            sizes, offsets, nbytes = self.recorded
-            if self.pool_arena is None or self.pool_arena.nbytes < nbytes:
-                self.pool_arena = None
-                self.pool_arena = memory.track(xp.empty(max(nbytes, 1), dtype=xp.uint8), "workspace")
             stream = xp.cuda.Stream(non_blocking=True)
             error = None
-            with stream, _GraphPool(xp, self.pool_arena, sizes, offsets):
+            with stream, _GraphPool(xp, ex.arena, self.recorded.sizes, self.kernel_offsets):
                 stream.begin_capture()
                 try:
-                    replay()
+                    ex._replay()
                 except Exception as e:  # noqa: BLE001 - any refusal ends the capture, reported below
                     error = e
                     tb = sys.exc_info()[2]

@@ -65,6 +65,31 @@ class Plan:
     lower_bound_bytes: int = 0
     floor_bytes: int = 0
     live_curve: list = field(default_factory=list)  # bytes live after each node (planned)
+    # A step replayed as a CUDA graph (see :meth:`hold_kernel_allocations`): what its
+    # kernels allocate, placed in the arena as ``(offset, bytes, first node, last node)``
+    kernel_allocations: list = field(default_factory=list)
+
+    def hold_kernel_allocations(self, offsets: dict, arena_bytes: int, allocations: list, extra_bytes: int) -> None:
+        """Makes this the plan of a step replayed as a CUDA graph: every buffer at a fixed
+        place in ONE arena, the planned ones (``offsets``: value id -> offset) and what the
+        kernels allocate (``allocations``), and nothing allocated while the step runs. The
+        peak is then the arena plus what the step always holds (``persistent_bytes``) plus
+        ``extra_bytes`` (the graph's input slots, device scalars and copies out)."""
+        peak = self.persistent_bytes + arena_bytes + extra_bytes
+        self.set_layout((dict(offsets), arena_bytes, list(allocations), peak, [peak] * len(self.live_curve)))
+
+    def layout(self) -> tuple:
+        """What :meth:`hold_kernel_allocations` changes (to put it back with :meth:`set_layout`)."""
+        return (
+            dict(self.offsets),
+            self.arena_bytes,
+            list(self.kernel_allocations),
+            self.planned_peak_bytes,
+            list(self.live_curve),
+        )
+
+    def set_layout(self, layout: tuple) -> None:
+        self.offsets, self.arena_bytes, self.kernel_allocations, self.planned_peak_bytes, self.live_curve = layout
 
 
 def liveness(program, classes: AliasClasses) -> dict:

@@ -130,6 +130,24 @@ class Executor:
         sinks = set(program.sink_refs())
         self.leftovers = [v for v in range(len(program.values)) if v not in gen.static and (v in sinks or v in inputs)]
 
+    def rebuild(self) -> None:
+        """Binds the arena again after the plan's layout changed (a step replayed as a CUDA
+        graph holds every buffer in it: cudagraph.py) and generates the replay function
+        over the new buffers."""
+        self.arena = None
+        self._bind_arena()
+        self._build()
+
+    def ticked_replay(self, tick):
+        """The replay function with ``tick(k)`` called as node k begins: what the kernels
+        allocate can then be placed on the plan's timeline (nodes)."""
+        source = re.sub(r"^(\s*)# (\d+): .*$", r"\g<0>\n\1tick(\2)", self.source, flags=re.M)
+        source = source.replace("def replay():", "def replay_ticked():", 1)
+        scope = self.globals
+        scope["tick"] = tick
+        exec(compile(source, f"<fw.compile: {self.program.name} (ticked)>", "exec"), scope)  # noqa: S102
+        return scope.pop("replay_ticked")
+
     def _generic(self, node):
         kind = node.kind
         if kind == "call":
@@ -297,15 +315,16 @@ class Executor:
         for leaf in program.cleared_grads:  # the step's zero_grad(set_to_none=True)
             leaf._grad = None
         self.bind_inputs(args)
-        g = self.globals
         env = self.env
-        graphed = self.cuda_graph is not None and self.cuda_graph.run(self._replay, self.scal)
+        graph = self.cuda_graph
+        graphed = graph is not None and graph.run(self.scal)
+        g = self.globals  # after graph.run: laying out the graph's arena rebuilds the function
         if not graphed:
             for vid, name in self.input_names:
                 g[name] = env[vid]
-            if self.cuda_graph is not None:
-                with self.cuda_graph.recording():  # the first replay's allocations, for the capture
-                    self._replay()
+            if graph is not None and graph.wants_recording():
+                with graph.recording() as tick:  # the first replay's allocations, for the capture
+                    self.ticked_replay(tick)()
             else:
                 self._replay()
         result = self._outputs(program.outputs, graphed)

@@ -58,25 +58,25 @@ def _replay_mode(entry) -> dict:
     """How the step replays: ``replay_mode`` ("cpu", "cuda graph", "uncaptured: <why>"),
     ``replay_launches`` (the launches of one graph replay: the graph, its input copies and
     its copies out; None when it does not replay as a graph), ``graph_captures``,
-    ``graph_arena_bytes`` (the graph's private arena, where its kernels' own allocations
-    live; 0 without a graph)."""
+    ``arena_kernel_allocations`` (how many of the kernels' own allocations the plan's
+    arena holds: all of them once the step is laid out for a graph, else 0)."""
     ex = entry.executor
     graph = ex.cuda_graph if ex is not None else None
     dev = entry.program.device
     if dev is None or dev.type == "cpu":
-        return {"replay_mode": "cpu", "replay_launches": None, "graph_captures": 0, "graph_arena_bytes": 0}
+        return {"replay_mode": "cpu", "replay_launches": None, "graph_captures": 0, "arena_kernel_allocations": 0}
     if graph is None:
         return {
             "replay_mode": "uncaptured: CUDA graphs off (fw.compile(cuda_graph=False))",
             "replay_launches": None,
             "graph_captures": 0,
-            "graph_arena_bytes": 0,
+            "arena_kernel_allocations": 0,
         }
     return {
         "replay_mode": graph.mode(),
         "replay_launches": graph.launches_per_replay(),
         "graph_captures": graph.captures,
-        "graph_arena_bytes": graph.pool_arena.nbytes if graph.graph is not None and graph.pool_arena is not None else 0,
+        "arena_kernel_allocations": len(entry.plan.kernel_allocations),
     }
 
 
@@ -98,8 +98,7 @@ def explain(compiled, entry, draw=None, file=None) -> str:
     )
     if r["replay_mode"] != "cpu":
         launches = f", {r['replay_launches']} launches a replay" if r["replay_launches"] is not None else ""
-        arena = f", graph arena {_mb(r['graph_arena_bytes'])}" if r["graph_arena_bytes"] else ""
-        lines.append(f"  replays as: {r['replay_mode']}{launches}{arena}")
+        lines.append(f"  replays as: {r['replay_mode']}{launches}")
     lines.append(f"  re-inplaced: {', '.join(r['reinplaced_ops']) or 'none'}")
     lines.append(
         f"  copies avoided: {r['copies_avoided_bytes']} bytes ({r['copies_elided']} copies elided); "
@@ -114,8 +113,14 @@ def explain(compiled, entry, draw=None, file=None) -> str:
     rows = sorted(((off, plan.nbytes[c], plan.intervals[c], c) for c, off in plan.offsets.items()))
     for off, nb, (s, e), c in rows:
         lines.append(f"    @{off:>10}  {nb:>10}  [{s:>4}, {e:>4}]  %{c} {program.values[c].describe()}")
+    if plan.kernel_allocations:
+        held = sum(nb for _, nb, _, _ in plan.kernel_allocations)
+        lines.append(
+            f"  the kernels' own allocations ({len(plan.kernel_allocations)}, {_mb(held)} in all) are in the "
+            "arena too, for the CUDA graph: nothing is allocated while the step replays"
+        )
     kernel = [(plan.intervals[c], plan.nbytes[c], c) for c, p in plan.placement.items() if p == "kernel"]
-    if kernel:
+    if kernel and not plan.kernel_allocations:
         lines.append("  allocated by their kernels (not in the arena):")
         for (s, e), nb, c in sorted(kernel):
             lines.append(f"    {nb:>10}  [{s:>4}, {e:>4}]  %{c} {program.values[c].describe()}: {plan.why.get(c, '')}")

@@ -5,7 +5,7 @@ On the CuPy stand-in (CI's GPU) stream capture refuses what CUDA and CuPy refuse
 (allocations, host synchronizations, host transfers, cuBLAS), so a graph that captures
 here allocates nothing from the pool and calls no cuBLAS inside the capture. The models'
 training steps capture (their products through the cuDNN frontend, their allocations
-served from the graph's private arena) and replay as copy-in plus one graph launch,
+served from the plan's one arena) and replay as copy-in plus one graph launch,
 bitwise equal to eager; without the frontend the first Linear calls cuBLAS, and the test
 checks the one-line reason and that the step keeps running uncaptured.
 """
@@ -83,7 +83,27 @@ def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind,
     assert f.report()["replay_launches"] == 5
     graph = f._current().executor.cuda_graph
     assert len(graph.graph) > 50  # the whole step, in one graph
-    assert f.report()["graph_arena_bytes"] == graph.pool_arena.nbytes > 0
+    # ONE arena holds the planned buffers and every allocation of the kernels (outputs,
+    # temporaries, cuDNN workspaces): the graph's kernels touch it, the step's own inputs,
+    # the graph's slots and the pooling's per-geometry constants, nothing else
+    from framework.ops.conv_algorithms import pooling
+
+    ex, plan = f._current().executor, f.plan
+    assert f.report()["arena_kernel_allocations"] == len(plan.kernel_allocations) == len(graph.recorded.sizes) > 0
+    assert ex.arena.nbytes == plan.arena_bytes
+    used = {ref() for _, _, blocks in graph.graph._nodes for ref in blocks}
+    own = {ex.arena.data.mem, graph.dscal.data.mem}
+    own |= {a.data.mem for a in graph.slots.values()} | {a.data.mem for a in graph.bound.values() if a is not None}
+    own |= {a.data.mem for cache in (pooling._window_positions, pooling._offset_ranges) for a in cache.values()}
+    assert ex.arena.data.mem in used and used <= own
+    # the plan's peak is that arena and what the step holds: nothing is allocated at replay
+    values = f.program.values
+    extra = (
+        sum(values[v].nbytes for v in graph.slots)
+        + 12 * len(ex.scal)
+        + sum(values[v].nbytes for v in f.program.output_refs())
+    )
+    assert plan.planned_peak_bytes == plan.persistent_bytes + plan.arena_bytes + extra
 
 
 def test_the_mlp_has_dropout_and_its_replays_draw_new_masks():
@@ -120,6 +140,10 @@ def test_a_failed_capture_names_the_node_and_why_and_the_step_runs_uncaptured(no
     assert compiled.report()["replay_launches"] is None
     graph = compiled._current().executor.cuda_graph
     assert graph.captures == 1 and graph.graph is None  # tried once, never again
+    # no graph, so no arena for the kernels' allocations: the plan is the uncaptured one again
+    plan = compiled.plan
+    assert plan.kernel_allocations == [] and compiled.report()["arena_kernel_allocations"] == 0
+    assert compiled._current().executor.arena.nbytes == plan.arena_bytes
     assert _no_capture_left()
     assert "replays as: uncaptured: node 0 Linear" in compiled.explain(file=io.StringIO())
 

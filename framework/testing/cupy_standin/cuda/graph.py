@@ -28,7 +28,7 @@ the block's address is baked into the graph while the pool hands the block out a
 after the capture; the stand-in refuses every pool allocation during capture, so code
 that passes here allocates nothing from the pool inside a graph. Memory an allocator set
 with ``cupy.cuda.set_allocator`` hands out of an allocation that already exists (a
-graph's private arena) is not an allocation CUDA sees, and is served. And it records only
+plan's arena) is not an allocation CUDA sees, and is served. And it records only
 the launches it knows how to replay (ufuncs and kernels writing into ``out=``, ``copyto``,
 ``fill``, assignment into a view, ``ElementwiseKernel``/``ReductionKernel`` with their
 outputs given, ``Generator`` draws, the cuDNN stand-in's ``execute``, NCCL's allreduce,
