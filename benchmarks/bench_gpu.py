@@ -71,9 +71,15 @@ from models import build_model  # noqa: E402
 MB = 2**20
 GPU_MODELS = ("mlp", "convnet", "resnet20")
 BATCH = {"mlp": 256, "convnet": 256, "resnet20": 256}
-VARIANT_NAMES = ("off", "on", "on+InPlaceABN")
+VARIANT_NAMES = ("off", "on", "auto", "on+InPlaceABN")
+# the step compiled with fw.compile (captured under ``off``), replayed as one CUDA graph
+COMPILED = ("compiled", "off", False)
 TARGET_MODEL, TARGET_BATCH = "resnet20", 256
 TORCH_SPEED_RATIO = 0.5
+# compiled ResNet-20 samples/s over PyTorch eager's, by batch: (bar, goal)
+COMPILED_SPEED = {64: (1.5, 2.5), 256: (1.0, 1.3)}
+COMPILED_PEAK_RATIO = 1.0  # the compiled step's peak / eager auto's, same device
+COMPILED_WARMUP = 5  # calls before a compiled step replays its graph
 # warmup steps, steps in the memory window, timed rounds, steps per round
 FULL = {"warmup": 3, "mem_steps": 3, "rounds": 7, "steps": 20}
 DEFAULT = {"warmup": 2, "mem_steps": 2, "rounds": 3, "steps": 5}
@@ -86,9 +92,49 @@ NOT_COUNTED = "not counted: real CuPy counts nothing (--count counts one step on
 
 
 def variants():
-    """``(name, policy, abn)`` of the compared variants, taken from bench_models.VARIANTS."""
+    """``(name, policy, abn)`` of the compared variants: bench_models.VARIANTS' eager ones,
+    then the compiled step (:data:`COMPILED`)."""
     by_name = {v[0]: v for v in bench_models.VARIANTS}
-    return [by_name[name] for name in VARIANT_NAMES]
+    return [by_name[name] for name in VARIANT_NAMES] + [COMPILED]
+
+
+class CompiledRunner(bench_models.Runner):
+    """bench_models.Runner's model, optimizer and batch, its training step compiled with
+    ``fw.compile`` (captured under ``off``; on a GPU it replays as one CUDA graph)."""
+
+    def __init__(self, model_name: str, device="cuda", batch: int | None = None, seed: int = 0):
+        super().__init__(model_name, *COMPILED, seed=seed, device=device, batch=batch)
+        self.saved_activations_at_boundary = 0  # not observable inside a compiled step
+
+        def train_step(x, y):
+            self.opt.zero_grad()
+            loss = self.loss_fn(self.model(x), y)
+            loss.backward()
+            self.opt.step()
+            return loss
+
+        self.compiled = fw.compile(train_step, modules=[self.model], optimizers=[self.opt])
+
+    def step(self, read_loss: bool = True) -> float | None:
+        with fw.inplace.policy(self.policy):
+            loss = self.compiled(self.x, self.y)
+        return loss.item() if read_loss else None
+
+    def measure_memory(self, warmup: int = 2, steps: int = 1) -> dict:
+        out = super().measure_memory(max(warmup, COMPILED_WARMUP), steps)  # the graph's replays
+        plan = self.compiled.plan
+        out["floor_mb"] = plan.floor_bytes / MB  # the program's: what backward reads from forward
+        out["planned_peak_mb"] = plan.planned_peak_bytes / MB
+        # one arena holds activations, gradients and temporaries: the categories do not split it
+        out["activation_mb"], out["peak_breakdown_mb"] = None, {"arena": plan.arena_bytes / MB}
+        return out
+
+
+def make_runner(model: str, variant, device, batch: int):
+    name, policy, abn = variant
+    if variant == COMPILED:
+        return CompiledRunner(model, device=device, batch=batch)
+    return bench_models.Runner(model, name, policy, abn, device=device, batch=batch)
 
 
 def no_gpu_line() -> str | None:
@@ -142,8 +188,9 @@ def count_training_step(model: str, variant: str = "on", batch: int | None = Non
     if model == "quickstart":
         runner = quickstart_runner(device)
     else:
-        name, policy, abn = {v[0]: v for v in bench_models.VARIANTS}[variant]
-        runner = bench_models.Runner(model, name, policy, abn, device=device, batch=batch)
+        runner = make_runner(model, {v[0]: v for v in (*bench_models.VARIANTS, COMPILED)}[variant], device, batch)
+        if variant == COMPILED[0]:  # captured twice (momentum buffers), recorded, the graph captured
+            warmup = max(warmup, COMPILED_WARMUP)
     return counting.count_after(functools.partial(runner.step, read_loss=False), warmup=warmup)
 
 
@@ -208,13 +255,21 @@ def _timed_rounds(step, sync, rounds: int, steps: int) -> list[float]:
 
 def measure_ours(model: str, variant, device, batch: int, p: dict, sync) -> dict:
     """One variant of ``model`` with this framework on ``device`` (the pool hook must be on)."""
-    name, policy, abn = variant
-    runner = bench_models.Runner(model, name, policy, abn, device=device, batch=batch)
+    name = variant[0]
+    runner = make_runner(model, variant, device, batch)
     mem = runner.measure_memory(warmup=p["warmup"], steps=p["mem_steps"])
     on_standin = counts_here() and runner.device.type == "cuda"
     counted = counting.count_after(functools.partial(runner.step, read_loss=False), 0) if on_standin else None
     times = _timed_rounds(functools.partial(runner.step, read_loss=False), sync, p["rounds"], p["steps"])
     med = statistics.median(times)
+    compiled = {}
+    if variant == COMPILED:
+        report = runner.compiled.report()
+        compiled = {
+            "planned_peak_mb": mem["planned_peak_mb"],
+            "replay_mode": report["replay_mode"],
+            "replay_launches": report["replay_launches"],
+        }
     del runner
     gc.collect()
     return {
@@ -231,6 +286,7 @@ def measure_ours(model: str, variant, device, batch: int, p: dict, sync) -> dict
         "step_ms": 1e3 * med / p["steps"],
         "samples_per_s": batch * p["steps"] / med,
         "round_seconds": times,
+        **compiled,
     }
 
 
@@ -332,6 +388,43 @@ def targets(rows) -> list[dict]:
             ratio,
             None if ratio is None else ratio >= TORCH_SPEED_RATIO,
         )
+    return out + compiled_targets(rows)
+
+
+def compiled_targets(rows) -> list[dict]:
+    """The compiled step's targets on ResNet-20 (``met`` None where a row is missing): its
+    samples/s over PyTorch eager's (the bar depends on the batch), its peak over eager
+    ``auto``'s, and how it replays."""
+    comp = _find(rows, TARGET_MODEL, COMPILED[0])
+    if comp is None:
+        return []
+    batch = comp["batch"]
+    ref, auto = _find(rows, TARGET_MODEL, framework="torch"), _find(rows, TARGET_MODEL, "auto")
+    out = []
+    bar, goal = COMPILED_SPEED.get(batch, (None, None))
+    ratio = comp["samples_per_s"] / ref["samples_per_s"] if ref else None
+    if bar is None:
+        text = f"ResNet-20 batch {batch}: samples/s, compiled / PyTorch eager (bars set at batch 64 and 256)"
+        out.append({"target": text, "value": ratio, "met": None})
+    else:
+        text = f"ResNet-20 batch {batch}: samples/s, compiled / PyTorch eager >= {bar} (goal {goal})"
+        out.append({"target": text, "value": ratio, "met": None if ratio is None else ratio >= bar})
+    ratio = comp["peak_mb"] / auto["peak_mb"] if auto else None
+    out.append(
+        {
+            "target": f"ResNet-20 batch {batch}: peak GPU MB, compiled / eager auto <= {COMPILED_PEAK_RATIO}",
+            "value": ratio,
+            "met": None if ratio is None else ratio <= COMPILED_PEAK_RATIO,
+        }
+    )
+    launches = comp.get("replay_launches")
+    out.append(
+        {
+            "target": f"ResNet-20 batch {batch}: a replayed step is one graph launch + copies ({comp['replay_mode']})",
+            "value": launches,
+            "met": comp["replay_mode"] == "cuda graph",
+        }
+    )
     return out
 
 
@@ -344,7 +437,8 @@ LEGEND = [
     ("peak vs PyTorch, samples/s vs PyTorch", "ours over PyTorch's, same model and batch (peak: lower is better)"),
     ("samples/s", "median of the synchronized rounds; step ms: the same, per step"),
     ("floor MB", "parameters + gradients + optimizer state + what autograd holds for backward"),
-    ("activation MB", "peak minus parameters, gradients and optimizer state"),
+    ("activation MB", "peak minus parameters, gradients and optimizer state (compiled: one arena holds all, -)"),
+    ("compiled", "the step compiled with fw.compile (captured under off), replayed as one CUDA graph"),
     ("launches/step", "kernel launches of one step (where they were counted: the line below)"),
     ("host syncs/step", "times one step waits for the GPU (a device-to-host copy or synchronize)"),
 ]

@@ -10,7 +10,9 @@ where importable), then runs, one after the other, each with its output shown as
 2. ``benchmarks/bench_gpu.py --count`` (its default, small run: every model and variant,
    beside PyTorch when PyTorch sees the GPU; launches and host syncs per step counted on
    the CuPy stand-in in a subprocess);
-3. ``scripts/compare_inplace.py --config configs/resnet20_synthetic.yaml --policies
+3. ``benchmarks/bench_gpu.py --models resnet20 --batch resnet20=64``: ResNet-20 at batch
+   64, where the compiled step's speed target is set (the default run is at 256);
+4. ``scripts/compare_inplace.py --config configs/resnet20_synthetic.yaml --policies
    off,auto,on,on+abn --set device=cuda``;
 
 and ends with one summary table (exit status, seconds and the last line of each). Exit
@@ -41,7 +43,7 @@ from framework import backend  # noqa: E402
 POLICIES = "off,auto,on,on+abn"
 COMPARE_CONFIG = os.path.join("configs", "resnet20_synthetic.yaml")
 # seconds each step may take before it is stopped (the gpu leg took 65 s with -n 12 on an H200)
-TIMEOUTS = {"gpu leg": 1800, "bench_gpu": 900, "compare_inplace": 1200}
+TIMEOUTS = {"gpu leg": 1800, "bench_gpu": 900, "bench_gpu b64": 600, "compare_inplace": 1200}
 
 
 def steps(out_dir: str) -> list[tuple[str, list[str]]]:
@@ -54,6 +56,19 @@ def steps(out_dir: str) -> list[tuple[str, list[str]]]:
         (
             "bench_gpu",
             [sys.executable, "benchmarks/bench_gpu.py", "--count", "--json", os.path.join(out_dir, "bench_gpu.json")],
+        ),
+        (
+            "bench_gpu b64",
+            [
+                sys.executable,
+                "benchmarks/bench_gpu.py",
+                "--models",
+                "resnet20",
+                "--batch",
+                "resnet20=64",
+                "--json",
+                os.path.join(out_dir, "bench_gpu_b64.json"),
+            ],
         ),
         (
             "compare_inplace",

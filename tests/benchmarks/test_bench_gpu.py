@@ -60,8 +60,9 @@ def test_bad_options_exit_with_a_message():
 
 
 def test_variants_and_models_come_from_bench_models():
-    assert [v[0] for v in bench_gpu.variants()] == ["off", "on", "on+InPlaceABN"]
-    assert all(v in bench_models.VARIANTS for v in bench_gpu.variants())
+    assert [v[0] for v in bench_gpu.variants()] == ["off", "on", "auto", "on+InPlaceABN", "compiled"]
+    assert all(v in bench_models.VARIANTS for v in bench_gpu.variants()[:-1])
+    assert bench_gpu.variants()[-1] == bench_gpu.COMPILED == ("compiled", "off", False)
     assert set(bench_gpu.GPU_MODELS) <= set(bench_models.MODELS)
     assert bench_gpu.BATCH["resnet20"] == 256
 
@@ -70,7 +71,7 @@ def test_measurement_path_runs_on_the_cpu():
     """measure_ours is bench_models' Runner plus synchronized rounds: run it tiny on the CPU."""
     p = {"warmup": 1, "mem_steps": 1, "rounds": 2, "steps": 1}
     syncs = []
-    row = bench_gpu.measure_ours("mlp", bench_gpu.variants()[2], "cpu", 16, p, lambda: syncs.append(1))
+    row = bench_gpu.measure_ours("mlp", bench_gpu.variants()[3], "cpu", 16, p, lambda: syncs.append(1))
     assert row["model"] == "mlp" and row["variant"] == "on+InPlaceABN" and row["batch"] == 16
     assert row["peak_mb"] > 0 and row["floor_mb"] > 0 and row["samples_per_s"] > 0
     assert len(row["round_seconds"]) == 2 and len(syncs) == 4  # before and after each round
@@ -172,8 +173,13 @@ def test_quick_run_on_a_gpu(tmp_path, capsys):
     saved = json.loads(path.read_text())
     ours = [r for r in saved["rows"] if r["framework"] == "ours"]
     assert {(r["model"], r["variant"]) for r in ours} == {
-        (m, v) for m in bench_gpu.GPU_MODELS for v in bench_gpu.VARIANT_NAMES
+        (m, v[0]) for m in bench_gpu.GPU_MODELS for v in bench_gpu.variants()
     }
+    (comp,) = [r for r in ours if r["model"] == "resnet20" and r["variant"] == "compiled"]
+    assert comp["replay_mode"] == "cuda graph" and comp["replay_launches"] == 5
+    # nothing is allocated while the graph replays: the pool's peak is the plan's, but for
+    # the few blocks the pool rounds (and the copied-out loss)
+    assert comp["peak_mb"] == pytest.approx(comp["planned_peak_mb"], rel=0.01)
     assert all(r["peak_mb"] > 0 and r["samples_per_s"] > 0 for r in ours)
     assert saved["targets"] and "| target | value | met |" in out
     if saved["env"]["cupy_choice"] == "standin":  # counted; real CuPy without --count says it did not count
@@ -240,3 +246,44 @@ def test_without_counts_the_report_says_so():
     table = bench_gpu.markdown({"rows": rows, "targets": []})
     assert "| launches/step | host syncs/step |" in table
     assert table.splitlines()[2].endswith("| 120 | 0 |") and table.splitlines()[3].endswith("| - | - |")
+
+
+def _compiled_row(batch, speed, peak, mode="cuda graph"):
+    return {
+        "model": "resnet20",
+        "batch": batch,
+        "variant": "compiled",
+        "framework": "ours",
+        "peak_mb": peak,
+        "samples_per_s": speed,
+        "step_ms": 1e3 * batch / speed,
+        "replay_mode": mode,
+        "replay_launches": 5 if mode == "cuda graph" else None,
+    }
+
+
+def test_compiled_targets_by_batch_against_pytorch_eager_and_eager_auto():
+    rows = [r for r in _rows(batch=64) if r["variant"] != "on"] + [_compiled_row(64, 1600.0, 90.0)]
+    rows.append({**rows[0], "variant": "auto", "peak_mb": 100.0})
+    t = bench_gpu.compiled_targets(rows)
+    assert [x["target"] for x in t] == [
+        "ResNet-20 batch 64: samples/s, compiled / PyTorch eager >= 1.5 (goal 2.5)",
+        "ResNet-20 batch 64: peak GPU MB, compiled / eager auto <= 1.0",
+        "ResNet-20 batch 64: a replayed step is one graph launch + copies (cuda graph)",
+    ]
+    assert [x["value"] for x in t] == pytest.approx([1.6, 0.9, 5])
+    assert [x["met"] for x in t] == [True, True, True]
+    rows[-2] = _compiled_row(256, 900.0, 110.0, mode="uncaptured: node 3 could not be captured")
+    rows = [{**r, "batch": 256} for r in rows]
+    t = bench_gpu.compiled_targets(rows)
+    assert t[0]["target"].endswith(">= 1.0 (goal 1.3)") and [x["met"] for x in t] == [False, False, False]
+    assert bench_gpu.compiled_targets(_rows()) == []  # no compiled row
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_the_compiled_step_is_counted_after_its_graph_is_captured():
+    if not bench_gpu.counts_here():
+        pytest.skip("counted on the CuPy stand-in only")
+    c = bench_gpu.count_training_step("mlp", "compiled", 16)
+    assert c.by_kind() == {"copy": 3, "h2d": 1, "graph": 1} and c.host_syncs == 0

@@ -35,27 +35,31 @@ def test_without_a_gpu_it_exits_2_with_one_line():
     assert "CuPy is not installed" in r.stderr and "nothing was run" in r.stderr
 
 
-def test_list_prints_the_three_steps_without_running_them():
+def test_list_prints_the_four_steps_without_running_them():
     r = _run("--list", "--out", "/tmp/x")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["gpu leg", "bench_gpu", "compare_inplace"]
+    assert [line.split(":")[0] for line in lines] == ["gpu leg", "bench_gpu", "bench_gpu b64", "compare_inplace"]
     assert all(line.split(": ", 1)[1].startswith("INPLACE_LAB_CUPY=cupy ") for line in lines)
     assert " -m pytest -m gpu " in lines[0]
     assert lines[1].endswith("benchmarks/bench_gpu.py --count --json /tmp/x/bench_gpu.json")
     assert lines[2].endswith(
+        "benchmarks/bench_gpu.py --models resnet20 --batch resnet20=64 --json /tmp/x/bench_gpu_b64.json"
+    )
+    assert lines[3].endswith(
         "scripts/compare_inplace.py --config configs/resnet20_synthetic.yaml --policies off,auto,on,on+abn "
         "--set device=cuda"
     )
 
 
 def test_each_step_is_a_command_its_program_accepts(without_cupy):
-    (_, leg), (_, bench), (_, compare) = gpu_check.steps("/tmp/out")
+    (_, leg), (_, bench), (_, bench64), (_, compare) = gpu_check.steps("/tmp/out")
     assert leg[1:5] == ["-m", "pytest", "-m", "gpu"]
     with open(os.path.join(ROOT, "pyproject.toml")) as f:
         assert '"gpu: the GPU leg' in f.read()  # the marker -m selects
     # bench_gpu parses its options, then stops at the missing GPU (status 2) before measuring
     assert os.path.exists(os.path.join(ROOT, bench[1])) and bench_gpu.main(bench[2:]) == 2
+    assert bench64[1] == bench[1] and bench_gpu.main(bench64[2:]) == 2
     assert os.path.exists(os.path.join(ROOT, compare[1]))
     args = compare_inplace.parse_args(compare[2:])
     assert os.path.exists(os.path.join(ROOT, args.config)) and args.overrides == ["device=cuda"]
