@@ -14,6 +14,9 @@ the fused BN formula with the GLOBAL count. Weight and bias get the LOCAL reduct
 (as in PyTorch): their sum over ranks is the gradient of the global batch, and
 :class:`~framework.distributed.data_parallel.DataParallel` reduces them as any gradient.
 Saved for backward: ``x``, ``weight`` and the per-channel mean and inverse std.
+Under ``create_graph`` the same backward runs on tensors, its sums (and the statistics,
+recomputed from ``x``) through a differentiable all-reduce
+(:class:`framework.ops.norm.AllReduceSum`): higher-order gradients across the ranks.
 
 The arithmetic is :class:`framework.ops.norm.BatchNorm`'s, called with ``comm``: only
 where the sums come from differs. Eval mode uses the running statistics and

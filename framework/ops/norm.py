@@ -150,7 +150,17 @@ def _global_moments(x, comm, stats, xp):
 
 
 def _global_sums(comm, *per_channel):
-    """The per-channel arrays summed over every rank: one float64 buffer reduced in place."""
+    """The per-channel arrays summed over every rank: one float64 buffer reduced in place.
+
+    Tensors (a backward under create_graph) go through :class:`AllReduceSum` instead, in
+    float64 as the buffer, so that the sums keep their history; the arrays' path is
+    unchanged.
+    """
+    if per_channel[0].__class__ is Tensor:  # then all are: sums of the tensor gradient
+        xp = get_array_module(per_channel[0])
+        c = per_channel[0].shape[0]
+        s = AllReduceSum.apply(xp.concatenate([xp.asarray(a, np.float64) for a in per_channel]), comm=comm)
+        return [s[k * c : (k + 1) * c] for k in range(len(per_channel))]
     c = per_channel[0].shape[0]
     xp = get_array_module(per_channel[0])
     buf = np.empty(len(per_channel) * c, dtype=np.float64)  # host memory, as _global_moments
@@ -158,6 +168,24 @@ def _global_sums(comm, *per_channel):
         buf[k * c : (k + 1) * c] = backend.to_numpy(a)
     comm.allreduce_(buf, "sum")
     return [xp.asarray(buf[k * c : (k + 1) * c]) for k in range(len(per_channel))]
+
+
+class AllReduceSum(Function):
+    """A 1-D array summed over every rank of ``comm``: SyncBatchNorm's reduction as an op,
+    for its statistics and backward sums under create_graph.
+
+    Its backward is the same all-reduce of the incoming gradient: the adjoint when the
+    loss is the sum of every rank's loss, which SyncBatchNorm's first-order backward
+    assumes too (its input gradient takes the sums of every rank's ``g``). Going through
+    :func:`_global_sums`, a backward under create_graph is this op again: any order.
+    """
+
+    def forward(ctx, a, comm=None):
+        ctx.comm = comm
+        return _global_sums(comm, a)[0].astype(a.dtype, copy=False)
+
+    def backward(ctx, g):
+        return astype(_global_sums(ctx.comm, g)[0], g.dtype)
 
 
 def _caxes(ndim) -> tuple:
@@ -218,7 +246,7 @@ class BatchNorm(Function):
     the two per-channel sums the input's gradient needs are reduced over the ranks too;
     the weight and bias gradients stay local sums, as in PyTorch (DataParallel reduces
     them like any gradient). Saves ``x`` and ``weight``; keeps the per-channel mean and
-    inverse std.
+    inverse std. Under create_graph the sums over ranks go through :class:`AllReduceSum`.
     """
 
     inplace_name = "batch_norm_"
@@ -302,12 +330,9 @@ class BatchNorm(Function):
         """Under create_graph: the batch mean and inverse std as functions of x (with its
         history), so that their dependence on x is differentiated too (forward's formula:
         the mean and the biased variance per channel)."""
-        if ctx.comm is not None:
-            raise RuntimeError(
-                "SyncBatchNorm (batch_norm with comm) has no differentiable backward: create_graph=True "
-                "through it is not supported"
-            )
         kept = ctx.__dict__.get("_graph_kept")
+        if kept is None and ctx.comm is not None:
+            kept = ctx._graph_kept = _global_kept(ctx.x, ctx.comm, ctx.m, ctx.eps)
         if kept is None:
             x = ctx.x
             axes = _caxes(x.ndim)
@@ -316,6 +341,19 @@ class BatchNorm(Function):
             var = (d * d).mean(axes)
             kept = ctx._graph_kept = {"mean": mean, "invstd": 1.0 / (var + ctx.eps).sqrt()}
         return kept
+
+
+def _global_kept(x, comm, m, eps):
+    """SyncBatchNorm's mean and inverse std as tensors of x (with history): forward's
+    arithmetic (_global_moments: float64 sums of x and x^2 over every rank, the count
+    ``m`` of every rank's values), the sums through :class:`AllReduceSum`."""
+    xp = get_array_module(x)
+    axes = _caxes(x.ndim)
+    x64 = astype(x, np.float64)
+    s = _global_sums(comm, x64.sum(axes), (x64 * x64).sum(axes))
+    mean = s[0] / m
+    var = xp.maximum(s[1] / m - mean * mean, 0.0)
+    return {"mean": astype(mean, x.dtype), "invstd": astype(1.0 / (var + eps).sqrt(), x.dtype)}
 
 
 class BatchNormEval(Function):

@@ -120,7 +120,40 @@ def check_convert(world):
             np.testing.assert_allclose(mine[k].numpy(), want[k].numpy(), rtol=0, atol=1e-6, err_msg=k)
 
 
-CHECKS = {"flat": check_flat, "conv": check_conv, "convert": check_convert}
+def check_gradpen(world):
+    """A gradient penalty through two SyncBatchNorms (create_graph): each rank penalizes the
+    input gradient of its own shard, the penalties summed over the ranks == the penalty of
+    the plain model on the whole batch (input gradients per shard, parameter gradients summed)."""
+    r = world.rank
+    sl = my_slice(r)
+    models = []
+    for sync in (True, False):
+        fw.manual_seed(11)
+        m = nn.Sequential(
+            nn.Conv2d(2, 3, 3, padding=1),
+            nn.BatchNorm2d(3),
+            nn.Tanh(),
+            nn.Flatten(),
+            nn.Linear(3 * 4 * 4, 4),
+            nn.BatchNorm1d(4),
+            nn.Tanh(),
+        ).double()
+        models.append(SyncBatchNorm.convert_sync_batchnorm(m, comm=world) if sync else m)
+    rng = np.random.default_rng(13)
+    x, gy = rng.standard_normal((sum(SIZES), 2, 4, 4)), rng.standard_normal((sum(SIZES), 4))
+    leaves = []
+    for model, data, w in zip(models, (x[sl].copy(), x), (gy[sl].copy(), gy)):
+        xt = fw.tensor(data, requires_grad=True)
+        (g,) = fw.autograd.grad((model(xt) * fw.tensor(w)).sum(), xt, create_graph=True)
+        (g * g).sum().backward()
+        leaves.append(xt)
+    np.testing.assert_allclose(leaves[0].grad.numpy(), leaves[1].grad.numpy()[sl], rtol=1e-9, atol=1e-9)
+    for (name, p), q in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+        got = reduced_sum(world, p.grad.numpy())
+        np.testing.assert_allclose(got, q.grad.numpy(), rtol=1e-9, atol=1e-9, err_msg=name)
+
+
+CHECKS = {"flat": check_flat, "conv": check_conv, "convert": check_convert, "gradpen": check_gradpen}
 
 
 if __name__ == "__main__":

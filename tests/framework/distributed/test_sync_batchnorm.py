@@ -6,7 +6,7 @@ import pytest
 import framework as fw
 from framework import nn
 from framework.distributed.comm import SingleProcessCommunicator
-from framework.distributed.sync_batchnorm import SyncBatchNorm
+from framework.distributed.sync_batchnorm import SyncBatchNorm, sync_batch_norm
 from framework.ops.norm import batch_norm
 from tests.mpi_util import needs_mpiexec, run_script
 
@@ -163,7 +163,7 @@ _job: list = []
 
 @pytest.mark.mpi
 @needs_mpiexec
-@pytest.mark.parametrize("check", ["flat", "conv", "convert"])
+@pytest.mark.parametrize("check", ["flat", "conv", "convert", "gradpen"])
 def test_two_ranks_uneven_batches(check):
     """Rank 0 holds 3 samples, rank 1 holds 5: == BatchNorm on all 8 in one process (1e-6)."""
     if not _job:
@@ -172,3 +172,91 @@ def test_two_ranks_uneven_batches(check):
     for rank in (0, 1):
         assert f"rank {rank}: {check} ok" in out, f"rc={code}\nstdout:\n{out}\nstderr:\n{err}"
     assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
+
+
+# -- higher-order gradients (create_graph) ----------------------------------------------------
+
+HTOL = dict(rtol=1e-10, atol=1e-10)
+
+
+def penalized(bn, x0, w0, b0, gy, order):
+    """Input, weight and bias gradients of a gradient penalty through ``bn(x, w, b)``.
+
+    ``L = sum(tanh(bn(x)) * gy)``; order 2: ``|dL/dx|^2``, order 3: ``|d|dL/dx|^2/dx|^2``.
+    """
+    x, w, b = fresh(x0), fresh(w0), fresh(b0)
+    loss = (bn(x, w, b).tanh() * fw.tensor(gy)).sum()
+    for _ in range(order - 1):
+        (g,) = fw.autograd.grad(loss, x, create_graph=True)
+        loss = (g * g).sum()
+    loss.backward()
+    return x.grad.numpy(), w.grad.numpy(), b.grad.numpy()
+
+
+def sync(comm):
+    return lambda x, w, b: sync_batch_norm(x, None, None, w, b, comm=comm)
+
+
+def plain(x, w, b):
+    return batch_norm(x, None, None, w, b, training=True)
+
+
+@pytest.mark.parametrize("order", [2, 3])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_higher_order_single_process_matches_batch_norm(shape, order):
+    rng = np.random.default_rng(4)
+    x, gy = rng.standard_normal(shape) * 2 + 1, rng.standard_normal(shape)
+    w, b = rng.uniform(0.5, 1.5, shape[1]), rng.standard_normal(shape[1])
+    comm = LogComm()
+    for got, want in zip(penalized(sync(comm), x, w, b, gy, order), penalized(plain, x, w, b, gy, order)):
+        np.testing.assert_allclose(got, want, **HTOL)
+    c = shape[1]
+    if order == 2:  # forward; statistics and sums of the create_graph backward; their two
+        # backwards and BN's own (first-order) backward in the second pass
+        assert comm.log == [(np.float64, 2 * c + 1)] + [(np.float64, 2 * c)] * 5
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_second_order_twin_rank_matches_the_concatenated_batch(shape):
+    """Each rank's penalty over its own gradient, summed over the ranks (as data parallel
+    training sums the ranks' losses): a twin rank holding the same data gives the input
+    gradients and HALF the weight and bias gradients of one process on both batches."""
+    rng = np.random.default_rng(5)
+    x, gy = rng.standard_normal(shape) * 2 + 1, rng.standard_normal(shape)
+    w, b = rng.uniform(0.5, 1.5, shape[1]), rng.standard_normal(shape[1])
+    n = shape[0]
+    gx, gw, gb = penalized(sync(LogComm(double=True)), x, w, b, gy, 2)
+    rx, rw, rb = penalized(plain, np.concatenate([x, x]), w, b, np.concatenate([gy, gy]), 2)
+    np.testing.assert_allclose(gx, rx[:n], **HTOL)
+    np.testing.assert_allclose(gx, rx[n:], **HTOL)
+    np.testing.assert_allclose(2 * gw, rw, **HTOL)
+    np.testing.assert_allclose(2 * gb, rb, **HTOL)
+
+
+def test_create_graph_gives_the_first_order_gradients():
+    """The gradients taken with create_graph are the first-order ones (same reductions)."""
+    rng = np.random.default_rng(6)
+    x0 = rng.standard_normal((5, 3, 2, 2))
+    gy = fw.tensor(rng.standard_normal(x0.shape))
+    grads = []
+    for create_graph in (False, True):
+        x = fresh(x0)
+        out = sync_batch_norm(x, None, None, comm=LogComm(double=True))
+        (g,) = fw.autograd.grad((out.tanh() * gy).sum(), x, create_graph=create_graph)
+        assert g.requires_grad == create_graph
+        grads.append(g.detach().numpy())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12, atol=1e-14)
+
+
+def test_second_order_float32_keeps_the_dtype():
+    rng = np.random.default_rng(7)
+    x0 = rng.standard_normal((6, 3, 2, 2)).astype(np.float32)
+    gy = fw.tensor(rng.standard_normal(x0.shape).astype(np.float32))
+    grads = []
+    for bn in (sync(LogComm()), plain):
+        x = fw.tensor(x0, requires_grad=True)
+        (g,) = fw.autograd.grad((bn(x, None, None).tanh() * gy).sum(), x, create_graph=True)
+        (g * g).sum().backward()
+        assert g.dtype == x.grad.dtype == fw.float32
+        grads.append(x.grad.numpy())
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5)
