@@ -84,15 +84,22 @@ class _AllocationRecorder:
         self.node_clock[node] = self.clock
         self.clock += 1
 
-    def recording(self, n_nodes: int) -> _Recording:
+    def recording(self, n_nodes: int, step_local: set) -> _Recording:
         """What the layout needs, with every time in clock units. An allocation still alive
-        when the replay ended (a gradient, a returned value, new optimizer state) spans the
-        whole step: the next launch must not write over it before it is read."""
+        when the replay ended spans the whole step (the next step may read it: new
+        optimizer state), unless it is in ``step_local`` (``id`` of its memory): values
+        nothing reads after the next launch begins (the returned ones, copied out after
+        the launch; gradients the next step drops first), which keep their place only
+        from when they are made."""
         end = self.clock
         starts = [end] * (n_nodes + 1)  # starts[k]: when node k began; starts[n]: the end
         for k in range(n_nodes - 1, -1, -1):
             starts[k] = self.node_clock.get(k, starts[k + 1])
-        spans = [(0, end) if stop is None else (start, stop) for start, stop in self.spans]
+        local = {k for pmem, k in self.live.items() if pmem in step_local}
+        spans = [
+            (start if k in local else 0, end) if stop is None else (start, stop)
+            for k, (start, stop) in enumerate(self.spans)
+        ]
         return _Recording(list(self.sizes), spans, starts)
 
 
@@ -309,7 +316,22 @@ class GraphReplay:
         recorder = _AllocationRecorder(self.xp, self.device.index)
         with recorder.hook:
             yield recorder.tick
-        self.recorded = recorder.recording(len(self.executor.program.nodes))
+        local = {id(arr.data.mem) for arr in self._step_local_sinks()}
+        self.recorded = recorder.recording(len(self.executor.program.nodes), local)
+
+    def _step_local_sinks(self) -> list:
+        """The arrays, at the end of a replay, that no later step reads as an input: what
+        the step returns (copied out right after the launch, on the same stream) and the
+        new gradients of leaves the step sets to None first (``zero_grad()``)."""
+        program, env = self.executor.program, self.executor.env
+        cleared = {id(leaf) for leaf in program.cleared_grads}
+        vids = list(program.output_refs())
+        vids += [
+            wb.value
+            for wb in program.writebacks
+            if wb.how == "grad" and wb.value is not None and wb.source.kind == "grad" and id(wb.source.obj) in cleared
+        ]
+        return [env[vid] for vid in vids if env[vid] is not None]
 
     def _lay_out(self) -> None:
         """Lays the plan out again, for the graph: the planned buffers and every allocation

@@ -96,6 +96,10 @@ def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind,
     own |= {a.data.mem for a in graph.slots.values()} | {a.data.mem for a in graph.bound.values() if a is not None}
     own |= {a.data.mem for cache in (pooling._window_positions, pooling._offset_ranges) for a in cache.values()}
     assert ex.arena.data.mem in used and used <= own
+    # the step sets the gradients to None first and updates its state in place: nothing it
+    # leaves behind is read by the next step, so no allocation keeps its place for the
+    # whole step (the gradients and the loss take theirs from when they are made)
+    assert all(start > 0 for start, _ in graph.recorded.spans)
     # the plan's peak is that arena and what the step holds: nothing is allocated at replay
     values = f.program.values
     extra = (
