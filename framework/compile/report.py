@@ -155,19 +155,25 @@ def draw_plan(program, plan, path: str, title: str = "memory plan") -> str:
                 linewidth=0.4,
             )
         )
-    # Buffers the kernels allocate, drawn above the arena where they would sit if freed
-    # memory were reused perfectly (packed the same greedy way): their height over time.
-
-    kernel = [
-        (c, plan.nbytes[c], max(plan.intervals[c][0], 0), min(plan.intervals[c][1], n))
-        for c, p in plan.placement.items()
-        if p == "kernel"
-    ]
-    koff, ktop = greedy_by_size(kernel)
-    for c, nb, s, e in kernel:
+    # Buffers the kernels allocate (hatched): in the arena where a CUDA graph placed them,
+    # else above it, where they would sit if freed memory were reused perfectly (packed
+    # the same greedy way): their height over time.
+    if plan.kernel_allocations:
+        boxes = [(off, nb, s, min(e, n)) for off, nb, s, e in plan.kernel_allocations]
+        base, ktop, note = 0.0, 0, " arena top; hatched: the kernels' own allocations, placed for the CUDA graph"
+    else:
+        kernel = [
+            (c, plan.nbytes[c], max(plan.intervals[c][0], 0), min(plan.intervals[c][1], n))
+            for c, p in plan.placement.items()
+            if p == "kernel"
+        ]
+        koff, ktop = greedy_by_size(kernel)
+        boxes = [(koff[c], nb, s, e) for c, nb, s, e in kernel]
+        base, note = top, " arena top; above: buffers the kernels allocate (hatched)"
+    for off, nb, s, e in boxes:
         ax.add_patch(
             Rectangle(
-                (s, top + koff[c] / MB),
+                (s, base + off / MB),
                 max(e - s, 0.6),
                 nb / MB,
                 facecolor="none",
@@ -178,7 +184,7 @@ def draw_plan(program, plan, path: str, title: str = "memory plan") -> str:
         )
     y = top + ktop / MB
     ax.axhline(top, color="black", linewidth=1)
-    ax.text(0, top, " arena top; above: buffers the kernels allocate (hatched)", va="bottom", fontsize=8)
+    ax.text(0, top, note, va="bottom", fontsize=8)
     ax.set_xlim(0, n)
     ax.set_ylim(0, max(y, top) * 1.05 + 1e-6)
     ax.set_xlabel("node (program order): lifetime")

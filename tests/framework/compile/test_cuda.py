@@ -62,7 +62,7 @@ def test_compiled_on_the_gpu_matches_eager_off_bitwise(kind, norm, steps):
 
 @standin_only
 @pytest.mark.parametrize("kind,norm", [("mlp", None), ("convnet", "bn")])
-def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind, norm):
+def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind, norm, tmp_path):
     from framework.testing.cupy_standin import counting
 
     from .helpers import batches, make_model, train_step
@@ -108,6 +108,11 @@ def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind,
         + sum(values[v].nbytes for v in f.program.output_refs())
     )
     assert plan.planned_peak_bytes == plan.persistent_bytes + plan.arena_bytes + extra
+    text = f.explain(draw=str(tmp_path / "plan.png"), file=io.StringIO())
+    assert "replays as: cuda graph, 5 launches a replay" in text
+    assert f"the kernels' own allocations ({len(plan.kernel_allocations)}, " in text
+    assert "allocated by their kernels (not in the arena)" not in text
+    assert (tmp_path / "plan.png").stat().st_size > 0
 
 
 def test_the_mlp_has_dropout_and_its_replays_draw_new_masks():
