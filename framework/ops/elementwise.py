@@ -72,7 +72,11 @@ class MaskedGrad(Function):
     saved_when = {"source": (0,)}  # read only for g's gradient (its edge again)
 
     def forward(ctx, g, source, mask=None):
-        ctx.mask, ctx.ms = mask, _meta(source)
+        ctx.ms = _meta(source)
+        if hasattr(mask, "shape"):
+            ctx.keep(mask=mask)  # counted and freed as a saved tensor
+        else:
+            ctx.mask = mask  # a number
         return _xp(g).multiply(g, mask)
 
     def backward(ctx, gg):
