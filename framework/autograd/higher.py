@@ -66,6 +66,19 @@ def saved_as_tensor(node, name, saved) -> Tensor:
     return t
 
 
+def input_edge(node, idx, shape, dtype, xp):
+    """Input ``idx`` of ``node`` as a tensor with its history but no values (a zero-stride
+    array of its shape and dtype), for an op that reads only its edge: the zero
+    derivative of a mask (``MaskedGrad`` with ``mask=0``). None where it has no edge."""
+    edges = node.__dict__.get("next") or ()
+    edge = edges[idx] if idx < len(edges) else None
+    if edge is None or isinstance(edge, Tensor):
+        return edge  # a leaf: the gradient flows into the leaf itself
+    t = _wrap(xp.broadcast_to(xp.zeros((), dtype=dtype), shape))
+    t._grad_fn = edge
+    return t
+
+
 def run_leaf_hooks(leaf, grad):
     if leaf._hooks:
         for hook in tuple(leaf._hooks):

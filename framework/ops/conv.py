@@ -64,6 +64,7 @@ import contextlib
 import numpy as np
 
 from .. import inplace as _inplace
+from ..autograd import higher
 from ..autograd.function import Function
 from ..backend import get_array_module, parse_device, xp_for
 from ..tensor import Tensor
@@ -79,6 +80,7 @@ from .conv_algorithms.workspace import (  # noqa: F401  (the settings' home is c
 )
 from .conv_algorithms.workspace import chunks as _chunks  # noqa: F401  (tests read it)
 from .conv_algorithms.workspace import resolve_limit as _resolve_limit
+from .elementwise import MaskedGrad
 from .view import IndexAdd
 
 #: The im2col contractions: every geometry (stride, padding, kernel).
@@ -404,14 +406,18 @@ class MaxPool2d(Function):
         if g.__class__ is Tensor:
             # create_graph: the same routing as a scatter-add op (IndexAdd), whose
             # backward reads each output's gradient back from its max's position
-            return _max_pool_scatter(g, ctx.indices._data, ctx.geom)
+            # the scatter, onto zeros with an edge to x that carries the zero
+            # derivative of the max's position (PyTorch's max_pool2d double backward)
+            x = higher.input_edge(ctx, 0, x_shape, g.dtype, get_array_module(g._data))
+            return _max_pool_scatter(g, ctx.indices._data, ctx.geom, x)
         xp = get_array_module(g)
         kernels = _choice.pooling(xp)
         return kernels.max_pool_backward(g, ctx.indices, x_shape, kernel, stride, padding, out_hw, limit, xp)
 
 
-def _max_pool_scatter(g, idx, geom):
-    """``g`` (a tensor) added at the input position of each window's max, as an op."""
+def _max_pool_scatter(g, idx, geom, x=None):
+    """``g`` (a tensor) added at the input position of each window's max, as an op; onto
+    zeros that, given the input ``x`` (a tensor), carry an edge to it (of derivative zero)."""
     x_shape, kernel, stride, padding, out_hw, _ = geom
     n, c, h, w = x_shape
     xp = get_array_module(idx)
@@ -421,6 +427,8 @@ def _max_pool_scatter(g, idx, geom):
     flat = (rows * w + cols).reshape(n * c, -1)
     planes = xp.arange(n * c).reshape(-1, 1)
     zeros = Tensor._from_array(xp.zeros((n * c, h * w), dtype=g.dtype))
+    if x is not None:
+        zeros = MaskedGrad.apply(zeros.reshape(x_shape), x, mask=0).reshape(n * c, h * w)
     return IndexAdd.apply(zeros, g.reshape(n * c, -1), index=(planes, flat)).reshape(x_shape)
 
 

@@ -20,6 +20,7 @@ from .. import inplace as _inplace
 from .. import memory
 from ..autograd.function import Function
 from ..backend import add_scaled_, get_array_module
+from ..tensor import Tensor
 from . import kernels as K
 from .broadcast import astype, shape_of, sum_to
 from .kernels import on_gpu
@@ -55,6 +56,44 @@ def _into(ctx, g, shape=None):
         _inplace.count_owned("backward_grad", g.nbytes)
         return g
     return None
+
+
+# --- the derivative of a mask ---------------------------------------------------------
+
+
+class MaskedGrad(Function):
+    """``g * mask`` where ``mask`` is a function of ``source``'s data alone (relu's
+    ``result > 0``, abs's ``sign(x)``): a backward formula's product under
+    ``create_graph``. The derivative of a mask is zero, and, as in PyTorch
+    (``threshold_backward``, ``leaky_relu_backward``, ``sgn``), the edge to ``source`` is
+    recorded and carries it: zeros of ``source``'s shape and dtype."""
+
+    saves = ("source",)
+    saved_when = {"source": (0,)}  # read only for g's gradient (its edge again)
+
+    def forward(ctx, g, source, mask=None):
+        ctx.ms = _meta(source)
+        if hasattr(mask, "shape"):
+            ctx.keep(mask=mask)  # counted and freed as a saved tensor
+        else:
+            ctx.mask = mask  # a number
+        return _xp(g).multiply(g, mask)
+
+    def backward(ctx, gg):
+        gg_g = mask_grad(gg, ctx.mask, ctx.source) if ctx.needs_input_grad[0] else None
+        zeros = None
+        if ctx.needs_input_grad[1]:
+            zeros = memory.zeros(ctx.ms[0], ctx.ms[1], get_array_module(gg), "gradients")
+        return gg_g, zeros
+
+
+def mask_grad(g, mask, source, out=None):
+    """``g * mask`` (``out=`` as NumPy's), ``mask`` a function of ``source``'s data: on
+    arrays (a first-order backward) the one multiply; on tensors (``create_graph``) a
+    :class:`MaskedGrad`, whose edge to ``source`` carries the mask's zero derivative."""
+    if g.__class__ is Tensor:
+        return MaskedGrad.apply(g, source, mask=getattr(mask, "_data", mask))
+    return _xp(g).multiply(g, mask, out=out)
 
 
 # --- binary arithmetic ----------------------------------------------------------------
@@ -250,8 +289,8 @@ class Abs(Function):
         return _xp(x).abs(x, out=ctx.out)
 
     def backward(ctx, g):
-        xp = _xp(g)
-        return xp.multiply(g, xp.sign(ctx.x), out=_into(ctx, g))
+        x = ctx.x
+        return mask_grad(g, _xp(g).sign(x), x, out=_into(ctx, g))
 
 
 class Exp(Function):
@@ -377,7 +416,8 @@ class Relu(Function):
     def backward(ctx, g):
         if on_gpu(g):
             return K.launch(K.relu_backward, g, ctx.result, out=_into(ctx, g))
-        return _xp(g).multiply(g, ctx.result > 0, out=_into(ctx, g))
+        y = ctx.result
+        return mask_grad(g, y > 0, y, out=_into(ctx, g))
 
 
 class LeakyRelu(Function):
@@ -408,11 +448,12 @@ class LeakyRelu(Function):
     def backward(ctx, g):
         if on_gpu(g):
             return K.launch(K.leaky_relu_backward, g, ctx.result, ctx.slope, out=_into(ctx, g))
-        xp = _xp(g)
-        if ctx.reuse_grad:
-            scale = astype(xp.where(ctx.result > 0, 1, ctx.slope), g.dtype)
-            return xp.multiply(g, scale, out=_into(ctx, g))
-        return xp.where(ctx.result > 0, g, g * ctx.slope)
+        y = ctx.result
+        if ctx.reuse_grad or g.__class__ is Tensor:  # Tensor: create_graph (the zero edge)
+            yd = getattr(y, "_data", y)  # the scale: a function of the data alone
+            scale = astype(_xp(yd).where(yd > 0, 1, ctx.slope), g.dtype)
+            return mask_grad(g, scale, y, out=_into(ctx, g))
+        return _xp(g).where(y > 0, g, g * ctx.slope)
 
 
 class Clamp(Function):

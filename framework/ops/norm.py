@@ -55,6 +55,7 @@ from ..backend import get_array_module
 from ..tensor import Tensor
 from . import kernels as K
 from .broadcast import astype
+from .elementwise import mask_grad
 from .kernels import on_gpu
 
 __all__ = ["batch_norm", "inplace_abn", "BatchNorm", "BatchNormEval", "InPlaceABN"]
@@ -528,7 +529,8 @@ class InPlaceABN(Function):
                 gx = xp.multiply(dz, scale.reshape(cs), out=dz)
         gw = None
         if need_w:
-            gw = ga * xp.sign(_channel(ctx.weight, ga.dtype))  # d|w|/dw = sign(w)
+            w = ctx.weight
+            gw = mask_grad(ga, xp.sign(_channel(w, ga.dtype)), w)  # d|w|/dw = sign(w)
         return gx, gw, gb if need_b else None, dz if need_r else None
 
     def kept_as_tensors(ctx):
