@@ -292,6 +292,7 @@ class GraphReplay:
                 if self.captures > RECAPTURES:
                     self.failed = True
                     self.reason = f"program inputs were rebound {self.captures} times; the graph was given up"
+                    self._put_back()
                     return False
         if self.graph is None and self.recorded is None:
             return False  # this call runs uncaptured, its allocations recorded (recording())

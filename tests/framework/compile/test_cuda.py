@@ -422,3 +422,28 @@ def test_the_scalars_are_one_host_to_device_copy_before_the_launch():
             f(x, y)
         kinds.append(c.by_kind())
     assert kinds[3:] == [{"copy": 3, "h2d": 1, "graph": 1}] * 3
+
+
+def test_inputs_rebound_at_every_call_give_the_graph_up_and_the_plan_is_put_back():
+    from .helpers import batches, make_model, train_step
+
+    fw.inplace.set_policy("off")
+    model = make_model("mlp", None).to("cuda")
+    opt = fw.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    f = fw.compile(train_step(model, opt))
+    first = next(iter(model.parameters()))
+    laid_out = False
+    for x, y in batches("mlp", 12):
+        f(x.to("cuda"), y.to("cuda"))
+        laid_out = laid_out or bool(f.plan.kernel_allocations)
+        first._data = first._data.copy()  # a new array: the address the graph read is stale
+    graph = f._current().executor.cuda_graph
+    assert laid_out and graph.failed and graph.graph is None
+    assert f.report()["replay_mode"] == (
+        f"uncaptured: program inputs were rebound {graph.captures} times; the graph was given up"
+    )
+    # no graph: the plan's own layout again, the kernels allocating as eagerly
+    assert f.plan.kernel_allocations == [] and f.report()["arena_kernel_allocations"] == 0
+    arena = f._current().executor.arena
+    assert (0 if arena is None else arena.nbytes) == f.plan.arena_bytes
+    assert _no_capture_left()
