@@ -209,11 +209,7 @@ class Im2colGpu:
     def forward(self, x, w, geom, limit, xp):
         n, c = geom.x_shape[:2]
         co, (kh, kw), (ho, wo) = geom.w_shape[0], geom.kernel, geom.out_hw
-        xpad = _padded(x, geom.padding, xp)  # named: the window view alone may not keep it counted
-        view = windows(xpad, geom.kernel, geom.stride, geom.out_hw)
-        cols = memory.empty(view.shape, x.dtype, xp, "workspace")
-        xp.copyto(cols, view)
-        del view, xpad
+        cols = _windows_copied(x, geom, xp)  # (N, C, kh, kw, Ho, Wo)
         out = memory.empty((n, co, ho, wo), x.dtype, xp, "activations")
         w2 = contiguous(w, xp).reshape(co, c * kh * kw)
         xp.matmul(w2, cols.reshape(n, c * kh * kw, ho * wo), out=out.reshape(n, co, ho * wo))
@@ -222,11 +218,7 @@ class Im2colGpu:
     def grad_weight(self, x, g, geom, limit, xp):
         n, c = geom.x_shape[:2]
         co, (kh, kw), (ho, wo) = geom.w_shape[0], geom.kernel, geom.out_hw
-        xpad = _padded(x, geom.padding, xp)  # named: the window view alone may not keep it counted
-        view = windows(xpad, geom.kernel, geom.stride, geom.out_hw)
-        cols = memory.empty((c, kh, kw, n, ho, wo), x.dtype, xp, "workspace")
-        xp.copyto(cols, view.transpose(1, 2, 3, 0, 4, 5))
-        del view, xpad
+        cols = _windows_copied(x, geom, xp, (1, 2, 3, 0, 4, 5))  # (C, kh, kw, N, Ho, Wo)
         gt = memory.empty((co, n, ho, wo), g.dtype, xp, "workspace")
         xp.copyto(gt, g.transpose(1, 0, 2, 3))
         gw = memory.empty(geom.w_shape, g.dtype, xp, "gradients")
@@ -253,6 +245,18 @@ class Im2colGpu:
         k = co * kh * kw
         xp.matmul(wt.reshape(c, k), cols.reshape(n, k, h * wd), out=gx.reshape(n, c, h * wd))
         return gx
+
+
+def _windows_copied(x, geom, xp, axes=None):
+    """The windows of ``x`` (padded) as one workspace array: (N, C, kh, kw, Ho, Wo), or
+    that transposed by ``axes``; one copy."""
+    xpad = _padded(x, geom.padding, xp)  # named: the window view alone may not keep it counted
+    view = windows(xpad, geom.kernel, geom.stride, geom.out_hw)
+    if axes is not None:
+        view = view.transpose(axes)
+    cols = memory.empty(view.shape, x.dtype, xp, "workspace")
+    xp.copyto(cols, view)
+    return cols
 
 
 def _padded(x, padding, xp):
