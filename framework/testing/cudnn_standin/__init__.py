@@ -305,13 +305,9 @@ class pygraph:  # noqa: N801
         if op == "matmul":
             self._validate_matmul(inputs, out)
             return
-        for t in list(inputs.values()) + [out]:
-            if not t.dim or len(t.dim) != 4 or len(t.stride) != 4:
-                raise ValueError(f"cudnn: tensor {t.name!r} needs 4 dims and strides (set_dim on a dgrad/wgrad output)")
-            if t.data_type is None or t.data_type not in _NUMPY_TYPES:
-                raise cudnnGraphNotSupportedError(f"cudnn stand-in: tensor {t.name!r} has data type {t.data_type}")
-        if out.is_virtual:
-            raise ValueError(f"cudnn: the graph's output {out.name!r} is virtual: call set_output(True)")
+        _check_operands(
+            list(inputs.values()), out, 4, "tensor {!r} needs 4 dims and strides (set_dim on a dgrad/wgrad output)"
+        )
         for key in ("pre_padding", "post_padding", "convolution_mode"):
             if attrs.get(key) is not None:
                 raise NotImplementedError(f"cudnn stand-in: {key} is not in its subset (use padding)")
@@ -329,13 +325,7 @@ class pygraph:  # noqa: N801
 
     def _validate_matmul(self, inputs, out) -> None:
         a, b = inputs["A"], inputs["B"]
-        for t in (a, b, out):
-            if not t.dim or len(t.dim) != 3 or len(t.stride) != 3:
-                raise ValueError(f"cudnn: matmul tensor {t.name!r} needs 3 dims and strides [batch, rows, columns]")
-            if t.data_type is None or t.data_type not in _NUMPY_TYPES:
-                raise cudnnGraphNotSupportedError(f"cudnn stand-in: tensor {t.name!r} has data type {t.data_type}")
-        if out.is_virtual:
-            raise ValueError(f"cudnn: the graph's output {out.name!r} is virtual: call set_output(True)")
+        _check_operands([a, b], out, 3, "matmul tensor {!r} needs 3 dims and strides [batch, rows, columns]")
         batch = max(a.dim[0], b.dim[0])
         if a.dim[2] != b.dim[1] or {a.dim[0], b.dim[0]} - {1, batch} or out.dim != [batch, a.dim[1], b.dim[2]]:
             raise cudnnGraphNotSupportedError(f"cudnn: matmul of {a.dim} and {b.dim} into {out.dim}")
@@ -467,6 +457,18 @@ class pygraph:  # noqa: N801
 
 def _set(dt):
     return None if dt is None or dt == data_type.NOT_SET else dt
+
+
+def _check_operands(inputs, out, ndim: int, needs: str) -> None:
+    """What cuDNN checks of a node's tensors: ``ndim`` dims and strides each (else
+    ``needs``, formatted with the name), a data type, and an output that is not virtual."""
+    for t in inputs + [out]:
+        if not t.dim or len(t.dim) != ndim or len(t.stride) != ndim:
+            raise ValueError("cudnn: " + needs.format(t.name))
+        if t.data_type is None or t.data_type not in _NUMPY_TYPES:
+            raise cudnnGraphNotSupportedError(f"cudnn stand-in: tensor {t.name!r} has data type {t.data_type}")
+    if out.is_virtual:
+        raise ValueError(f"cudnn: the graph's output {out.name!r} is virtual: call set_output(True)")
 
 
 def _row_major(dim):
