@@ -97,17 +97,13 @@ def gradcheck(
     wanted = [x for x in inputs if isinstance(x, Tensor) and x.requires_grad]
     analytic = autograd_grad(loss, wanted, allow_unused=True)
     if fast_mode:
-        for k, (x, a) in enumerate(zip(wanted, analytic)):
-            a = np.zeros(x.shape) if a is None else to_numpy(a)
-            for _ in range(directions):
-                v = rng.standard_normal(x.shape)
-                num = _directional(fn, inputs, weights, x, v, eps)
-                ana = float((a * v).sum())
-                if not np.isclose(ana, num, atol=atol * np.abs(v).sum() ** 0.5, rtol=rtol):
-                    raise AssertionError(
-                        f"gradient of input {k} (shape {x.shape}) differs from finite differences along "
-                        f"a random direction: autograd gives {ana!r}, numerical {num!r}"
-                    )
+
+        def loss() -> float:
+            with no_grad():
+                out = fn(*[t.clone() if isinstance(t, Tensor) else t for t in inputs])
+            return float((to_numpy(out).astype(np.float64) * weights).sum())
+
+        _check_directions(loss, wanted, analytic, rng, directions, eps, atol, rtol, "gradient", "finite differences")
         return True
     numeric = [g for g in numerical_grads(fn, inputs, weights, eps) if g is not None]
     for k, (a, n) in enumerate(zip(analytic, numeric)):
@@ -168,18 +164,36 @@ def gradgradcheck(
     second = [None] * len(wanted)
     if phi is not None:
         second = autograd_grad(phi, wanted, allow_unused=True)
-    for k, (x, a) in enumerate(zip(wanted, second)):
+    _check_directions(
+        phi_value,
+        wanted,
+        second,
+        rng,
+        directions,
+        eps,
+        atol,
+        rtol,
+        "second derivative",
+        "finite differences of the gradient",
+    )
+    return True
+
+
+def _check_directions(value, wanted, analytic, rng, directions, eps, atol, rtol, what, against) -> None:
+    """Fast mode's comparison: for each input ``x`` and ``directions`` random vectors
+    ``v``, ``<analytic, v>`` against the central difference of ``value()`` along ``v``
+    (an input without a gradient counts as zeros). Raises AssertionError naming the input."""
+    for k, (x, a) in enumerate(zip(wanted, analytic)):
         a = np.zeros(x.shape) if a is None else to_numpy(a)
         for _ in range(directions):
             v = rng.standard_normal(x.shape)
-            num = _directional_value(phi_value, x, v, eps)
+            num = _directional_value(value, x, v, eps)
             ana = float((a * v).sum())
             if not np.isclose(ana, num, atol=atol * np.abs(v).sum() ** 0.5, rtol=rtol):
                 raise AssertionError(
-                    f"second derivative of input {k} (shape {x.shape}) differs from finite differences of "
-                    f"the gradient along a random direction: autograd gives {ana!r}, numerical {num!r}"
+                    f"{what} of input {k} (shape {x.shape}) differs from {against} along a random direction: "
+                    f"autograd gives {ana!r}, numerical {num!r}"
                 )
-    return True
 
 
 def _directional_value(value, x, v, eps) -> float:
@@ -194,14 +208,3 @@ def _directional_value(value, x, v, eps) -> float:
     down = value()
     data[...] = old
     return (up - down) / (2 * eps)
-
-
-def _directional(fn, inputs, weights, x, v, eps) -> float:
-    """Central difference of ``sum(fn(*inputs) * weights)`` along ``v`` for input ``x``."""
-
-    def loss():
-        with no_grad():
-            out = fn(*[t.clone() if isinstance(t, Tensor) else t for t in inputs])
-        return float((to_numpy(out).astype(np.float64) * weights).sum())
-
-    return _directional_value(loss, x, v, eps)
