@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from scripts import compare_inplace
 from tests.conftest import requires_gpu
 from tests.mpi_util import find_mpiexec, needs_mpiexec, run_command
 from trainers.checkpoint import load_checkpoint
@@ -33,6 +34,16 @@ def _cfg(tmp_path, *overrides, batch=16):
     path = tmp_path / "c.yaml"
     path.write_text(CONFIG.format(batch=batch))
     return load_config(str(path), [f"logging.logdir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ck", *overrides])
+
+
+def _compare(tmp_path, policies, *overrides) -> int:
+    """scripts/compare_inplace.py on CONFIG, its runs and checkpoints under ``tmp_path``."""
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG.format(batch=16))
+    sets = [*overrides, f"logging.logdir={tmp_path}/runs", f"checkpoint.dir={tmp_path}/ck"]
+    return compare_inplace.main(
+        ["--config", str(path), "--policies", policies] + [arg for o in sets for arg in ("--set", o)]
+    )
 
 
 @pytest.mark.parametrize("policy", ["off", "auto"])
@@ -74,26 +85,7 @@ def test_compile_refuses_what_a_replay_cannot_run(tmp_path):
 
 
 def test_compare_inplace_accepts_compiled(tmp_path, capsys):
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    try:
-        import compare_inplace  # noqa: PLC0415
-    finally:
-        sys.path.pop(0)
-    path = tmp_path / "c.yaml"
-    path.write_text(CONFIG.format(batch=16))
-    code = compare_inplace.main(
-        [
-            "--config",
-            str(path),
-            "--policies",
-            "off,compiled",
-            "--set",
-            f"logging.logdir={tmp_path}/runs",
-            "--set",
-            f"checkpoint.dir={tmp_path}/ck",
-        ]
-    )
-    assert code == 0
+    assert _compare(tmp_path, "off,compiled") == 0
     out = capsys.readouterr().out
     assert "planned MB" in out and "inplace chains" in out
     row = next(line for line in out.splitlines() if line.startswith("compiled"))
@@ -163,28 +155,7 @@ def test_a_compiled_gpu_run_gives_the_losses_of_the_eager_gpu_run_bitwise(tmp_pa
 @pytest.mark.gpu
 @requires_gpu
 def test_compare_inplace_runs_compiled_on_the_gpu(tmp_path, capsys, gpu_run):
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    try:
-        import compare_inplace  # noqa: PLC0415
-    finally:
-        sys.path.pop(0)
-    path = tmp_path / "c.yaml"
-    path.write_text(CONFIG.format(batch=16))
-    code = compare_inplace.main(
-        [
-            "--config",
-            str(path),
-            "--policies",
-            "off,auto,compiled",
-            "--set",
-            "device=cuda",
-            "--set",
-            f"logging.logdir={tmp_path}/runs",
-            "--set",
-            f"checkpoint.dir={tmp_path}/ck",
-        ]
-    )
-    assert code == 0
+    assert _compare(tmp_path, "off,auto,compiled", "device=cuda") == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.split()}
     assert {"off", "auto", "compiled"} <= set(rows)
     assert rows["compiled"].split()[-2] == rows["off"].split()[-2]  # the same final loss as eager off

@@ -9,6 +9,7 @@ from framework.distributed.comm import Communicator, Handle, SingleProcessCommun
 from framework.distributed.data_parallel import DataParallel
 from framework.nn.parameter import Parameter
 from tests.conftest import CUDA_AVAILABLE, requires_gpu
+from tests.framework.optim.test_flat import per_parameter
 from tests.mpi_util import HAVE_MPI4PY, needs_mpiexec, run_script, worker_env
 
 HERE = Path(__file__).resolve().parent
@@ -328,20 +329,23 @@ def test_two_ranks_on_gpus(comm_backend, policy_name):
     assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
 
 
-def test_an_optimizer_over_flat_buffers_reads_the_bucket_buffer_as_it_is(monkeypatch):
+@pytest.fixture
+def gathers(monkeypatch):
+    """What the optimizers' flat buffers gather, by kind ("parameters", "gradients", ...)."""
+    from framework.optim import flat  # noqa: PLC0415
+
+    seen = []
+    real = flat._gather
+    monkeypatch.setattr(flat, "_gather", lambda *a: seen.append(a[4]) or real(*a))
+    return seen
+
+
+def test_an_optimizer_over_flat_buffers_reads_the_bucket_buffer_as_it_is(gathers):
     """Under ``on`` the buckets of a dtype are slices of one array; the optimizer lays its
     flat buffers out in that order and reads the gradients there: no gather, no rebinding,
     and zero_grad(set_to_none=False) is one fill of it. The numbers are those of the
     per-parameter update."""
-    from framework.optim import flat  # noqa: PLC0415
-
-    class PerParameterSGD(fw.optim.SGD):
-        def _flat_step(self, gi, group, u, site):
-            return group["params"]
-
-    gathers = []
-    real = flat._gather
-    monkeypatch.setattr(flat, "_gather", lambda *a: gathers.append(a[4]) or real(*a))
+    PerParameterSGD = per_parameter(fw.optim.SGD)
     runs = {}
     for cls in (fw.optim.SGD, PerParameterSGD):
         del gathers[:]
@@ -371,16 +375,8 @@ def test_an_optimizer_over_flat_buffers_reads_the_bucket_buffer_as_it_is(monkeyp
         np.testing.assert_array_equal(a, b)
 
 
-def test_an_optimizer_that_stepped_before_the_model_was_wrapped_borrows_the_buckets_after(monkeypatch):
-    from framework.optim import flat  # noqa: PLC0415
-
-    class PerParameterAdam(fw.optim.Adam):
-        def _flat_step(self, gi, group, u, site):
-            return group["params"]
-
-    gathers = []
-    real = flat._gather
-    monkeypatch.setattr(flat, "_gather", lambda *a: gathers.append(a[4]) or real(*a))
+def test_an_optimizer_that_stepped_before_the_model_was_wrapped_borrows_the_buckets_after(gathers):
+    PerParameterAdam = per_parameter(fw.optim.Adam)
     runs = {}
     for cls in (fw.optim.Adam, PerParameterAdam):
         del gathers[:]

@@ -13,11 +13,8 @@ from framework.testing import assert_close, gradcheck
 
 
 @pytest.fixture(autouse=True)
-def _seed_and_policy():
-    fw.manual_seed(0)
-    prev = fw.inplace.get_policy()
-    yield
-    fw.inplace.set_policy(prev)
+def _seed():
+    fw.manual_seed(0)  # (tests/conftest.py puts the inplace policy back after each test)
 
 
 def rand(*shape, dtype=fw.float64, requires_grad=False, low=-1.0, high=1.0):

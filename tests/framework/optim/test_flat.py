@@ -23,11 +23,8 @@ CASES = [
 
 
 @pytest.fixture(autouse=True)
-def _seed_and_policy():
-    fw.manual_seed(0)
-    prev = fw.inplace.get_policy()
-    yield
-    fw.inplace.set_policy(prev)
+def _seed():
+    fw.manual_seed(0)  # (tests/conftest.py puts the inplace policy back after each test)
 
 
 def per_parameter(cls):

@@ -13,11 +13,8 @@ POLICIES = ["on", "off"]
 
 
 @pytest.fixture(autouse=True)
-def _seed_and_policy():
-    fw.manual_seed(0)
-    prev = fw.inplace.get_policy()
-    yield
-    fw.inplace.set_policy(prev)
+def _seed():
+    fw.manual_seed(0)  # (tests/conftest.py puts the inplace policy back after each test)
 
 
 # --- NumPy references (float64) of torch.optim's single-tensor updates ------------------------
