@@ -170,8 +170,7 @@ def test_consumed_check_quick(capsys, tmp_path):
     assert function._read_inputs is bench_consumed_check._checked  # the real one is back
 
 
-def test_vs_pytorch_quick(capsys, tmp_path):
-    pytest.importorskip("torch")
+def test_vs_pytorch_quick(capsys, tmp_path, torch):
     from benchmarks import bench_vs_pytorch
 
     path = tmp_path / "vs.json"
@@ -211,8 +210,7 @@ def test_resnet_breakdown_times_every_layer_and_restores_the_functions():
     assert (norm.BatchNorm.forward, norm.BatchNorm.backward) == bn
 
 
-def test_resnet_breakdown_quick(capsys):
-    pytest.importorskip("torch")
+def test_resnet_breakdown_quick(capsys, torch):
     from benchmarks import bench_resnet_breakdown
 
     bench_resnet_breakdown.main(["--quick"])

@@ -173,8 +173,7 @@ def test_scenario_shows_what_it_must(sc, policy):
             assert value == want, f"{sc.number} {key}: {value} != {want}"
 
 
-def test_differences_from_pytorch_are_the_ones_the_tour_explains():
-    torch = pytest.importorskip("torch")
+def test_differences_from_pytorch_are_the_ones_the_tour_explains(torch):
     for sc in scenarios.SCENARIOS:
         ours, theirs = sc.run(fw), sc.run(torch)
         assert tour.unexplained_differences(sc, ours, theirs) == [], sc.number
@@ -238,7 +237,9 @@ def test_timings_and_faults_have_one_entry_per_repeat():
     assert list(seconds) == list(faults) == list(experiment.VARIANTS)
     assert all(len(s) == 2 and min(s) > 0 for s in seconds.values())
     assert all(len(f) == 2 and min(f) >= 0 for f in faults.values())
-    torch = pytest.importorskip("torch")
+
+
+def test_timings_on_pytorch_have_its_variants(torch):
     seconds, faults = experiment.time_variants(torch, 10, 2, 1)
     assert list(seconds) == list(faults) == list(experiment.TORCH_VARIANTS)
 

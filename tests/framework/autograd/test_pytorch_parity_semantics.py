@@ -1,7 +1,7 @@
 """PyTorch 2.13's answers where a review found this framework's different, checked here.
 
-Each test asserts PyTorch's value literally (so it runs without PyTorch); where PyTorch is
-installed, the ``torch`` fixture tests compute the same program with it and compare.
+Each test asserts PyTorch's value literally (so it runs without PyTorch); the tests that take
+the ``torch`` fixture (tests/conftest.py) compute the same program with PyTorch and compare.
 """
 
 from __future__ import annotations
@@ -11,12 +11,6 @@ import pytest
 
 import framework as fw
 from framework.testing import assert_close
-
-
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch")
-
 
 # --- pow's gradient at exponent 0 and base 0 ---------------------------------------------
 
