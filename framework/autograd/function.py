@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import traceback
+import weakref
 
 import numpy as np
 
@@ -80,7 +81,7 @@ class Function(Node):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "forward" not in cls.__dict__:
+        if "forward" not in cls.__dict__ and "saves" not in cls.__dict__:
             return
         params = list(inspect.signature(cls.forward).parameters.values())[1:]
         names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -433,7 +434,12 @@ def _record_history(ctx, cls, inputs, needs, out, saved, inplace):
         ctx._saved = saved
     if inplace and out._base is not None:
         base = out._base
-        base._grad_fn = CopySlices(base, out._view_fn, ctx)
+        rebased = base._grad_fn = CopySlices(base, out._view_fn, ctx)
+        if saved and "result" in saved:
+            # The saved result's history is the view's, regenerated from the new base
+            # (PyTorch's SavedVariable of an inplace op on a view: the view's grad_fn,
+            # held weakly): the second backward reaches ctx through CopySlices only.
+            ctx._rebased = weakref.ref(rebased)
     else:
         out._grad_fn = ctx
 
@@ -493,11 +499,11 @@ class CopySlices(Function):
         base_needs = base.requires_grad
         self.fn = fn
         self.view_fn = view_fn
+        self.base_meta = base._data.shape, base._data.dtype
         self.next = (edge_of(base) if base_needs else None,) + fn.next[1:]
         self.needs_input_grad = (base_needs,) + fn.needs_input_grad[1:]
 
-    def name(self) -> str:
-        return f"CopySlices({self.fn.name()})"
+    node_name = "CopySlices"  # PyTorch's; the inplace op it replays is ``.fn``
 
     def backward(ctx, grad):
         # also on tensors (create_graph): copies are clones, the writes inplace ops

@@ -163,6 +163,10 @@ class Node:
 
     saves: tuple = ()
     _save_plan: tuple = ()
+    # PyTorch's name of the node (``grad_fn.name()``, what users print and compare):
+    # ``<Class>Backward0`` unless a class (or, where PyTorch's overloads differ, a node in
+    # forward) names it otherwise, e.g. ``PowBackward1`` for a tensor exponent.
+    node_name = "NodeBackward0"
     reuse_grad = False  # set by the engine: backward may write its result over its grad
     # False for a node whose backward cannot run on tensors (create_graph raises there)
     differentiable_backward = True
@@ -170,9 +174,13 @@ class Node:
     def backward(ctx, grad):  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(ctx).__name__} must define backward")
 
-    @classmethod
-    def name(cls) -> str:
-        return cls.__name__ + "Backward"
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "node_name" not in cls.__dict__:
+            cls.node_name = cls.__name__ + "Backward0"
+
+    def name(self) -> str:
+        return self.node_name
 
     def __getattr__(self, name):
         # Only reached for attributes not set in forward: the saved tensors.

@@ -152,7 +152,7 @@ class Node:
 
     @property
     def name(self) -> str:
-        """The op's name as users know it: ``add_``, ``Matmul``, ``ReluBackward``, ``grad_sum``."""
+        """The op's name as users know it: ``add_``, ``Matmul``, ``ReluBackward0``, ``grad_sum``."""
         if self.kind == "call":
             op = self.op
             if self.inplace and not self.reinplaced:

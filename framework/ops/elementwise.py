@@ -3,10 +3,11 @@
 Each class is one op in both forms: ``Exp.apply(x)`` allocates the output,
 ``Exp.apply_(x)`` writes into ``x`` through ``ctx.out``. What ``saves`` declares decides
 what inplace costs: ops whose backward reads the result (exp, sqrt, tanh, sigmoid,
-relu, leaky_relu, div) or nothing (add, sub, neg, mul by a constant) are free in place;
-ops whose backward reads the overwritten input (sin, cos, log, abs, pow, clamp, mul by a
-tensor that needs a gradient) get a copy of it from the apply path, counted as
-``inplace_copies``.
+relu, leaky_relu_) or nothing (add, sub, neg, mul or div by a constant) are free in
+place; ops whose backward reads the overwritten input (sin, cos, log, abs, pow, clamp,
+mul or div by a tensor that needs a gradient) get a copy of it from the apply path,
+counted as ``inplace_copies``. What each backward reads is what PyTorch's reads
+(derivatives.yaml), so that the programs PyTorch accepts run here.
 
 On a GPU the activations (relu, leaky_relu, sigmoid, tanh) run as ONE fused kernel each
 way (:mod:`.kernels`), in place through the same ``ctx.out`` / reused gradient.
@@ -183,10 +184,16 @@ class Mul(Function):
 
 
 class Div(Function):
+    """``x / y``. Backward reads what PyTorch's reads (derivatives.yaml): ``y`` for both
+    gradients, ``x`` for ``y``'s only (``-g * (x / y) / y``), never the result: so a
+    program may change the result in place afterwards (``v = x / n; v.mul_(2)``), as in
+    PyTorch. In place, ``div_`` by a tensor that needs a gradient keeps a copy of ``x``
+    (PyTorch clones it too); by a constant it is free."""
+
     inplace_name = "div_"
     auto_inplace = True
-    saves = ("y", "result")  # d/dy (x/y) = -result/y: the overwritten x is never needed
-    saved_when = {"result": (1,)}
+    saves = ("x", "y")
+    saved_when = {"x": (1,)}
 
     def forward(ctx, x, y):
         ctx.mx, ctx.my = _meta(x), _meta(y)
@@ -195,11 +202,19 @@ class Div(Function):
 
     def backward(ctx, g):
         y = ctx.y
-        gy = _grad_for(-g * ctx.result / y, ctx.my) if ctx.needs_input_grad[1] else None
-        gx = None
-        if ctx.needs_input_grad[0]:
-            gx = _grad_for(_xp(g).true_divide(g, y, out=_into(ctx, g, ctx.mx[0])), ctx.mx)
-        return gx, gy
+        xp = _xp(g)
+        if not ctx.needs_input_grad[1]:
+            return _grad_for(xp.true_divide(g, y, out=_into(ctx, g, ctx.mx[0])), ctx.mx), None
+        # PyTorch's -g * (x / y) / y, as -((g / y) * x) / y: g / y is x's gradient too
+        q = xp.true_divide(g, y)
+        if g.__class__ is Tensor:  # create_graph: ops with history
+            gy = -((q * ctx.x) / y)
+        else:  # one buffer (an array also for 0-d g, where NumPy would return scalars)
+            gy = xp.multiply(q, ctx.x, out=xp.empty_like(g))
+            xp.true_divide(gy, y, out=gy)
+            xp.negative(gy, out=gy)
+        gy = _grad_for(gy, ctx.my)
+        return (_grad_for(q, ctx.mx) if ctx.needs_input_grad[0] else None), gy
 
 
 class Pow(Function):
@@ -211,6 +226,13 @@ class Pow(Function):
 
     def forward(ctx, x, y):
         ctx.mx, ctx.my = _meta(x), _meta(y)
+        # PyTorch's overloads: pow(Tensor, Scalar), pow(Tensor, Tensor), pow(Scalar, Tensor)
+        if not hasattr(y, "shape"):
+            ctx.node_name = "PowBackward0"
+        elif not hasattr(x, "shape"):
+            ctx.node_name = "PowBackward2"
+        else:
+            ctx.node_name = "PowBackward1"
         return _xp(x, y).power(x, y, out=ctx.out)
 
     def backward(ctx, g):
@@ -422,19 +444,15 @@ class Relu(Function):
 
 
 class LeakyRelu(Function):
-    """leaky_relu with a non-negative slope: backward reads the result (x > 0 iff y > 0)."""
+    """``leaky_relu`` out of place: backward reads the input, as PyTorch's
+    (LeakyReluBackward0), so the result may be changed in place afterwards. Policy
+    ``auto`` runs it in place only where nothing is saved (no gradient to record)."""
 
     inplace_name = "leaky_relu_"
-    # the inplace form needs a slope >= 0 (backward reads the sign from the output)
-    auto_inplace = staticmethod(lambda inputs, params: params.get("negative_slope", 0.01) >= 0)
-    saves = ("result",)
+    auto_inplace = True
+    saves = ("x",)
 
     def forward(ctx, x, negative_slope=0.01):
-        if negative_slope < 0:
-            raise ValueError(
-                "leaky_relu with a negative slope cannot recover its input's sign from the output; "
-                "use a slope >= 0 for the inplace form"
-            )
         ctx.slope = negative_slope
         if on_gpu(x):
             return K.launch(K.leaky_relu, x, negative_slope, out=ctx.out)
@@ -447,17 +465,42 @@ class LeakyRelu(Function):
         return pick(x, scaled, out=ctx.out)
 
     def backward(ctx, g):
-        if on_gpu(g):
-            return K.launch(K.leaky_relu_backward, g, ctx.result, ctx.slope, out=_into(ctx, g))
-        y = ctx.result
-        if ctx.reuse_grad or g.__class__ is Tensor:  # Tensor: create_graph (the zero edge)
-            yd = getattr(y, "_data", y)  # the scale: a function of the data alone
-            scale = astype(_xp(yd).where(yd > 0, 1, ctx.slope), g.dtype)
-            return mask_grad(g, scale, y, out=_into(ctx, g))
-        return _xp(g).where(y > 0, g, g * ctx.slope)
+        return _leaky_relu_backward(ctx, g, ctx.x)
+
+
+class LeakyReluInplace(LeakyRelu):
+    """``leaky_relu_``: backward reads the result (x > 0 iff y > 0 for a slope >= 0), so
+    the inplace form is free, as PyTorch's (LeakyReluBackward1). With a negative slope
+    the sign is lost: backward raises, with PyTorch's message."""
+
+    node_name = "LeakyReluBackward1"
+    saves = ("result",)
+    auto_inplace = False  # only explicit calls: policy auto runs LeakyRelu in place
+
+    def backward(ctx, g):
+        if ctx.slope < 0:
+            raise RuntimeError(
+                "In-place leakyReLu backward calculation is triggered with a negative slope which is not "
+                "supported. This is caused by calling in-place forward function with a negative slope, please "
+                "call out-of-place version instead."
+            )
+        return _leaky_relu_backward(ctx, g, ctx.result)
+
+
+def _leaky_relu_backward(ctx, g, source):
+    """``g`` times leaky_relu's slope at each element, read from ``source`` (the input, or
+    the result of the inplace form: both are > 0 at the same elements for a slope >= 0)."""
+    if on_gpu(g):
+        return K.launch(K.leaky_relu_backward, g, source, ctx.slope, out=_into(ctx, g))
+    if ctx.reuse_grad or g.__class__ is Tensor:  # Tensor: create_graph (the zero edge)
+        sd = getattr(source, "_data", source)  # the scale: a function of the data alone
+        scale = astype(_xp(sd).where(sd > 0, 1, ctx.slope), g.dtype)
+        return mask_grad(g, scale, source, out=_into(ctx, g))
+    return _xp(g).where(source > 0, g, g * ctx.slope)
 
 
 class Clamp(Function):
+    node_name = "ClampBackward1"  # clamp(Tensor, Scalar?, Scalar?)
     inplace_name = "clamp_"
     auto_inplace = True
     saves = ("x",)
@@ -481,6 +524,8 @@ class Clamp(Function):
 
 class Cast(Function):
     """A copy in another dtype; the gradient is cast back."""
+
+    node_name = "ToCopyBackward0"
 
     def forward(ctx, x, dtype=None):
         ctx.dtype = x.dtype
@@ -522,6 +567,7 @@ class Fill(Function):
 
     def forward(ctx, x, value):
         ctx.mv = _meta(value)
+        ctx.node_name = "FillBackward3" if hasattr(value, "shape") else "FillBackward2"  # fill_(Tensor) / (Scalar)
         out = ctx.out if ctx.out is not None else x.copy()
         out[...] = value
         return out
@@ -545,6 +591,8 @@ class Zero(Function):
 
 class Copy(Function):
     """``x.copy_(src)``: src broadcasts to x and is cast to x's dtype."""
+
+    node_name = "CopyBackwards"
 
     inplace_name = "copy_"
 

@@ -9,6 +9,9 @@ from ..backend import get_array_module
 from .broadcast import astype, sum_to
 from .matmul_gpu import matmul as _mm
 
+# PyTorch's matmul dispatches on the dims; its last op names the node (batched: a view)
+_MATMUL_NAMES = {(2, 2): "MmBackward0", (1, 1): "DotBackward0", (2, 1): "MvBackward0", (1, 2): "SqueezeBackward4"}
+
 
 class Matmul(Function):
     saves = ("x", "y")
@@ -20,6 +23,7 @@ class Matmul(Function):
             raise RuntimeError("both arguments to matmul need to be at least 1D")
         ctx.xshape, ctx.yshape = x.shape, y.shape
         ctx.xdtype, ctx.ydtype = x.dtype, y.dtype
+        ctx.node_name = _MATMUL_NAMES.get((x.ndim, y.ndim), "UnsafeViewBackward0")
         return _mm(x, y, get_array_module(x))
 
     def backward(ctx, g):
@@ -54,6 +58,14 @@ def _rows(a, xp):
     return rows
 
 
+_LINEAR_NAMES = {
+    (True, True): "AddmmBackward0",
+    (True, False): "MmBackward0",
+    (False, True): "ViewBackward0",
+    (False, False): "UnsafeViewBackward0",
+}
+
+
 class Linear(Function):
     """``y = x @ weight.T (+ bias)`` for ``x`` of shape ``(*, in_features)``: one node.
 
@@ -78,6 +90,8 @@ class Linear(Function):
             else:
                 out = memory.track(out + bias, "activations")
         ctx.xshape, ctx.dtypes = x.shape, (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        # PyTorch's linear: addmm (mm without bias) on 2-d input, then a view for more dims
+        ctx.node_name = _LINEAR_NAMES[x.ndim == 2, bias is not None]
         # Only reshape when needed: a view of the product would not own its memory, and the
         # inplace policy writes only over tensors that do.
         return out if x.ndim == 2 else out.reshape(ctx.xshape[:-1] + (weight.shape[0],))

@@ -39,6 +39,9 @@ def _expand_grad(g, shape, axes):
 class Sum(Function):
     def forward(ctx, x, dim=None, keepdim=False):
         ctx.shape, ctx.axes = x.shape, _axes(dim, x.ndim) if x.ndim else ()
+        ctx.dim, ctx.keepdim = dim, keepdim
+        if dim is not None:
+            ctx.node_name = "SumBackward1"  # sum(dim): PyTorch's second overload
         return get_array_module(x).sum(x, axis=ctx.axes, keepdims=keepdim)
 
     def backward(ctx, g):
@@ -48,6 +51,9 @@ class Sum(Function):
 class Mean(Function):
     def forward(ctx, x, dim=None, keepdim=False):
         ctx.shape, ctx.axes = x.shape, _axes(dim, x.ndim) if x.ndim else ()
+        ctx.dim, ctx.keepdim = dim, keepdim
+        if dim is not None:
+            ctx.node_name = "MeanBackward1"
         n = 1
         for a in ctx.axes:
             n *= x.shape[a]
@@ -96,6 +102,8 @@ class Amax(Function):
 
 class MaxDim(Function):
     """``max(dim)``: values and indices; the gradient goes to the index that was picked."""
+
+    node_name = "MaxBackward0"
 
     def forward(ctx, x, dim=0, keepdim=False):
         xp = get_array_module(x)

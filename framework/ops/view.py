@@ -45,6 +45,8 @@ class View(Function):
 class ReshapeCopy(Function):
     """reshape where the strides do not allow a view: a contiguous copy, as in PyTorch."""
 
+    node_name = "UnsafeViewBackward0"
+
     def forward(ctx, x, shape=None):
         ctx.shape = x.shape
         xp = get_array_module(x)
@@ -106,6 +108,20 @@ class GetItem(Function):
         ctx.shape, ctx.dtype, ctx.index = x.shape, x.dtype, index
         return x[index]
 
+    def name(self) -> str:
+        if type(self) is not GetItem:
+            return self.node_name  # select, unbind, split: one op each, as in PyTorch
+        # PyTorch indexes one element of the index at a time: its last op names the node
+        index = self.index if isinstance(self.index, tuple) else (self.index,)
+        for i in reversed(index):
+            if i is None:
+                return "UnsqueezeBackward0"
+            if isinstance(i, slice):
+                return "SliceBackward0"
+            if i is not Ellipsis:
+                return "SelectBackward0"
+        return "AliasBackward0"
+
     def backward(ctx, g):
         gx = memory.zeros(ctx.shape, ctx.dtype, get_array_module(g), "gradients")
         gx[ctx.index] = g
@@ -115,17 +131,25 @@ class GetItem(Function):
 class Select(GetItem):
     """``x.select(dim, i)``: basic indexing at one position of one dim (a view)."""
 
+    node_name = "SelectBackward0"
+
 
 class Unbind(GetItem):
     """One output of ``unbind``: a ``select`` (the outputs refuse inplace, see ops.unbind)."""
+
+    node_name = "UnbindBackward0"
 
 
 class Split(GetItem):
     """One output of ``split``/``chunk``: a slice of one dim."""
 
+    node_name = "SplitBackward0"
+
 
 class SplitWithSizes(GetItem):
     """One output of ``split_with_sizes`` (or ``split`` with a list of sizes)."""
+
+    node_name = "SplitWithSizesBackward0"
 
 
 class AsStrided(Function):
@@ -227,6 +251,8 @@ def _kept_index(ctx):
 class IndexGet(Function):
     """Advanced indexing (integer or boolean arrays): a copy; duplicates accumulate."""
 
+    node_name = "IndexBackward0"
+
     def forward(ctx, x, index=None):
         ctx.shape, ctx.dtype = x.shape, x.dtype
         arrays, ctx.index_rest = _split_index(index)
@@ -324,6 +350,8 @@ class Stack(Function):
 
 
 class ToDevice(Function):
+    node_name = "ToCopyBackward0"
+
     def forward(ctx, x, device=None):
         ctx.source = device_of(x)
         return to_device(x, device)
