@@ -52,6 +52,10 @@ from .node import (  # noqa: F401  (SavedTensor, VersionCounter, _FREED: the op 
 )
 from .view_meta import UntrackedView, rebase_message
 
+#: What a ``saved_attrs`` getter returns where this node, under its PyTorch name, has no
+#: such attribute (``PowBackward0`` saves no result; ``SumBackward0`` no dim).
+ABSENT = object()
+
 
 class Function(Node):
     """Base of every op; an instance is the autograd node (and the ``ctx``) of one call.
@@ -74,6 +78,9 @@ class Function(Node):
     # PyTorch's names (derivatives.yaml) for what ``saves`` names, where they differ: a
     # node's saved value ``x`` is read back as ``grad_fn._saved_self``, as in PyTorch.
     saved_as = {"x": "self", "y": "other"}
+    # PyTorch's other saved attributes (``grad_fn._saved_<name>``): name -> function of the
+    # node (what forward kept), or ABSENT where this node has no such attribute.
+    saved_attrs: dict = {}
     # Policy ``auto`` may run an out-of-place call in place when its first input is dead
     # (inplace.auto_target): True, or a function (inputs, params) -> bool for ops whose
     # inplace form exists only for some parameters.
@@ -121,23 +128,56 @@ class Function(Node):
 
         A saved tensor comes back as a tensor sharing its storage and version counter
         (without history); a Python scalar operand as itself; None where the value was not
-        saved because no gradient needed it (PyTorch's undefined tensor). After backward
-        freed the node, reading raises as a second backward would (``Node.__getattr__``).
+        saved because no gradient needed it (PyTorch's undefined tensor). The other
+        attributes PyTorch saves (sizes, dims, slopes: :attr:`saved_attrs`) come from
+        what forward kept. After backward freed the node, reading a tensor raises as a
+        second backward would.
         """
+        getter = type(self).saved_attrs.get(torch_name)
+        value = getter(self) if getter is not None else self.saved_value(torch_name)
+        if value is ABSENT:
+            raise AttributeError(f"'{self.name()}' object has no attribute '_saved_{torch_name}'")
+        return value
+
+    def saved_value(self, torch_name):
+        """The value ``saves`` holds under PyTorch's name ``torch_name`` (see
+        :meth:`saved_by_torch_name`), or ABSENT where the op saves nothing by that name."""
         saved_as = type(self).saved_as
         for name, _, _ in type(self)._save_plan:
             if saved_as.get(name, name) == torch_name:
                 break
         else:
-            raise AttributeError(f"{self.name()} has no attribute '_saved_{torch_name}'")
-        saved = self.__dict__.get("_saved") or {}
-        if name in saved:
+            return ABSENT
+        saved = self.__dict__.get("_saved")
+        if saved is _FREED:
+            raise RuntimeError(_backward_twice_message(self))
+        if saved and name in saved:
             s = saved[name]
             t = _wrap(s.unpack(self))  # the version check of a backward, and its error
             if s.vc is not None:
                 t._vc = s.vc
             return t
         return self.__dict__.get(name)  # a constant operand, or None: not saved
+
+    def saved_names(self) -> list:
+        """PyTorch's names of what this node saved (``_saved_<name>`` in ``dir()``)."""
+        saved_as = type(self).saved_as
+        getters = type(self).saved_attrs
+        names = {saved_as.get(name, name) for name, _, _ in type(self)._save_plan}
+        names.update(getters)
+        out = []
+        for n in sorted(names):
+            getter = getters.get(n)
+            try:
+                if getter is not None and getter(self) is ABSENT:
+                    continue
+            except RuntimeError:  # freed: still listed, as PyTorch lists it
+                pass
+            out.append(n)
+        return out
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | {"_saved_" + n for n in self.saved_names()})
 
     def keep(ctx, **arrays) -> None:
         """Holds arrays forward computed itself (statistics, masks, indices) for backward.

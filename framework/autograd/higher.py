@@ -110,8 +110,10 @@ def run_leaf_hooks(leaf, grad):
 
 
 def accumulate_leaf(leaf, grad) -> None:
-    """PyTorch's AccumulateGrad with grad mode on: ``.grad`` becomes a clone of the
-    gradient (with its history), or the out-of-place sum with the existing one."""
+    """PyTorch's AccumulateGrad with grad mode on: ``.grad`` becomes a copy of the
+    gradient (with its history) in the leaf's layout (``clone_obey_contract``: a new
+    tensor with the leaf's strides where the leaf is dense, ``copy_`` into it; else a
+    contiguous clone), or the out-of-place sum with the existing one."""
     if not leaf._requires_grad:
         return
     grad = run_leaf_hooks(leaf, grad)
@@ -119,7 +121,12 @@ def accumulate_leaf(leaf, grad) -> None:
         raise RuntimeError(f"gradient of shape {grad.shape} for a leaf of shape {leaf._data.shape}")
     if grad.dtype != leaf._data.dtype:
         grad = grad.to(dtype=leaf._data.dtype)
-    leaf._grad = grad.clone() if leaf._grad is None else leaf._grad + grad
+    if leaf._grad is not None:
+        leaf._grad = leaf._grad + grad
+    elif memory.is_dense(leaf._data):
+        leaf._grad = _wrap(memory.empty_layout(leaf._data, None, "gradients")).copy_(grad)
+    else:
+        leaf._grad = grad.clone()
     if leaf._post_acc_hooks:
         for hook in tuple(leaf._post_acc_hooks):
             hook(leaf)

@@ -184,6 +184,8 @@ class Node:
 
     def __getattr__(self, name):
         # Only reached for attributes not set in forward: the saved tensors.
+        if name.startswith("_saved_"):
+            return self.saved_by_torch_name(name[7:])
         saved = self.__dict__.get("_saved")
         if saved is _FREED:
             raise RuntimeError(_backward_twice_message(self))
@@ -195,8 +197,6 @@ class Node:
             kept = self.kept_as_tensors()  # what another device's forward kept in another form
             if name in kept:
                 return kept[name]
-        if name.startswith("_saved_"):
-            return self.saved_by_torch_name(name[7:])
         if name in type(self).saves:
             raise AttributeError(
                 f"{self.name()} did not save {name!r}: saved_when says it is needed only for "

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import inplace as _inplace
 from .. import memory
-from ..autograd.function import Function
+from ..autograd.function import ABSENT, Function
 from ..backend import add_scaled_, get_array_module
 from ..tensor import Tensor
 from . import kernels as K
@@ -107,9 +107,13 @@ def _on_device(y, x):
     return y.on_device(x.dtype) if hasattr(y, "on_device") and hasattr(x, "dtype") else y
 
 
+_ALPHA = {"alpha": lambda c: c.alpha}
+
+
 class Add(Function):
     inplace_name = "add_"
     auto_inplace = True
+    saved_attrs = _ALPHA
 
     def forward(ctx, x, y, alpha=1):
         ctx.mx, ctx.my, ctx.alpha = _meta(x), _meta(y), alpha
@@ -149,6 +153,7 @@ class AddScaled(Function):
 class Sub(Function):
     inplace_name = "sub_"
     auto_inplace = True
+    saved_attrs = _ALPHA
 
     def forward(ctx, x, y, alpha=1):
         ctx.mx, ctx.my, ctx.alpha = _meta(x), _meta(y), alpha
@@ -223,6 +228,7 @@ class Pow(Function):
     saves = ("x", "y", "result")
     saved_when = {"x": (0, 1), "y": (0, 1), "result": (1,)}
     saved_as = {"x": "self", "y": "exponent"}
+    saved_attrs = {"result": lambda c: ABSENT if c.node_name == "PowBackward0" else c.saved_value("result")}
 
     def forward(ctx, x, y):
         ctx.mx, ctx.my = _meta(x), _meta(y)
@@ -240,14 +246,20 @@ class Pow(Function):
         gx = gy = None
         if ctx.needs_input_grad[0]:
             x, y = ctx.x, ctx.y
-            # d/dx x**y = y * x**(y-1), taken as 0 where y == 0 (PyTorch's pow_backward:
-            # x**0 is constant, even at x == 0 where the formula gives 0 * inf): there
-            # the exponent y - 1 becomes 0, and y * x**0 = 0
-            if hasattr(y, "shape"):
-                gx = g * y * xp.power(x, xp.where(y == 0, 1, y) - 1)
+            # d/dx x**y = y * x**(y-1), and 0 where y == 0 (x**0 is constant, even at
+            # x == 0 where the formula gives 0 * inf): PyTorch's pow_backward, literally,
+            # so that its higher derivatives are PyTorch's too: for a scalar 0 a constant
+            # zero (nothing to differentiate again), for a tensor a where() whose masked
+            # branch carries no gradient
+            if not hasattr(y, "shape"):
+                if y == 0:
+                    gx = memory.zeros(ctx.mx[0], ctx.mx[1], xp)
+                else:
+                    gx = _grad_for(g * (y * xp.power(x, y - 1)), ctx.mx)
             else:
-                gx = g * y * xp.power(x, (y if y != 0 else 1) - 1)
-            gx = _grad_for(gx, ctx.mx)
+                with np.errstate(divide="ignore", invalid="ignore"):  # the masked branch at x == 0
+                    branch = g * (y * xp.power(x, y - 1))
+                gx = _grad_for(xp.where(y == 0, 0, branch), ctx.mx)
         if ctx.needs_input_grad[1]:
             x = xp.asarray(ctx.x)
             # d/dy x**y = x**y * log(x), taken as 0 where x == 0 and y >= 0
@@ -451,6 +463,7 @@ class LeakyRelu(Function):
     inplace_name = "leaky_relu_"
     auto_inplace = True
     saves = ("x",)
+    saved_attrs = {"negative_slope": lambda c: c.slope}
 
     def forward(ctx, x, negative_slope=0.01):
         ctx.slope = negative_slope
@@ -504,6 +517,7 @@ class Clamp(Function):
     inplace_name = "clamp_"
     auto_inplace = True
     saves = ("x",)
+    saved_attrs = {"min": lambda c: c.min, "max": lambda c: c.max}
 
     def forward(ctx, x, min=None, max=None):
         if min is None and max is None:

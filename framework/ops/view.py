@@ -25,8 +25,17 @@ from .broadcast import copy, sum_to
 reshape_view = backend.reshape_view
 
 
+_SIZES = {"self_sym_sizes": lambda c: c.shape}
+
+
+def _select_dim(c) -> int:
+    """The dim of a select written as ``(slice(None),) * dim + (i, Ellipsis)``."""
+    return len(c.index) - 2
+
+
 class View(Function):
     is_view = True
+    saved_attrs = _SIZES
 
     def forward(ctx, x, shape=None):
         ctx.shape = x.shape
@@ -46,6 +55,7 @@ class ReshapeCopy(Function):
     """reshape where the strides do not allow a view: a contiguous copy, as in PyTorch."""
 
     node_name = "UnsafeViewBackward0"
+    saved_attrs = _SIZES
 
     def forward(ctx, x, shape=None):
         ctx.shape = x.shape
@@ -58,8 +68,10 @@ class ReshapeCopy(Function):
 
 class Permute(Function):
     is_view = True
+    saved_attrs = {"dims": lambda c: c.dims}
 
     def forward(ctx, x, dims=None):
+        ctx.dims = dims
         ctx.inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))  # argsort, in Python ints
         return x.transpose(dims)
 
@@ -90,6 +102,7 @@ def broadcast_view(x, shape):
 
 class Expand(Function):
     is_view = True
+    saved_attrs = _SIZES
 
     def forward(ctx, x, shape=None):
         ctx.shape = x.shape
@@ -132,12 +145,14 @@ class Select(GetItem):
     """``x.select(dim, i)``: basic indexing at one position of one dim (a view)."""
 
     node_name = "SelectBackward0"
+    saved_attrs = {"dim": _select_dim, "index": lambda c: c.index[-2], "self_sym_sizes": lambda c: c.shape}
 
 
 class Unbind(GetItem):
     """One output of ``unbind``: a ``select`` (the outputs refuse inplace, see ops.unbind)."""
 
     node_name = "UnbindBackward0"
+    saved_attrs = {"dim": _select_dim}
 
 
 class Split(GetItem):
@@ -321,6 +336,8 @@ class Clone(Function):
 
 
 class Cat(Function):
+    saved_attrs = {"dim": lambda c: c.dim}
+
     def forward(ctx, *xs, dim=0):
         ctx.dim = dim
         ctx.sizes = [x.shape[dim] for x in xs]
@@ -340,6 +357,8 @@ class Cat(Function):
 
 
 class Stack(Function):
+    saved_attrs = {"dim": lambda c: c.dim}
+
     def forward(ctx, *xs, dim=0):
         ctx.dim = dim
         return get_array_module(xs[0]).stack(xs, axis=dim)
