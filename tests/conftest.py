@@ -92,6 +92,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter):
+    # How many random programs were compared with PyTorch (the differential test records
+    # it per test; the reports carry it back from xdist's workers).
+    ran = sum(
+        value
+        for report in terminalreporter.stats.get("passed", [])
+        for key, value in getattr(report, "user_properties", ())
+        if key == "oracle_programs"
+    )
+    if ran:
+        terminalreporter.write_line(f"oracle: {ran} random programs compared with PyTorch under off, auto and on")
+
+
 #: The PyTorch the oracle tests compare with (the ``oracle`` extra pins it).
 TORCH_ORACLE_VERSION = "2.13.0"
 

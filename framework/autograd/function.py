@@ -268,8 +268,10 @@ def _check_view_rewrite(cls, target) -> None:
 def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
     """The SavedTensors of forward's inputs, and the bytes copied because the inplace
     kernel would overwrite them. A Python scalar operand (``x * 2.0``) is a constant,
-    not a saved tensor: it becomes a plain attribute of ``ctx`` and, as in PyTorch,
-    survives ``release()``, so a node that saved only constants can run again."""
+    not a saved tensor: it becomes a plain attribute of ``ctx`` (readable after
+    ``release()``), but the node counts as having saved it: PyTorch saves it as a
+    tensor (a wrapped number), so after ``release()`` a second backward through the
+    node raises, as there."""
     saved = {}
     copied = 0
     target = arrays[0] if inplace else None
@@ -286,13 +288,17 @@ def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
         arr = arrays[idx]
         if not hasattr(arr, "shape"):
             ctx.__dict__[name] = arr
+            ctx.__dict__["_holds_constants"] = True
             continue
-        if inplace:
+        if inplace and idx == 0:
             if xp_may_share is None:
                 xp_may_share = get_array_module(target).may_share_memory
             if arr is target or xp_may_share(arr, target):
-                # Backward needs the value the kernel is about to overwrite: keep a copy.
-                # Correct, but it is exactly the memory this inplace op did not save.
+                # Backward needs the value the kernel is about to overwrite: keep a copy
+                # (PyTorch's original self). Correct, but it is exactly the memory this
+                # inplace op did not save. Another input that shares the target's memory
+                # (x.mul_(x)) is saved as itself, as in PyTorch: this op's version bump
+                # then makes backward raise instead of reading the new values.
                 copy = memory.track(arr.copy(), "inplace_copies")
                 copied += copy.nbytes
                 saved[name] = SavedTensor(copy, None, name)
@@ -557,10 +563,15 @@ class CopySlices(Function):
         return (gbase,) + grads[1:]
 
     def run_backward(self, grad):
+        if self.__dict__.get("_saved") is _FREED:
+            raise RuntimeError(_backward_twice_message(self))
         return self.backward(grad)
 
     def release(self):
+        # PyTorch's CopySlices drops the op it replays: a second backward raises, also
+        # where that op saved nothing (add_ on a view)
         self.fn.release()
+        self._saved = _FREED
 
 
 _inplace.passes_ownership(Function.apply)

@@ -229,6 +229,8 @@ class Node:
             for s in saved.values():
                 s.release()
             self._saved = _FREED
+        elif saved is None and self.__dict__.get("_holds_constants"):
+            self._saved = _FREED  # a scalar operand, which PyTorch saves as a tensor
 
     def register_prehook(self, fn):
         """``fn(grad_array) -> grad_array | None`` runs before this node's backward."""

@@ -127,17 +127,36 @@ def test_nodes_without_saved_tensors_can_run_again():
     assert_close(b.grad, [2.0, 2.0])
 
 
-def test_nodes_that_keep_only_python_scalars_can_run_again():
-    # PyTorch keeps the scalar of a * 2.0 as a constant, not as a saved tensor.
+def test_nodes_that_keep_only_python_scalars_are_freed_as_in_pytorch():
+    # PyTorch saves the 2.0 of a * 2.0 as a tensor (a wrapped number): after one backward
+    # the node is freed like any other. Nodes that keep nothing (a + 1) can run again.
     a = fw.tensor([1.0, 2.0], requires_grad=True)
     loss = (a * 2.0 + a / 4.0).sum()
     loss.backward()
-    loss.backward()
-    assert_close(a.grad, [4.5, 4.5])  # 2 * (2 + 1/4)
+    with pytest.raises(RuntimeError, match=TWICE_MSG):
+        loss.backward()
+    shifted = (a + 1.0).sum()
+    shifted.backward()
+    shifted.backward()
+    assert_close(a.grad, [4.25, 4.25])  # 2 + 1/4 once, then 1 twice
     squared = (a**2).sum()  # PowBackward0 saves the tensor a: freed after one backward
     squared.backward()
     with pytest.raises(RuntimeError, match=TWICE_MSG):
         squared.backward()
+
+
+def test_nodes_that_keep_only_python_scalars_match_pytorch(torch):
+    for lib in (fw, torch):
+        a = lib.tensor([1.0, 2.0], requires_grad=True)
+        loss = (a * 2.0).sum()
+        loss.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            loss.backward()
+        view_add = a * 1
+        view_add[1].add_(2.0)  # CopySlices drops the op it replays, even one that saved nothing
+        view_add.sum().backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            view_add.sum().backward()
 
 
 # --- hooks ---------------------------------------------------------------------------------------

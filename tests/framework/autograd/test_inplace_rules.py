@@ -321,10 +321,17 @@ def test_mul_inplace_by_a_tensor_that_requires_grad_keeps_a_copy():
     assert_close(w.grad, [1.0, 2.0])
 
 
-def test_mul_inplace_by_itself():
+def test_mul_inplace_by_itself_is_refused_in_backward_as_in_pytorch():
+    # PyTorch keeps a copy of the overwritten self only; the other factor is saved as
+    # itself, and this very op changes it: backward raises (pytorch 2.13 does too)
     a = fw.tensor([1.0, 2.0, 3.0], requires_grad=True)
     b = a * 1.0
-    b.mul_(b)  # b^2: both factors are the old b, kept as copies
+    b.mul_(b)
+    assert b.tolist() == [1.0, 4.0, 9.0]
+    with pytest.raises(RuntimeError, match=r"input 'y' of MulBackward0, is at version 1; expected version 0"):
+        b.sum().backward()
+    b = a * 1.0
+    b.mul_(b.clone())  # the way that works: b^2
     b.sum().backward()
     assert_close(a.grad, [2.0, 4.0, 6.0])  # d/da a^2 = 2a
 
