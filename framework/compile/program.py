@@ -159,7 +159,7 @@ class Node:
                 return getattr(op, "inplace_name", None) or op.__name__.lower() + "_"
             return op.__name__
         if self.kind == "backward":
-            return self.info.get("label") or self.op.__name__ + "Backward"
+            return self.info.get("label") or self.op.node_name
         if self.kind == "create":
             return self.info.get("label", "create")
         return self.kind

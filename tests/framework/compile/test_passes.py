@@ -49,7 +49,7 @@ class Builder:
             grad=grad,
             reuse_grad=False,
             saved_values=list(fnode.info["saved"].values()),
-            label=fnode.op.__name__ + "Backward",
+            label=fnode.op.node_name,
         )
         return out.id
 
