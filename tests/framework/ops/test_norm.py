@@ -546,7 +546,9 @@ def test_inplace_abn_residual_is_in_place_and_keeps_y_and_the_residual_without_c
     act = int(np.prod(shape)) * 4
     w, b = fw.ones(c, requires_grad=True), fw.zeros(c, requires_grad=True)
     rm, rv = fw.zeros(c), fw.ones(c)
-    r = fw.randn(*shape, requires_grad=True) * 1  # a non-leaf, e.g. the block input
+    # a non-leaf, e.g. the block input, whose node keeps nothing (x * 1 would keep the 1, as
+    # PyTorch does, and could not run again in the second backward below)
+    r = fw.randn(*shape, requires_grad=True) + 0.0
     h = fw.randn(*shape, requires_grad=True) * 1  # stands for a conv output
     buf, v, rv0 = h._data, h._version, r._version
     memory.reset_stats()
