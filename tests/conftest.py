@@ -77,6 +77,12 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Every test that uses the oracle (the ``torch`` fixture) is marked torch_oracle, so that
+    # `-m torch_oracle` counts them and `-m "not torch_oracle"` deselects them where torch
+    # cannot be installed (.ci/run's other interpreters).
+    for item in items:
+        if "torch" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.torch_oracle)
     # Every test marked gpu is skipped cleanly without a device, even without @requires_gpu.
     if CUDA_AVAILABLE:
         return
@@ -84,6 +90,56 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:  # not item.keywords: it holds param ids too
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    # How many random programs were compared with PyTorch (the differential test records
+    # it per test; the reports carry it back from xdist's workers).
+    ran = sum(
+        value
+        for report in terminalreporter.stats.get("passed", [])
+        for key, value in getattr(report, "user_properties", ())
+        if key == "oracle_programs"
+    )
+    if ran:
+        terminalreporter.write_line(f"oracle: {ran} random programs compared with PyTorch under off, auto and on")
+
+
+#: The PyTorch the oracle tests compare with (the ``oracle`` extra pins it).
+TORCH_ORACLE_VERSION = "2.13.0"
+
+
+def in_ci() -> bool:
+    """True under CI (``CI=true``, as .ci/run is run): nothing that CI must check may skip."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def require_torch():
+    """PyTorch, the oracle: the one place that decides whether a comparison with it runs.
+
+    Without torch (or with another version than the one the tests were written against)
+    the test is skipped with the reason, on a developer's machine; under ``CI=true`` it
+    FAILS instead: the comparisons with PyTorch must run in CI (``pip install -e
+    ".[test,mpi,oracle]"``, as .ci/run does).
+    """
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError as e:
+        why = f"PyTorch is not installed ({e}); pip install -e '.[oracle]' runs the comparisons with it"
+    else:
+        if torch.__version__.split("+")[0] == TORCH_ORACLE_VERSION:
+            return torch
+        why = f"PyTorch {torch.__version__} is installed; the comparisons are written against {TORCH_ORACLE_VERSION}"
+    if in_ci():
+        pytest.fail(f"CI=true and the PyTorch oracle cannot run: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@pytest.fixture
+def torch():
+    """The ``torch`` module for a test that compares with PyTorch (see :func:`require_torch`);
+    a test that uses it is marked ``torch_oracle``."""
+    return require_torch()
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_gpu])])

@@ -34,7 +34,7 @@ def test_python_example_runs_and_fails_where_it_says(tmp_path):
     # The first half must succeed, the last line must raise the documented error.
     assert r.returncode == 1
     assert "RuntimeError: one of the variables needed for gradient computation" in r.stderr
-    assert "input 'x' of SinBackward, is at version 1; expected version 0" in r.stderr
+    assert "input 'x' of SinBackward0, is at version 1; expected version 0" in r.stderr
     assert f"It was modified by add_ at {script}:10 (version 1)" in r.stderr
 
 
@@ -44,7 +44,7 @@ MAIN_JOB = (
 )
 
 
-@pytest.mark.parametrize("command", [MAIN_JOB, 'pip install -e ".[test,mpi]" && python -m pytest'])
+@pytest.mark.parametrize("command", [MAIN_JOB, 'pip install -e ".[test,mpi,oracle]" && python -m pytest'])
 def test_readme_and_ci_commands(command):
     assert command in _readme()
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:

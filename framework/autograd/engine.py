@@ -134,20 +134,25 @@ def _accumulate_leaf(leaf, box) -> None:
             hook(leaf)
 
 
-def _needed_nodes(root_nodes, node_targets, leaf_ids):
-    """Nodes from which some target is reachable (postorder DFS over a DAG)."""
+def _needed_nodes(root_nodes, node_targets, leaf_ids, run_targets):
+    """The nodes that must run: those from which some target is reachable through their
+    inputs (postorder DFS over a DAG). A target node receives its gradient but runs only
+    when another target lies behind it (PyTorch's autograd.grad: the gradient flowing
+    into the input is captured, its node is neither run nor freed), or, with
+    ``run_targets`` (``backward(inputs=...)``, which retains the gradient of a non-leaf
+    input as ``retain_grad`` does), always."""
     needed: dict = {}
     for r in root_nodes:
         stack = [(r, False)]
         while stack:
             n, done = stack.pop()
             if done:
-                hit = n in node_targets
+                hit = run_targets and n in node_targets
                 for c in n.next:
                     if c is None:
                         continue
                     if isinstance(c, Node):
-                        hit = hit or needed.get(c, False)
+                        hit = hit or needed.get(c, False) or c in node_targets
                     elif id(c) in leaf_ids:
                         hit = True
                 needed[n] = hit
@@ -193,9 +198,15 @@ def _run(roots, retain_graph, targets, accumulate, create_graph):
     leaf_ids = node_targets = needed = None
     captured = None
     if targets is not None:
-        leaf_ids = {id(t): i for i, t in enumerate(targets) if t.grad_fn is None}
-        node_targets = {t.grad_fn: i for i, t in enumerate(targets) if t.grad_fn is not None}
-        needed = _needed_nodes(root_nodes, node_targets, leaf_ids)
+        # target -> every position it holds in ``targets`` (grad(y, [x, x]) returns two)
+        leaf_ids, node_targets = {}, {}
+        for i, t in enumerate(targets):
+            fn = t.grad_fn
+            if fn is None:
+                leaf_ids.setdefault(id(t), []).append(i)
+            else:
+                node_targets.setdefault(fn, []).append(i)
+        needed = _needed_nodes(root_nodes, node_targets, leaf_ids, accumulate)
         captured = [None] * len(targets)
 
     # Dependency counts over the reachable (and, with targets, needed) part of the graph.
@@ -218,9 +229,11 @@ def _run(roots, retain_graph, targets, accumulate, create_graph):
             count_leaf(edge)
     while stack:
         node = stack.pop()
+        if needed is not None and not needed.get(node):
+            continue  # a target that does not run (or a root that reaches none): no edge of its counts
         for nxt in node.next:
             if isinstance(nxt, Node):
-                if needed is None or needed.get(nxt):
+                if needed is None or needed.get(nxt) or nxt in node_targets:
                     deps[nxt] = deps.get(nxt, 0) + 1
                     if nxt not in seen:
                         seen.add(nxt)
@@ -234,13 +247,15 @@ def _run(roots, retain_graph, targets, accumulate, create_graph):
         if targets is None:
             _accumulate_leaf(leaf, box)
             return
-        i = leaf_ids.get(id(leaf))
-        if i is None:
+        positions = leaf_ids.get(id(leaf))
+        if positions is None:
             return
         if accumulate:
             _accumulate_leaf(leaf, box)
         else:
-            captured[i] = _run_leaf_hooks(leaf, box.pop())  # autograd.grad runs them too (PyTorch)
+            g = _run_leaf_hooks(leaf, box.pop())  # autograd.grad runs them too (PyTorch)
+            for i in positions:
+                captured[i] = g
 
     def arrive_leaf(leaf, grads_in, i):
         # Takes grads_in[i] out of its list, so that once the sum is complete only the
@@ -279,14 +294,18 @@ def _run(roots, retain_graph, targets, accumulate, create_graph):
             node = ready.pop()
             g = grads.pop(node, None)
             outs = None
-            if g is not None and (needed is None or needed.get(node)):
+            runs = needed is None or needed.get(node)
+            if g is not None and (runs or node in node_targets):
                 for hook in node.__dict__.get("_pre_hooks", ()):
                     r = hook(g)
                     if r is not None:
                         g = r
                 if node_targets is not None and node in node_targets:
-                    i = node_targets[node]
-                    captured[i] = g
+                    for i in node_targets[node]:
+                        captured[i] = g
+            if not runs:
+                continue  # a target whose inputs lead to no other target: captured, not run nor freed
+            if g is not None:
                 # An inplace site of the policy: under on/auto, when nothing but this local
                 # refers to the incoming gradient (it is dead once the node has run),
                 # elementwise backwards write their result into it (Paddle's use_count == 1).
@@ -329,7 +348,7 @@ def _run(roots, retain_graph, targets, accumulate, create_graph):
                 if outs is not None:
                     gi = outs[i]
                     outs[i] = None
-                if needed is not None and not needed.get(nxt):
+                if needed is not None and not needed.get(nxt) and nxt not in node_targets:
                     continue
                 if gi is not None:
                     if nxt in grads:
@@ -431,9 +450,13 @@ def backward(
         raise RuntimeError(f"got {len(tensors)} tensors and {len(grads)} gradients")
     targets = _as_list(inputs)
     if targets is not None:
+        if not targets:
+            raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
         for t in targets:
             if not t.is_leaf:
-                raise RuntimeError("backward(inputs=...) accepts leaf tensors only; use autograd.grad for others")
+                # As PyTorch: a non-leaf input retains its gradient in .grad, from now on
+                # (retain_grad), and its node runs and is freed as in any backward.
+                t.retain_grad()
     _execute(_roots(tensors, grads, create_graph), bool(retain_graph), targets, True, bool(create_graph))
 
 
@@ -443,15 +466,25 @@ def grad(
     grad_outputs=None,
     retain_graph: bool | None = None,
     create_graph: bool = False,
-    allow_unused: bool = False,
+    allow_unused: bool | None = None,
+    materialize_grads: bool = False,
 ):
     """Returns d(outputs)/d(inputs) as a tuple of tensors, without touching any ``.grad``.
 
     As ``torch.autograd.grad``: ``grad_outputs`` are the vectors of the vector-Jacobian
     product (None: 1 for scalar outputs); ``retain_graph`` defaults to ``create_graph``;
     with ``create_graph`` the returned gradients have history and can be differentiated
-    again; ``allow_unused`` returns None for an input the outputs do not depend on.
+    again; ``allow_unused`` returns None for an input the outputs do not depend on
+    (defaults to ``materialize_grads``), ``materialize_grads`` zeros instead. An input
+    that is not a leaf gets the gradient flowing into it: its own node does not run
+    (and is not freed) unless another input lies behind it.
     """
+    if materialize_grads and allow_unused is False:
+        raise ValueError(
+            "Expected allow_unused to be True or not passed when materialize_grads=True, but got: allow_unused=False."
+        )
+    if allow_unused is None:
+        allow_unused = materialize_grads
     _check_create_graph(create_graph)
     if retain_graph is None:
         retain_graph = create_graph
@@ -473,7 +506,11 @@ def grad(
                 "One of the differentiated Tensors appears to not have been used in the graph. "
                 "Set allow_unused=True if this is the desired behavior."
             )
-        if g is None or create_graph:
+        if g is None and materialize_grads:
+            zeros = t._from_array(memory.zeros(t.shape, t.dtype, get_array_module(t._data), "gradients"))
+            zeros._requires_grad = bool(create_graph)  # PyTorch's zeros_like(input, requires_grad=create_graph)
+            result.append(zeros)
+        elif g is None or create_graph:
             result.append(g)  # a tensor with history: returned as is (PyTorch)
         else:
             result.append(t._from_array(g if _is_exclusive(g) else g.copy()))

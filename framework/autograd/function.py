@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import traceback
+import weakref
 
 import numpy as np
 
@@ -50,6 +51,10 @@ from .node import (  # noqa: F401  (SavedTensor, VersionCounter, _FREED: the op 
     _HookHandle,
 )
 from .view_meta import UntrackedView, rebase_message
+
+#: What a ``saved_attrs`` getter returns where this node, under its PyTorch name, has no
+#: such attribute (``PowBackward0`` saves no result; ``SumBackward0`` no dim).
+ABSENT = object()
 
 
 class Function(Node):
@@ -73,6 +78,9 @@ class Function(Node):
     # PyTorch's names (derivatives.yaml) for what ``saves`` names, where they differ: a
     # node's saved value ``x`` is read back as ``grad_fn._saved_self``, as in PyTorch.
     saved_as = {"x": "self", "y": "other"}
+    # PyTorch's other saved attributes (``grad_fn._saved_<name>``): name -> function of the
+    # node (what forward kept), or ABSENT where this node has no such attribute.
+    saved_attrs: dict = {}
     # Policy ``auto`` may run an out-of-place call in place when its first input is dead
     # (inplace.auto_target): True, or a function (inputs, params) -> bool for ops whose
     # inplace form exists only for some parameters.
@@ -80,7 +88,7 @@ class Function(Node):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "forward" not in cls.__dict__:
+        if "forward" not in cls.__dict__ and "saves" not in cls.__dict__:
             return
         params = list(inspect.signature(cls.forward).parameters.values())[1:]
         names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -120,23 +128,56 @@ class Function(Node):
 
         A saved tensor comes back as a tensor sharing its storage and version counter
         (without history); a Python scalar operand as itself; None where the value was not
-        saved because no gradient needed it (PyTorch's undefined tensor). After backward
-        freed the node, reading raises as a second backward would (``Node.__getattr__``).
+        saved because no gradient needed it (PyTorch's undefined tensor). The other
+        attributes PyTorch saves (sizes, dims, slopes: :attr:`saved_attrs`) come from
+        what forward kept. After backward freed the node, reading a tensor raises as a
+        second backward would.
         """
+        getter = type(self).saved_attrs.get(torch_name)
+        value = getter(self) if getter is not None else self.saved_value(torch_name)
+        if value is ABSENT:
+            raise AttributeError(f"'{self.name()}' object has no attribute '_saved_{torch_name}'")
+        return value
+
+    def saved_value(self, torch_name):
+        """The value ``saves`` holds under PyTorch's name ``torch_name`` (see
+        :meth:`saved_by_torch_name`), or ABSENT where the op saves nothing by that name."""
         saved_as = type(self).saved_as
         for name, _, _ in type(self)._save_plan:
             if saved_as.get(name, name) == torch_name:
                 break
         else:
-            raise AttributeError(f"{self.name()} has no attribute '_saved_{torch_name}'")
-        saved = self.__dict__.get("_saved") or {}
-        if name in saved:
+            return ABSENT
+        saved = self.__dict__.get("_saved")
+        if saved is _FREED:
+            raise RuntimeError(_backward_twice_message(self))
+        if saved and name in saved:
             s = saved[name]
             t = _wrap(s.unpack(self))  # the version check of a backward, and its error
             if s.vc is not None:
                 t._vc = s.vc
             return t
         return self.__dict__.get(name)  # a constant operand, or None: not saved
+
+    def saved_names(self) -> list:
+        """PyTorch's names of what this node saved (``_saved_<name>`` in ``dir()``)."""
+        saved_as = type(self).saved_as
+        getters = type(self).saved_attrs
+        names = {saved_as.get(name, name) for name, _, _ in type(self)._save_plan}
+        names.update(getters)
+        out = []
+        for n in sorted(names):
+            getter = getters.get(n)
+            try:
+                if getter is not None and getter(self) is ABSENT:
+                    continue
+            except RuntimeError:  # freed: still listed, as PyTorch lists it
+                pass
+            out.append(n)
+        return out
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | {"_saved_" + n for n in self.saved_names()})
 
     def keep(ctx, **arrays) -> None:
         """Holds arrays forward computed itself (statistics, masks, indices) for backward.
@@ -227,8 +268,10 @@ def _check_view_rewrite(cls, target) -> None:
 def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
     """The SavedTensors of forward's inputs, and the bytes copied because the inplace
     kernel would overwrite them. A Python scalar operand (``x * 2.0``) is a constant,
-    not a saved tensor: it becomes a plain attribute of ``ctx`` and, as in PyTorch,
-    survives ``release()``, so a node that saved only constants can run again."""
+    not a saved tensor: it becomes a plain attribute of ``ctx`` (readable after
+    ``release()``), but the node counts as having saved it: PyTorch saves it as a
+    tensor (a wrapped number), so after ``release()`` a second backward through the
+    node raises, as there."""
     saved = {}
     copied = 0
     target = arrays[0] if inplace else None
@@ -245,13 +288,17 @@ def _save_inputs(ctx, cls, inputs, arrays, needs, inplace):
         arr = arrays[idx]
         if not hasattr(arr, "shape"):
             ctx.__dict__[name] = arr
+            ctx.__dict__["_holds_constants"] = True
             continue
-        if inplace:
+        if inplace and idx == 0:
             if xp_may_share is None:
                 xp_may_share = get_array_module(target).may_share_memory
             if arr is target or xp_may_share(arr, target):
-                # Backward needs the value the kernel is about to overwrite: keep a copy.
-                # Correct, but it is exactly the memory this inplace op did not save.
+                # Backward needs the value the kernel is about to overwrite: keep a copy
+                # (PyTorch's original self). Correct, but it is exactly the memory this
+                # inplace op did not save. Another input that shares the target's memory
+                # (x.mul_(x)) is saved as itself, as in PyTorch: this op's version bump
+                # then makes backward raise instead of reading the new values.
                 copy = memory.track(arr.copy(), "inplace_copies")
                 copied += copy.nbytes
                 saved[name] = SavedTensor(copy, None, name)
@@ -433,7 +480,12 @@ def _record_history(ctx, cls, inputs, needs, out, saved, inplace):
         ctx._saved = saved
     if inplace and out._base is not None:
         base = out._base
-        base._grad_fn = CopySlices(base, out._view_fn, ctx)
+        rebased = base._grad_fn = CopySlices(base, out._view_fn, ctx)
+        if saved and "result" in saved:
+            # The saved result's history is the view's, regenerated from the new base
+            # (PyTorch's SavedVariable of an inplace op on a view: the view's grad_fn,
+            # held weakly): the second backward reaches ctx through CopySlices only.
+            ctx._rebased = weakref.ref(rebased)
     else:
         out._grad_fn = ctx
 
@@ -493,11 +545,11 @@ class CopySlices(Function):
         base_needs = base.requires_grad
         self.fn = fn
         self.view_fn = view_fn
+        self.base_meta = base._data.shape, base._data.dtype
         self.next = (edge_of(base) if base_needs else None,) + fn.next[1:]
         self.needs_input_grad = (base_needs,) + fn.needs_input_grad[1:]
 
-    def name(self) -> str:
-        return f"CopySlices({self.fn.name()})"
+    node_name = "CopySlices"  # PyTorch's; the inplace op it replays is ``.fn``
 
     def backward(ctx, grad):
         # also on tensors (create_graph): copies are clones, the writes inplace ops
@@ -511,10 +563,15 @@ class CopySlices(Function):
         return (gbase,) + grads[1:]
 
     def run_backward(self, grad):
+        if self.__dict__.get("_saved") is _FREED:
+            raise RuntimeError(_backward_twice_message(self))
         return self.backward(grad)
 
     def release(self):
+        # PyTorch's CopySlices drops the op it replays: a second backward raises, also
+        # where that op saved nothing (add_ on a view)
         self.fn.release()
+        self._saved = _FREED
 
 
 _inplace.passes_ownership(Function.apply)

@@ -24,8 +24,11 @@ engine reaches it through ``autograd.node.higher``.
 
 from __future__ import annotations
 
+from .. import memory
+from ..backend import get_array_module
 from ..tensor import Tensor, _wrap
 from . import node as _node
+from .grad_mode import enable_grad
 
 
 def constant(array) -> Tensor:
@@ -51,9 +54,9 @@ def saved_as_tensor(node, name, saved) -> Tensor:
             if name in kept:
                 return kept[name]
         return _wrap(array)
-    if idx < 0:  # the result: its history is this node
+    if idx < 0:  # the result: its history is this node, or the view's that it was written into
         t = _wrap(array)
-        t._grad_fn = node
+        t._grad_fn = _result_history(node, array)
     else:
         edges = node.__dict__.get("next") or ()
         edge = edges[idx] if idx < len(edges) else None
@@ -64,6 +67,24 @@ def saved_as_tensor(node, name, saved) -> Tensor:
     if saved.vc is not None:
         t._vc = saved.vc  # a later inplace change of it is caught by the next backward too
     return t
+
+
+def _result_history(node, array):
+    """The node a saved result's gradient flows into: ``node`` itself, or, for an inplace
+    op on a view (``y[0].exp_()``), the view's history regenerated from the base's
+    ``CopySlices`` (as PyTorch's SavedVariable does): ``CopySlices`` calls ``node``, so
+    a second backward through both would run ``node`` twice (and find it freed)."""
+    ref = node.__dict__.get("_rebased")
+    rebased = ref() if ref is not None else None
+    if rebased is None:
+        return node  # its graph is gone: nothing can reach the node through it any more
+    shape, dtype = rebased.base_meta
+    # A stand-in for the base: its values are never read, only its history and its
+    # shape (a view op's backward needs nothing else).
+    base = _wrap(memory.zeros(shape, dtype, get_array_module(array)))
+    base._grad_fn = rebased
+    with enable_grad():
+        return rebased.view_fn(base)._grad_fn
 
 
 def input_edge(node, idx, shape, dtype, xp):
@@ -89,8 +110,10 @@ def run_leaf_hooks(leaf, grad):
 
 
 def accumulate_leaf(leaf, grad) -> None:
-    """PyTorch's AccumulateGrad with grad mode on: ``.grad`` becomes a clone of the
-    gradient (with its history), or the out-of-place sum with the existing one."""
+    """PyTorch's AccumulateGrad with grad mode on: ``.grad`` becomes a copy of the
+    gradient (with its history) in the leaf's layout (``clone_obey_contract``: a new
+    tensor with the leaf's strides where the leaf is dense, ``copy_`` into it; else a
+    contiguous clone), or the out-of-place sum with the existing one."""
     if not leaf._requires_grad:
         return
     grad = run_leaf_hooks(leaf, grad)
@@ -98,7 +121,12 @@ def accumulate_leaf(leaf, grad) -> None:
         raise RuntimeError(f"gradient of shape {grad.shape} for a leaf of shape {leaf._data.shape}")
     if grad.dtype != leaf._data.dtype:
         grad = grad.to(dtype=leaf._data.dtype)
-    leaf._grad = grad.clone() if leaf._grad is None else leaf._grad + grad
+    if leaf._grad is not None:
+        leaf._grad = leaf._grad + grad
+    elif memory.is_dense(leaf._data):
+        leaf._grad = _wrap(memory.empty_layout(leaf._data, None, "gradients")).copy_(grad)
+    else:
+        leaf._grad = grad.clone()
     if leaf._post_acc_hooks:
         for hook in tuple(leaf._post_acc_hooks):
             hook(leaf)

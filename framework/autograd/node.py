@@ -163,6 +163,10 @@ class Node:
 
     saves: tuple = ()
     _save_plan: tuple = ()
+    # PyTorch's name of the node (``grad_fn.name()``, what users print and compare):
+    # ``<Class>Backward0`` unless a class (or, where PyTorch's overloads differ, a node in
+    # forward) names it otherwise, e.g. ``PowBackward1`` for a tensor exponent.
+    node_name = "NodeBackward0"
     reuse_grad = False  # set by the engine: backward may write its result over its grad
     # False for a node whose backward cannot run on tensors (create_graph raises there)
     differentiable_backward = True
@@ -170,12 +174,18 @@ class Node:
     def backward(ctx, grad):  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(ctx).__name__} must define backward")
 
-    @classmethod
-    def name(cls) -> str:
-        return cls.__name__ + "Backward"
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "node_name" not in cls.__dict__:
+            cls.node_name = cls.__name__ + "Backward0"
+
+    def name(self) -> str:
+        return self.node_name
 
     def __getattr__(self, name):
         # Only reached for attributes not set in forward: the saved tensors.
+        if name.startswith("_saved_"):
+            return self.saved_by_torch_name(name[7:])
         saved = self.__dict__.get("_saved")
         if saved is _FREED:
             raise RuntimeError(_backward_twice_message(self))
@@ -187,8 +197,6 @@ class Node:
             kept = self.kept_as_tensors()  # what another device's forward kept in another form
             if name in kept:
                 return kept[name]
-        if name.startswith("_saved_"):
-            return self.saved_by_torch_name(name[7:])
         if name in type(self).saves:
             raise AttributeError(
                 f"{self.name()} did not save {name!r}: saved_when says it is needed only for "
@@ -221,6 +229,8 @@ class Node:
             for s in saved.values():
                 s.release()
             self._saved = _FREED
+        elif saved is None and self.__dict__.get("_holds_constants"):
+            self._saved = _FREED  # a scalar operand, which PyTorch saves as a tensor
 
     def register_prehook(self, fn):
         """``fn(grad_array) -> grad_array | None`` runs before this node's backward."""

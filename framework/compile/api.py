@@ -673,6 +673,9 @@ def compile(  # noqa: A001
     explain: bool = False,
     cache_size: int = CACHE_SIZE,
     cuda_graph: bool = True,
+    fullgraph: bool = True,
+    dynamic: bool | None = None,
+    mode: str | None = None,
 ):
     """Compiles a training step: captured at its first call, replayed at the next ones.
 
@@ -685,11 +688,40 @@ def compile(  # noqa: A001
         cache_size: how many captured programs are kept (one per guard key).
         cuda_graph: on a GPU, replay the step as one CUDA graph where it can be captured
             (docs/COMPILE.md, "CUDA graphs"); False: always replay it node by node.
+        fullgraph, dynamic, mode: ``torch.compile``'s, for code written for it
+            (:func:`_torch_options`): the whole step is one graph (``fullgraph=True``; no
+            graph breaks: what cannot be captured raises), each new shape is captured
+            again (``dynamic`` None or False), ``mode`` None, ``"default"`` or
+            ``"reduce-overhead"`` (CUDA graphs, as ``cuda_graph=True``). Anything else
+            raises a ValueError.
 
     Returns:
         A :class:`CompiledStep` with the step's signature. Usable as a decorator, with or
         without arguments.
     """
+    _torch_options(fullgraph, dynamic, mode, cuda_graph)
     if step is None:
         return lambda fn: CompiledStep(fn, modules, optimizers, explain, cache_size, cuda_graph)
     return CompiledStep(step, modules, optimizers, explain, cache_size, cuda_graph)
+
+
+def _torch_options(fullgraph, dynamic, mode, cuda_graph) -> None:
+    """Checks ``torch.compile``'s options against what a captured step does; raises a
+    ValueError for one it cannot honour rather than accept it and do otherwise."""
+    if fullgraph is not True:
+        raise ValueError(
+            "fw.compile(fullgraph=False) is not supported: a step is captured whole or refused with an error "
+            "naming the line (there are no graph breaks); leave fullgraph=True"
+        )
+    if dynamic:
+        raise ValueError(
+            "fw.compile(dynamic=True) is not supported: a program is specialized to its input shapes, and a "
+            "new shape is captured again (dynamic=None or False)"
+        )
+    if mode not in (None, "default", "reduce-overhead"):
+        raise ValueError(
+            f"fw.compile(mode={mode!r}) is not supported: fw.compile does not autotune kernels; mode is None, "
+            "'default' or 'reduce-overhead' (CUDA graphs on a GPU)"
+        )
+    if mode == "reduce-overhead" and not cuda_graph:
+        raise ValueError("fw.compile(mode='reduce-overhead') replays CUDA graphs: it contradicts cuda_graph=False")

@@ -53,6 +53,7 @@ OUT_CAPABLE = frozenset(
         E.Sigmoid,
         E.Relu,
         E.LeakyRelu,
+        E.LeakyReluInplace,
         E.Clamp,
         R.Softmax,
         R.LogSoftmax,
@@ -180,7 +181,7 @@ def _emit_linear(node, g):
     return True
 
 
-# Div has a direct forward only: with a backward (which reads its result and divides
+# Div has a direct forward only: with a backward (which reads x and y and divides
 # again) the pair runs through the op's own code.
 FORWARD_ONLY = frozenset({E.Div})
 FORWARD = {

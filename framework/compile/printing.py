@@ -5,7 +5,7 @@
     %0: f32[32, 64] = args[0]
     %3: f32[32, 256] = Matmul(%0, %2)                         # models/mlp.py:77
     %4: f32[32, 256] = add_(%3, %1)                           # write %3
-    %10: f32[32, 64], %11: f32[64, 256] = MatmulBackward(%8; x=%0, y=%2)
+    %10: f32[32, 64], %11: f32[64, 256] = MmBackward0(%8; x=%0, y=%2)
     return %7
     layers.1.weight <- %31 (bound)
 """

@@ -152,14 +152,14 @@ class Node:
 
     @property
     def name(self) -> str:
-        """The op's name as users know it: ``add_``, ``Matmul``, ``ReluBackward``, ``grad_sum``."""
+        """The op's name as users know it: ``add_``, ``Matmul``, ``ReluBackward0``, ``grad_sum``."""
         if self.kind == "call":
             op = self.op
             if self.inplace and not self.reinplaced:
                 return getattr(op, "inplace_name", None) or op.__name__.lower() + "_"
             return op.__name__
         if self.kind == "backward":
-            return self.info.get("label") or self.op.__name__ + "Backward"
+            return self.info.get("label") or self.op.node_name
         if self.kind == "create":
             return self.info.get("label", "create")
         return self.kind

@@ -28,7 +28,14 @@ from .alias import UnionFind, alias_classes, input_index, source_key
 from .kernels import REUSES_GRAD, has_inplace_form
 from .program import Ref
 
-_REINPLACE_BACKWARD = ("ReluBackward", "ExpBackward", "TanhBackward", "SigmoidBackward", "NegBackward", "MulBackward")
+_REINPLACE_BACKWARD = (
+    "ReluBackward0",
+    "ExpBackward0",
+    "TanhBackward0",
+    "SigmoidBackward0",
+    "NegBackward0",
+    "MulBackward0",
+)
 
 
 def _layout(v):

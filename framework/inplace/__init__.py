@@ -130,14 +130,17 @@ def count_owned(site: str, nbytes: int) -> None:
 _owned_keys: dict = {}  # site -> its memory.stats() key
 
 
-def site_target(tensor, site: str):
+def site_target(tensor, site: str, *, saves_differ: bool = False):
     """Where a policy site may write its result over ``tensor``: ``(file, line)``, or None.
 
     Called by a site's pass-through frame (``forward`` or a functional site) with the
     tensor it received. None means: compute out of place. Otherwise the site runs its
     inplace form on ``consume(tensor, site, where)`` and returns that: the input is
     consumed BEFORE the write, so a kernel that raises half way leaves nothing readable
-    with half-written values.
+    with half-written values. ``saves_differ``: the site's out-of-place form saves its
+    input for backward and its inplace form its result (leaky ReLU, as in PyTorch);
+    under ``auto`` it then writes in place only where no gradient is recorded, since a
+    later inplace op on the saved result would raise where ``off`` runs.
     """
     p = _policy
     if p == "off":
@@ -152,6 +155,8 @@ def site_target(tensor, site: str):
         return None  # a view, .data, detach() or .numpy() shares the memory
     if p == "on":
         return call_site()
+    if saves_differ and _grad_state.enabled and tensor.requires_grad:
+        return None
     if proof.status or tensor._data.nbytes < _auto_min_bytes:
         return None  # auto proves nothing on this interpreter, or it is not worth it: as off
     frame = proof.dead_at(tensor, sys._getframe(1), "site")

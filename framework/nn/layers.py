@@ -350,7 +350,11 @@ class ReLU(_Activation):
 
 class LeakyReLU(_Activation):
     """x if x > 0 else negative_slope * x; ``inplace`` as :class:`ReLU` (a negative slope
-    has no inplace form: backward could not tell the input's sign from the output)."""
+    has no inplace form: backward could not tell the input's sign from the output).
+
+    As in PyTorch, the out-of-place form saves its input and the inplace form its result:
+    under policy ``auto`` the site writes in place only where no gradient is recorded
+    (``site_target(saves_differ=True)``), so ``auto`` keeps ``off``'s behaviour."""
 
     def __init__(self, negative_slope: float = 0.01, inplace: bool | None = None):
         super().__init__(inplace)
@@ -362,7 +366,7 @@ class LeakyReLU(_Activation):
             return F.leaky_relu(input, self.negative_slope, inplace=self.inplace)
         if self.negative_slope < 0:
             return F.leaky_relu(input, self.negative_slope)
-        where = _inplace.site_target(input, "LeakyReLU")
+        where = _inplace.site_target(input, "LeakyReLU", saves_differ=True)
         if where is None:
             return F.leaky_relu(input, self.negative_slope)
         return F.leaky_relu_(_inplace.consume(input, "LeakyReLU", where), self.negative_slope)

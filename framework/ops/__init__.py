@@ -197,14 +197,7 @@ def relu(x):
 
 
 def leaky_relu(x, negative_slope=0.01):
-    if negative_slope < 0:
-        return _leaky_relu_negative(x, negative_slope)
     return E.LeakyRelu.apply(x, negative_slope=negative_slope)
-
-
-def _leaky_relu_negative(x, negative_slope):
-    # The result cannot tell the input's sign: compose from ops that save the input.
-    return where(x > 0, x, x * negative_slope)
 
 
 def clamp(x, min=None, max=None):  # noqa: A002
@@ -290,7 +283,7 @@ def relu_(x):
 
 
 def leaky_relu_(x, negative_slope=0.01):
-    return E.LeakyRelu.apply_(x, negative_slope=negative_slope)
+    return E.LeakyReluInplace.apply_(x, negative_slope=negative_slope)
 
 
 def clamp_(x, min=None, max=None):  # noqa: A002
@@ -601,7 +594,7 @@ def _multi_output(x, op, dim, pieces):
     outs = tuple(op.apply(x, index=lead + (p, Ellipsis)) for p in pieces)
     if _grad_state.enabled:
         for i, out in enumerate(outs):
-            out._view_fn = _ForbiddenReplay("multi_output", op.name(), i)
+            out._view_fn = _ForbiddenReplay("multi_output", op.node_name, i)
     return outs
 
 

@@ -218,6 +218,8 @@ def _check_4d(fn, x, what="input"):
 class Conv2d(Function):
     """2-D cross-correlation (PyTorch's conv2d) of NCHW ``x`` with ``w`` (Co, C, kh, kw)."""
 
+    node_name = "ConvolutionBackward0"
+
     saves = ("x", "w")
     saved_when = {"x": (1,), "w": (0,)}  # x only for w's gradient, w only for x's
     saved_as = {"x": "input", "w": "weight"}  # PyTorch's ConvolutionBackward0
@@ -310,6 +312,8 @@ class Conv2dGradInput(Function):
     backward under create_graph. It is bilinear; its backward is conv2d of the incoming
     gradient with ``w`` (for ``g``) and conv2d's weight gradient (for ``w``)."""
 
+    node_name = "ConvolutionBackwardBackward0"  # parts of PyTorch's one double-backward node
+
     saves = ("g", "w")
     saved_when = {"g": (1,), "w": (0,)}
 
@@ -328,6 +332,8 @@ class Conv2dGradWeight(Function):
     """conv2d's weight gradient as an op (the correlation of ``x`` with ``g``), for
     backward under create_graph. Bilinear; its backward is conv2d's input gradient (for
     ``x``) and conv2d of ``x`` with the incoming gradient (for ``g``)."""
+
+    node_name = "ConvolutionBackwardBackward0"  # parts of PyTorch's one double-backward node
 
     saves = ("x", "g")
     saved_when = {"x": (1,), "g": (0,)}
@@ -390,6 +396,8 @@ def _pool_args(fn, kernel_size, stride, padding):
 class MaxPool2d(Function):
     """Max over each window; saves the window offset of each max (one byte per output)."""
 
+    node_name = "MaxPool2DWithIndicesBackward0"
+
     def forward(ctx, x, kernel=(2, 2), stride=(2, 2), padding=(0, 0), limit=None):
         _check_4d("max_pool2d", x)
         out_hw = _out_size("max_pool2d", x.shape[2:], kernel, stride, padding)
@@ -435,6 +443,8 @@ def _max_pool_scatter(g, idx, geom, x=None):
 class AvgPool2d(Function):
     """Mean over each window, padding zeros included in the count (PyTorch's default)."""
 
+    node_name = "AvgPool2DBackward0"
+
     def forward(ctx, x, kernel=(2, 2), stride=(2, 2), padding=(0, 0), limit=None):
         fn = "avg_pool2d"
         _check_4d(fn, x)
@@ -457,6 +467,8 @@ class AvgPool2dGrad(Function):
     """avg_pool2d's backward as an op (each output's gradient spread evenly over its
     window), for create_graph. It is linear, and its backward is avg_pool2d itself."""
 
+    node_name = "AvgPool2DBackwardBackward0"
+
     def forward(ctx, g, geom=None, limit=None):
         ctx.geom, ctx.limit = geom, limit
         x_shape, kernel, stride, padding, out_hw = geom
@@ -473,6 +485,8 @@ class AvgPool2dGrad(Function):
 
 class AdaptiveAvgPool2dSeparable(Function):
     """Adaptive mean pooling for any sizes: ``Ph @ x @ Pw.T`` (bins overlap when sizes do not divide)."""
+
+    node_name = "AdaptiveAvgPool2DBackward0"
 
     def forward(ctx, x, output_size=(1, 1)):
         xp = get_array_module(x)

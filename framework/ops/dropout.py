@@ -26,6 +26,8 @@ __all__ = ["dropout", "Dropout"]
 class Dropout(Function):
     """``y = x * mask / (1 - p)``; keeps the bool mask, saves no tensor."""
 
+    node_name = "MulBackward0"  # PyTorch 2.13's dropout on the CPU: input * mask
+
     inplace_name = "dropout_"
     auto_inplace = True
     saves = ()

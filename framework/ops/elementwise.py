@@ -3,10 +3,11 @@
 Each class is one op in both forms: ``Exp.apply(x)`` allocates the output,
 ``Exp.apply_(x)`` writes into ``x`` through ``ctx.out``. What ``saves`` declares decides
 what inplace costs: ops whose backward reads the result (exp, sqrt, tanh, sigmoid,
-relu, leaky_relu, div) or nothing (add, sub, neg, mul by a constant) are free in place;
-ops whose backward reads the overwritten input (sin, cos, log, abs, pow, clamp, mul by a
-tensor that needs a gradient) get a copy of it from the apply path, counted as
-``inplace_copies``.
+relu, leaky_relu_) or nothing (add, sub, neg, mul or div by a constant) are free in
+place; ops whose backward reads the overwritten input (sin, cos, log, abs, pow, clamp,
+mul or div by a tensor that needs a gradient) get a copy of it from the apply path,
+counted as ``inplace_copies``. What each backward reads is what PyTorch's reads
+(derivatives.yaml), so that the programs PyTorch accepts run here.
 
 On a GPU the activations (relu, leaky_relu, sigmoid, tanh) run as ONE fused kernel each
 way (:mod:`.kernels`), in place through the same ``ctx.out`` / reused gradient.
@@ -18,7 +19,7 @@ import numpy as np
 
 from .. import inplace as _inplace
 from .. import memory
-from ..autograd.function import Function
+from ..autograd.function import ABSENT, Function
 from ..backend import add_scaled_, get_array_module
 from ..tensor import Tensor
 from . import kernels as K
@@ -106,9 +107,13 @@ def _on_device(y, x):
     return y.on_device(x.dtype) if hasattr(y, "on_device") and hasattr(x, "dtype") else y
 
 
+_ALPHA = {"alpha": lambda c: c.alpha}
+
+
 class Add(Function):
     inplace_name = "add_"
     auto_inplace = True
+    saved_attrs = _ALPHA
 
     def forward(ctx, x, y, alpha=1):
         ctx.mx, ctx.my, ctx.alpha = _meta(x), _meta(y), alpha
@@ -148,6 +153,7 @@ class AddScaled(Function):
 class Sub(Function):
     inplace_name = "sub_"
     auto_inplace = True
+    saved_attrs = _ALPHA
 
     def forward(ctx, x, y, alpha=1):
         ctx.mx, ctx.my, ctx.alpha = _meta(x), _meta(y), alpha
@@ -183,10 +189,16 @@ class Mul(Function):
 
 
 class Div(Function):
+    """``x / y``. Backward reads what PyTorch's reads (derivatives.yaml): ``y`` for both
+    gradients, ``x`` for ``y``'s only (``-g * (x / y) / y``), never the result: so a
+    program may change the result in place afterwards (``v = x / n; v.mul_(2)``), as in
+    PyTorch. In place, ``div_`` by a tensor that needs a gradient keeps a copy of ``x``
+    (PyTorch clones it too); by a constant it is free."""
+
     inplace_name = "div_"
     auto_inplace = True
-    saves = ("y", "result")  # d/dy (x/y) = -result/y: the overwritten x is never needed
-    saved_when = {"result": (1,)}
+    saves = ("x", "y")
+    saved_when = {"x": (1,)}
 
     def forward(ctx, x, y):
         ctx.mx, ctx.my = _meta(x), _meta(y)
@@ -195,11 +207,19 @@ class Div(Function):
 
     def backward(ctx, g):
         y = ctx.y
-        gy = _grad_for(-g * ctx.result / y, ctx.my) if ctx.needs_input_grad[1] else None
-        gx = None
-        if ctx.needs_input_grad[0]:
-            gx = _grad_for(_xp(g).true_divide(g, y, out=_into(ctx, g, ctx.mx[0])), ctx.mx)
-        return gx, gy
+        xp = _xp(g)
+        if not ctx.needs_input_grad[1]:
+            return _grad_for(xp.true_divide(g, y, out=_into(ctx, g, ctx.mx[0])), ctx.mx), None
+        # PyTorch's -g * (x / y) / y, as -((g / y) * x) / y: g / y is x's gradient too
+        q = xp.true_divide(g, y)
+        if g.__class__ is Tensor:  # create_graph: ops with history
+            gy = -((q * ctx.x) / y)
+        else:  # one buffer (an array also for 0-d g, where NumPy would return scalars)
+            gy = xp.multiply(q, ctx.x, out=xp.empty_like(g))
+            xp.true_divide(gy, y, out=gy)
+            xp.negative(gy, out=gy)
+        gy = _grad_for(gy, ctx.my)
+        return (_grad_for(q, ctx.mx) if ctx.needs_input_grad[0] else None), gy
 
 
 class Pow(Function):
@@ -208,9 +228,17 @@ class Pow(Function):
     saves = ("x", "y", "result")
     saved_when = {"x": (0, 1), "y": (0, 1), "result": (1,)}
     saved_as = {"x": "self", "y": "exponent"}
+    saved_attrs = {"result": lambda c: ABSENT if c.node_name == "PowBackward0" else c.saved_value("result")}
 
     def forward(ctx, x, y):
         ctx.mx, ctx.my = _meta(x), _meta(y)
+        # PyTorch's overloads: pow(Tensor, Scalar), pow(Tensor, Tensor), pow(Scalar, Tensor)
+        if not hasattr(y, "shape"):
+            ctx.node_name = "PowBackward0"
+        elif not hasattr(x, "shape"):
+            ctx.node_name = "PowBackward2"
+        else:
+            ctx.node_name = "PowBackward1"
         return _xp(x, y).power(x, y, out=ctx.out)
 
     def backward(ctx, g):
@@ -218,14 +246,20 @@ class Pow(Function):
         gx = gy = None
         if ctx.needs_input_grad[0]:
             x, y = ctx.x, ctx.y
-            # d/dx x**y = y * x**(y-1), taken as 0 where y == 0 (PyTorch's pow_backward:
-            # x**0 is constant, even at x == 0 where the formula gives 0 * inf): there
-            # the exponent y - 1 becomes 0, and y * x**0 = 0
-            if hasattr(y, "shape"):
-                gx = g * y * xp.power(x, xp.where(y == 0, 1, y) - 1)
+            # d/dx x**y = y * x**(y-1), and 0 where y == 0 (x**0 is constant, even at
+            # x == 0 where the formula gives 0 * inf): PyTorch's pow_backward, literally,
+            # so that its higher derivatives are PyTorch's too: for a scalar 0 a constant
+            # zero (nothing to differentiate again), for a tensor a where() whose masked
+            # branch carries no gradient
+            if not hasattr(y, "shape"):
+                if y == 0:
+                    gx = memory.zeros(ctx.mx[0], ctx.mx[1], xp)
+                else:
+                    gx = _grad_for(g * (y * xp.power(x, y - 1)), ctx.mx)
             else:
-                gx = g * y * xp.power(x, (y if y != 0 else 1) - 1)
-            gx = _grad_for(gx, ctx.mx)
+                with np.errstate(divide="ignore", invalid="ignore"):  # the masked branch at x == 0
+                    branch = g * (y * xp.power(x, y - 1))
+                gx = _grad_for(xp.where(y == 0, 0, branch), ctx.mx)
         if ctx.needs_input_grad[1]:
             x = xp.asarray(ctx.x)
             # d/dy x**y = x**y * log(x), taken as 0 where x == 0 and y >= 0
@@ -422,19 +456,16 @@ class Relu(Function):
 
 
 class LeakyRelu(Function):
-    """leaky_relu with a non-negative slope: backward reads the result (x > 0 iff y > 0)."""
+    """``leaky_relu`` out of place: backward reads the input, as PyTorch's
+    (LeakyReluBackward0), so the result may be changed in place afterwards. Policy
+    ``auto`` runs it in place only where nothing is saved (no gradient to record)."""
 
     inplace_name = "leaky_relu_"
-    # the inplace form needs a slope >= 0 (backward reads the sign from the output)
-    auto_inplace = staticmethod(lambda inputs, params: params.get("negative_slope", 0.01) >= 0)
-    saves = ("result",)
+    auto_inplace = True
+    saves = ("x",)
+    saved_attrs = {"negative_slope": lambda c: c.slope}
 
     def forward(ctx, x, negative_slope=0.01):
-        if negative_slope < 0:
-            raise ValueError(
-                "leaky_relu with a negative slope cannot recover its input's sign from the output; "
-                "use a slope >= 0 for the inplace form"
-            )
         ctx.slope = negative_slope
         if on_gpu(x):
             return K.launch(K.leaky_relu, x, negative_slope, out=ctx.out)
@@ -447,20 +478,46 @@ class LeakyRelu(Function):
         return pick(x, scaled, out=ctx.out)
 
     def backward(ctx, g):
-        if on_gpu(g):
-            return K.launch(K.leaky_relu_backward, g, ctx.result, ctx.slope, out=_into(ctx, g))
-        y = ctx.result
-        if ctx.reuse_grad or g.__class__ is Tensor:  # Tensor: create_graph (the zero edge)
-            yd = getattr(y, "_data", y)  # the scale: a function of the data alone
-            scale = astype(_xp(yd).where(yd > 0, 1, ctx.slope), g.dtype)
-            return mask_grad(g, scale, y, out=_into(ctx, g))
-        return _xp(g).where(y > 0, g, g * ctx.slope)
+        return _leaky_relu_backward(ctx, g, ctx.x)
+
+
+class LeakyReluInplace(LeakyRelu):
+    """``leaky_relu_``: backward reads the result (x > 0 iff y > 0 for a slope >= 0), so
+    the inplace form is free, as PyTorch's (LeakyReluBackward1). With a negative slope
+    the sign is lost: backward raises, with PyTorch's message."""
+
+    node_name = "LeakyReluBackward1"
+    saves = ("result",)
+    auto_inplace = False  # only explicit calls: policy auto runs LeakyRelu in place
+
+    def backward(ctx, g):
+        if ctx.slope < 0:
+            raise RuntimeError(
+                "In-place leakyReLu backward calculation is triggered with a negative slope which is not "
+                "supported. This is caused by calling in-place forward function with a negative slope, please "
+                "call out-of-place version instead."
+            )
+        return _leaky_relu_backward(ctx, g, ctx.result)
+
+
+def _leaky_relu_backward(ctx, g, source):
+    """``g`` times leaky_relu's slope at each element, read from ``source`` (the input, or
+    the result of the inplace form: both are > 0 at the same elements for a slope >= 0)."""
+    if on_gpu(g):
+        return K.launch(K.leaky_relu_backward, g, source, ctx.slope, out=_into(ctx, g))
+    if ctx.reuse_grad or g.__class__ is Tensor:  # Tensor: create_graph (the zero edge)
+        sd = getattr(source, "_data", source)  # the scale: a function of the data alone
+        scale = astype(_xp(sd).where(sd > 0, 1, ctx.slope), g.dtype)
+        return mask_grad(g, scale, source, out=_into(ctx, g))
+    return _xp(g).where(source > 0, g, g * ctx.slope)
 
 
 class Clamp(Function):
+    node_name = "ClampBackward1"  # clamp(Tensor, Scalar?, Scalar?)
     inplace_name = "clamp_"
     auto_inplace = True
     saves = ("x",)
+    saved_attrs = {"min": lambda c: c.min, "max": lambda c: c.max}
 
     def forward(ctx, x, min=None, max=None):
         if min is None and max is None:
@@ -481,6 +538,8 @@ class Clamp(Function):
 
 class Cast(Function):
     """A copy in another dtype; the gradient is cast back."""
+
+    node_name = "ToCopyBackward0"
 
     def forward(ctx, x, dtype=None):
         ctx.dtype = x.dtype
@@ -522,6 +581,7 @@ class Fill(Function):
 
     def forward(ctx, x, value):
         ctx.mv = _meta(value)
+        ctx.node_name = "FillBackward3" if hasattr(value, "shape") else "FillBackward2"  # fill_(Tensor) / (Scalar)
         out = ctx.out if ctx.out is not None else x.copy()
         out[...] = value
         return out
@@ -545,6 +605,8 @@ class Zero(Function):
 
 class Copy(Function):
     """``x.copy_(src)``: src broadcasts to x and is cast to x's dtype."""
+
+    node_name = "CopyBackwards"
 
     inplace_name = "copy_"
 

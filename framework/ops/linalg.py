@@ -4,22 +4,49 @@ the fused ``linear`` of ``nn.Linear``."""
 from __future__ import annotations
 
 from .. import inplace, memory
-from ..autograd.function import Function
+from ..autograd.function import ABSENT, Function
 from ..backend import get_array_module
 from .broadcast import astype, sum_to
 from .matmul_gpu import matmul as _mm
+
+# PyTorch's matmul dispatches on the dims; its last op names the node (batched: a view)
+_MATMUL_NAMES = {(2, 2): "MmBackward0", (1, 1): "DotBackward0", (2, 1): "MvBackward0", (1, 2): "SqueezeBackward4"}
+
+
+def _elements(strides, itemsize) -> tuple:
+    return tuple(s // itemsize for s in strides)
+
+
+def _only(name, value):
+    """A ``saved_attrs`` getter: ``value(node)`` on nodes PyTorch names ``name``."""
+    return lambda c: value(c) if c.node_name in name else ABSENT
+
+
+_MM, _PRODUCTS = ("MmBackward0",), ("MmBackward0", "DotBackward0", "MvBackward0")
 
 
 class Matmul(Function):
     saves = ("x", "y")
     saved_when = {"x": (1,), "y": (0,)}
-    saved_as = {"x": "self", "y": "mat2"}  # PyTorch's mm and bmm
+    saved_as = {"x": "self", "y": "mat2"}  # PyTorch's mm; dot and mv name the second operand otherwise
+    saved_attrs = {
+        "self": _only(_PRODUCTS, lambda c: c.saved_value("self")),
+        "mat2": _only(_MM, lambda c: c.saved_value("mat2")),
+        "tensor": _only(("DotBackward0",), lambda c: c.saved_value("mat2")),
+        "vec": _only(("MvBackward0",), lambda c: c.saved_value("mat2")),
+        "self_sym_sizes": _only(_MM, lambda c: c.xshape),
+        "self_sym_strides": _only(_MM, lambda c: c.xstrides),
+        "mat2_sym_sizes": _only(_MM, lambda c: c.yshape),
+        "mat2_sym_strides": _only(_MM, lambda c: c.ystrides),
+    }
 
     def forward(ctx, x, y):
         if x.ndim == 0 or y.ndim == 0:
             raise RuntimeError("both arguments to matmul need to be at least 1D")
         ctx.xshape, ctx.yshape = x.shape, y.shape
+        ctx.xstrides, ctx.ystrides = _elements(x.strides, x.itemsize), _elements(y.strides, y.itemsize)
         ctx.xdtype, ctx.ydtype = x.dtype, y.dtype
+        ctx.node_name = _MATMUL_NAMES.get((x.ndim, y.ndim), "UnsafeViewBackward0")
         return _mm(x, y, get_array_module(x))
 
     def backward(ctx, g):
@@ -54,6 +81,17 @@ def _rows(a, xp):
     return rows
 
 
+_LINEAR_NAMES = {
+    (True, True): "AddmmBackward0",
+    (True, False): "MmBackward0",
+    (False, True): "ViewBackward0",
+    (False, False): "UnsafeViewBackward0",
+}
+
+
+_LINEAR_2D = ("AddmmBackward0", "MmBackward0")
+
+
 class Linear(Function):
     """``y = x @ weight.T (+ bias)`` for ``x`` of shape ``(*, in_features)``: one node.
 
@@ -67,6 +105,24 @@ class Linear(Function):
 
     saves = ("x", "weight")
     saved_when = {"x": (1,), "weight": (0,)}
+    # PyTorch's addmm(bias, x, weight.T) (mm without a bias) on 2-d input: mat1 (self) is x,
+    # mat2 the transposed weight; with more dims, a view of that product
+    saved_attrs = {
+        "alpha": _only(("AddmmBackward0",), lambda c: 1),
+        "beta": _only(("AddmmBackward0",), lambda c: 1),
+        "mat1": _only(("AddmmBackward0",), lambda c: c.saved_value("self")),
+        "mat1_sym_sizes": _only(("AddmmBackward0",), lambda c: c.xshape),
+        "mat1_sym_strides": _only(("AddmmBackward0",), lambda c: c.xstrides),
+        "self": _only(_MM, lambda c: c.saved_value("self")),
+        "self_sym_sizes": lambda c: {"MmBackward0": c.xshape, "AddmmBackward0": ABSENT}.get(
+            c.node_name, c.product_shape
+        ),
+        "self_sym_strides": _only(_MM, lambda c: c.xstrides),
+        "mat2": _only(_LINEAR_2D, lambda c: None if c.saved_value("weight") is None else c.saved_value("weight").T),
+        "mat2_sym_sizes": _only(_LINEAR_2D, lambda c: c.wshape[::-1]),
+        "mat2_sym_strides": _only(_LINEAR_2D, lambda c: c.wstrides[::-1]),
+        "weight": lambda c: ABSENT,
+    }
 
     def forward(ctx, x, weight, bias=None, add_bias_inplace=True):
         xp = get_array_module(x)
@@ -78,6 +134,11 @@ class Linear(Function):
             else:
                 out = memory.track(out + bias, "activations")
         ctx.xshape, ctx.dtypes = x.shape, (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.wshape, ctx.wstrides = weight.shape, _elements(weight.strides, weight.itemsize)
+        ctx.xstrides = _elements(x.strides, x.itemsize)
+        ctx.product_shape = (out.shape[0], weight.shape[0])
+        # PyTorch's linear: addmm (mm without bias) on 2-d input, then a view for more dims
+        ctx.node_name = _LINEAR_NAMES[x.ndim == 2, bias is not None]
         # Only reshape when needed: a view of the product would not own its memory, and the
         # inplace policy writes only over tensors that do.
         return out if x.ndim == 2 else out.reshape(ctx.xshape[:-1] + (weight.shape[0],))

@@ -122,6 +122,8 @@ def _check_class_inputs(fn, x, target, log_probs_name):
 class CrossEntropy(Function):
     """Fused log-softmax + NLL over (N, C) logits with int targets; optional label smoothing."""
 
+    node_name = "NllLossBackward0"  # PyTorch's cross_entropy ends in nll_loss
+
     saves = ("x", "target")
 
     def forward(ctx, x, target, reduction="mean", label_smoothing=0.0):

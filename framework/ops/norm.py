@@ -250,6 +250,8 @@ class BatchNorm(Function):
     inverse std. Under create_graph the sums over ranks go through :class:`AllReduceSum`.
     """
 
+    node_name = "NativeBatchNormBackward0"
+
     inplace_name = "batch_norm_"
     saves = ("x", "weight")
     saved_when = {"weight": (0,)}  # weight enters only the input's gradient
@@ -359,6 +361,8 @@ def _global_kept(x, comm, m, eps):
 
 class BatchNormEval(Function):
     """Eval-mode BN with given (running) statistics: an affine map per channel."""
+
+    node_name = "NativeBatchNormBackward0"
 
     saves = ("x", "weight")
     saved_when = {"x": (1,), "weight": (0,)}

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..autograd.function import Function
+from ..autograd.function import ABSENT, Function
 from ..backend import get_array_module
+from ..tensor import _wrap
 from .broadcast import astype
 
 
@@ -31,14 +32,41 @@ def _keep_shape(shape, axes):
     return tuple(1 if i in axes else n for i, n in enumerate(shape))
 
 
+def _dims(dim):
+    """A reduction's ``dim`` as PyTorch saves it (``_saved_dim``): a tuple, ABSENT for None."""
+    if dim is None:
+        return ABSENT
+    return (dim,) if isinstance(dim, int) else tuple(dim)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+# PyTorch's saved attributes of a reduction over ``dim`` (absent without one)
+_REDUCED = {
+    "dim": lambda c: _dims(c.dim),
+    "keepdim": lambda c: ABSENT if c.dim is None else c.keepdim,
+    "self_sym_sizes": lambda c: c.shape,
+}
+
+
 def _expand_grad(g, shape, axes):
     xp = get_array_module(g)
     return xp.broadcast_to(g.reshape(_keep_shape(shape, axes)), shape)
 
 
 class Sum(Function):
+    saved_attrs = _REDUCED
+
     def forward(ctx, x, dim=None, keepdim=False):
         ctx.shape, ctx.axes = x.shape, _axes(dim, x.ndim) if x.ndim else ()
+        ctx.dim, ctx.keepdim = dim, keepdim
+        if dim is not None:
+            ctx.node_name = "SumBackward1"  # sum(dim): PyTorch's second overload
         return get_array_module(x).sum(x, axis=ctx.axes, keepdims=keepdim)
 
     def backward(ctx, g):
@@ -46,8 +74,13 @@ class Sum(Function):
 
 
 class Mean(Function):
+    saved_attrs = {**_REDUCED, "self_sym_numel": lambda c: _numel(c.shape)}
+
     def forward(ctx, x, dim=None, keepdim=False):
         ctx.shape, ctx.axes = x.shape, _axes(dim, x.ndim) if x.ndim else ()
+        ctx.dim, ctx.keepdim = dim, keepdim
+        if dim is not None:
+            ctx.node_name = "MeanBackward1"
         n = 1
         for a in ctx.axes:
             n *= x.shape[a]
@@ -82,9 +115,11 @@ class Amax(Function):
     """Max over dims; ties share the gradient evenly (PyTorch's amax convention)."""
 
     saves = ("x", "result")
+    saved_attrs = {"dim": lambda c: () if c.dim is None else _dims(c.dim), "keepdim": lambda c: c.keepdim}
 
     def forward(ctx, x, dim=None, keepdim=False):
         ctx.shape, ctx.axes, ctx.keepdim = x.shape, _axes(dim, x.ndim) if x.ndim else (), keepdim
+        ctx.dim = dim
         return get_array_module(x).amax(x, axis=ctx.axes, keepdims=keepdim)
 
     def backward(ctx, g):
@@ -96,6 +131,14 @@ class Amax(Function):
 
 class MaxDim(Function):
     """``max(dim)``: values and indices; the gradient goes to the index that was picked."""
+
+    node_name = "MaxBackward0"
+    saved_attrs = {
+        "dim": lambda c: c.dim,
+        "keepdim": lambda c: c.keepdim,
+        "self_sym_sizes": lambda c: c.shape,
+        "indices": lambda c: _wrap(c.indices if c.keepdim else c.indices.squeeze(c.dim)),
+    }
 
     def forward(ctx, x, dim=0, keepdim=False):
         xp = get_array_module(x)
@@ -128,9 +171,13 @@ def _softmax_axis(dim, ndim):
     return axis if ndim else None
 
 
+_DIM = {"dim": lambda c: c.dim}
+
+
 class Softmax(Function):
     inplace_name = "softmax_"
     saves = ("result",)
+    saved_attrs = _DIM
 
     def forward(ctx, x, dim=-1):
         xp = get_array_module(x)
@@ -151,6 +198,7 @@ class Softmax(Function):
 class LogSoftmax(Function):
     inplace_name = "log_softmax_"
     saves = ("result",)
+    saved_attrs = _DIM
 
     def forward(ctx, x, dim=-1):
         xp = get_array_module(x)

@@ -25,8 +25,17 @@ from .broadcast import copy, sum_to
 reshape_view = backend.reshape_view
 
 
+_SIZES = {"self_sym_sizes": lambda c: c.shape}
+
+
+def _select_dim(c) -> int:
+    """The dim of a select written as ``(slice(None),) * dim + (i, Ellipsis)``."""
+    return len(c.index) - 2
+
+
 class View(Function):
     is_view = True
+    saved_attrs = _SIZES
 
     def forward(ctx, x, shape=None):
         ctx.shape = x.shape
@@ -45,6 +54,9 @@ class View(Function):
 class ReshapeCopy(Function):
     """reshape where the strides do not allow a view: a contiguous copy, as in PyTorch."""
 
+    node_name = "UnsafeViewBackward0"
+    saved_attrs = _SIZES
+
     def forward(ctx, x, shape=None):
         ctx.shape = x.shape
         xp = get_array_module(x)
@@ -56,8 +68,10 @@ class ReshapeCopy(Function):
 
 class Permute(Function):
     is_view = True
+    saved_attrs = {"dims": lambda c: c.dims}
 
     def forward(ctx, x, dims=None):
+        ctx.dims = dims
         ctx.inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))  # argsort, in Python ints
         return x.transpose(dims)
 
@@ -88,6 +102,7 @@ def broadcast_view(x, shape):
 
 class Expand(Function):
     is_view = True
+    saved_attrs = _SIZES
 
     def forward(ctx, x, shape=None):
         ctx.shape = x.shape
@@ -106,6 +121,20 @@ class GetItem(Function):
         ctx.shape, ctx.dtype, ctx.index = x.shape, x.dtype, index
         return x[index]
 
+    def name(self) -> str:
+        if type(self) is not GetItem:
+            return self.node_name  # select, unbind, split: one op each, as in PyTorch
+        # PyTorch indexes one element of the index at a time: its last op names the node
+        index = self.index if isinstance(self.index, tuple) else (self.index,)
+        for i in reversed(index):
+            if i is None:
+                return "UnsqueezeBackward0"
+            if isinstance(i, slice):
+                return "SliceBackward0"
+            if i is not Ellipsis:
+                return "SelectBackward0"
+        return "AliasBackward0"
+
     def backward(ctx, g):
         gx = memory.zeros(ctx.shape, ctx.dtype, get_array_module(g), "gradients")
         gx[ctx.index] = g
@@ -115,17 +144,27 @@ class GetItem(Function):
 class Select(GetItem):
     """``x.select(dim, i)``: basic indexing at one position of one dim (a view)."""
 
+    node_name = "SelectBackward0"
+    saved_attrs = {"dim": _select_dim, "index": lambda c: c.index[-2], "self_sym_sizes": lambda c: c.shape}
+
 
 class Unbind(GetItem):
     """One output of ``unbind``: a ``select`` (the outputs refuse inplace, see ops.unbind)."""
+
+    node_name = "UnbindBackward0"
+    saved_attrs = {"dim": _select_dim}
 
 
 class Split(GetItem):
     """One output of ``split``/``chunk``: a slice of one dim."""
 
+    node_name = "SplitBackward0"
+
 
 class SplitWithSizes(GetItem):
     """One output of ``split_with_sizes`` (or ``split`` with a list of sizes)."""
+
+    node_name = "SplitWithSizesBackward0"
 
 
 class AsStrided(Function):
@@ -227,6 +266,8 @@ def _kept_index(ctx):
 class IndexGet(Function):
     """Advanced indexing (integer or boolean arrays): a copy; duplicates accumulate."""
 
+    node_name = "IndexBackward0"
+
     def forward(ctx, x, index=None):
         ctx.shape, ctx.dtype = x.shape, x.dtype
         arrays, ctx.index_rest = _split_index(index)
@@ -295,6 +336,8 @@ class Clone(Function):
 
 
 class Cat(Function):
+    saved_attrs = {"dim": lambda c: c.dim}
+
     def forward(ctx, *xs, dim=0):
         ctx.dim = dim
         ctx.sizes = [x.shape[dim] for x in xs]
@@ -314,6 +357,8 @@ class Cat(Function):
 
 
 class Stack(Function):
+    saved_attrs = {"dim": lambda c: c.dim}
+
     def forward(ctx, *xs, dim=0):
         ctx.dim = dim
         return get_array_module(xs[0]).stack(xs, axis=dim)
@@ -324,6 +369,8 @@ class Stack(Function):
 
 
 class ToDevice(Function):
+    node_name = "ToCopyBackward0"
+
     def forward(ctx, x, device=None):
         ctx.source = device_of(x)
         return to_device(x, device)

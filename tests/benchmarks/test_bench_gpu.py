@@ -146,8 +146,7 @@ def test_markdown_table_has_a_row_per_variant_and_the_pytorch_ratios():
 
 
 @pytest.mark.parametrize("model", ["mlp", "convnet", "resnet20"])
-def test_pytorch_twins_have_the_same_parameters(model):
-    pytest.importorskip("torch")
+def test_pytorch_twins_have_the_same_parameters(model, torch):
     from models import build_model
 
     reg, kw, _, _, _ = bench_models.MODELS[model]

@@ -170,8 +170,7 @@ def test_consumed_check_quick(capsys, tmp_path):
     assert function._read_inputs is bench_consumed_check._checked  # the real one is back
 
 
-def test_vs_pytorch_quick(capsys, tmp_path):
-    pytest.importorskip("torch")
+def test_vs_pytorch_quick(capsys, tmp_path, torch):
     from benchmarks import bench_vs_pytorch
 
     path = tmp_path / "vs.json"
@@ -211,8 +210,7 @@ def test_resnet_breakdown_times_every_layer_and_restores_the_functions():
     assert (norm.BatchNorm.forward, norm.BatchNorm.backward) == bn
 
 
-def test_resnet_breakdown_quick(capsys):
-    pytest.importorskip("torch")
+def test_resnet_breakdown_quick(capsys, torch):
     from benchmarks import bench_resnet_breakdown
 
     bench_resnet_breakdown.main(["--quick"])
@@ -251,3 +249,20 @@ def test_winograd_stages_quick(capsys, tmp_path):
         assert set(r["ms"]) == set(bench_winograd_stages.STEPS)
         assert r["total_ms"] == pytest.approx(sum(r["ms"].values()))
         assert r["chunks"] >= 1
+
+
+def test_mlp_breakdown_quick(capsys, tmp_path, torch):
+    from benchmarks import bench_mlp_breakdown as B
+
+    path = tmp_path / "mlp.json"
+    assert B.main(["--quick", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    parts = [line.split("|")[1].strip() for line in out.splitlines()[2:]]
+    assert parts == ["step", "forward", "backward", "optimizer", "gemm", "rest"]
+    saved = json.loads(path.read_text())
+    for side in ("ours", "pytorch"):
+        assert all(saved[side][p] > 0 for p in B.PARTS)
+        assert saved[side]["rest"] == saved[side]["step"] - saved[side]["gemm"]
+    # the products of a 3-layer MLP: 3 forward, 3 weight gradients, 2 input gradients
+    assert [w for w, *_ in B._gemm_shapes(64, B.SIZES)].count("input grad") == 2
+    assert len(B._gemm_shapes(64, B.SIZES)) == 8

@@ -1,7 +1,8 @@
 """examples/higher_order.py against PyTorch: the same weights and data, float64, the same
 numbers (the gradient penalty and its weight gradients, a Hessian-vector product, the
-double-backprop step through BatchNorm in training and eval mode). Without PyTorch, the
-same programs against finite differences of their first-order parts."""
+double-backprop step through BatchNorm in training and eval mode), with the ``torch``
+fixture (tests/conftest.py: under CI=true a missing PyTorch fails). One test needs no
+PyTorch: the Hessian-vector product against central differences of the gradient."""
 
 from __future__ import annotations
 
@@ -28,8 +29,7 @@ def _data(seed=0):
     return real, fake, rng.uniform(size=(3, 1, 1, 1))
 
 
-def test_gradient_penalty_matches_pytorch():
-    torch = pytest.importorskip("torch")
+def test_gradient_penalty_matches_pytorch(torch):
     tf = torch.nn.functional
     real, fake, eps = _data()
     w = ex.critic_weights()
@@ -62,8 +62,7 @@ def _mlp(seed=2):
     return w, x, t, vs
 
 
-def test_hessian_vector_product_matches_pytorch():
-    torch = pytest.importorskip("torch")
+def test_hessian_vector_product_matches_pytorch(torch):
     tf = torch.nn.functional
     w, x, t, vs = _mlp()
     hv = ex.hessian_vector_product(
@@ -103,8 +102,7 @@ def test_hessian_vector_product_is_the_derivative_of_the_gradient():
 
 
 @pytest.mark.parametrize("training", [True, False])
-def test_create_graph_through_batch_norm_matches_pytorch(training):
-    torch = pytest.importorskip("torch")
+def test_create_graph_through_batch_norm_matches_pytorch(training, torch):
     tf = torch.nn.functional
     rng = np.random.default_rng(3)
     x, t = rng.standard_normal((4, 2, 4, 4)), rng.integers(0, 2, 4)

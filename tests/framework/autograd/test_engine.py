@@ -95,7 +95,7 @@ def test_gradients_accumulate_into_leaves_across_backward_calls():
 def test_default_backward_frees_the_graph_and_a_second_backward_raises():
     a = fw.tensor([1.0, 2.0], requires_grad=True)
     b = fw.tensor([3.0, 4.0], requires_grad=True)
-    loss = (a * b).sum()  # MulBackward saves a and b
+    loss = (a * b).sum()  # MulBackward0 saves a and b
     loss.backward()
     with pytest.raises(RuntimeError, match=TWICE_MSG) as err:
         loss.backward()
@@ -127,17 +127,36 @@ def test_nodes_without_saved_tensors_can_run_again():
     assert_close(b.grad, [2.0, 2.0])
 
 
-def test_nodes_that_keep_only_python_scalars_can_run_again():
-    # PyTorch keeps the scalar of a * 2.0 as a constant, not as a saved tensor.
+def test_nodes_that_keep_only_python_scalars_are_freed_as_in_pytorch():
+    # PyTorch saves the 2.0 of a * 2.0 as a tensor (a wrapped number): after one backward
+    # the node is freed like any other. Nodes that keep nothing (a + 1) can run again.
     a = fw.tensor([1.0, 2.0], requires_grad=True)
     loss = (a * 2.0 + a / 4.0).sum()
     loss.backward()
-    loss.backward()
-    assert_close(a.grad, [4.5, 4.5])  # 2 * (2 + 1/4)
-    squared = (a**2).sum()  # PowBackward saves the tensor a: freed after one backward
+    with pytest.raises(RuntimeError, match=TWICE_MSG):
+        loss.backward()
+    shifted = (a + 1.0).sum()
+    shifted.backward()
+    shifted.backward()
+    assert_close(a.grad, [4.25, 4.25])  # 2 + 1/4 once, then 1 twice
+    squared = (a**2).sum()  # PowBackward0 saves the tensor a: freed after one backward
     squared.backward()
     with pytest.raises(RuntimeError, match=TWICE_MSG):
         squared.backward()
+
+
+def test_nodes_that_keep_only_python_scalars_match_pytorch(torch):
+    for lib in (fw, torch):
+        a = lib.tensor([1.0, 2.0], requires_grad=True)
+        loss = (a * 2.0).sum()
+        loss.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            loss.backward()
+        view_add = a * 1
+        view_add[1].add_(2.0)  # CopySlices drops the op it replays, even one that saved nothing
+        view_add.sum().backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            view_add.sum().backward()
 
 
 # --- hooks ---------------------------------------------------------------------------------------
@@ -300,7 +319,7 @@ def test_detect_anomaly_names_the_op_and_shows_the_forward_line():
     with fw.detect_anomaly():
         line = next_line()
         y = x.sqrt()  # d/dx sqrt at 0 is inf; times 0 below gives nan
-        with pytest.raises(RuntimeError, match="SqrtBackward") as err, np.errstate(all="ignore"):
+        with pytest.raises(RuntimeError, match="SqrtBackward0") as err, np.errstate(all="ignore"):
             (y * 0.0).sum().backward()
     msg = str(err.value)
     assert "nan" in msg
@@ -323,7 +342,7 @@ def test_grads_of_add_inputs_do_not_share_memory(policy):
     with fw.inplace.policy(policy):
         x = fw.tensor([1.0, 2.0], requires_grad=True)
         w = fw.tensor([3.0, 4.0], requires_grad=True)
-        (x + w).sum().backward()  # AddBackward hands the SAME array to both inputs
+        (x + w).sum().backward()  # AddBackward0 hands the SAME array to both inputs
         assert not np.shares_memory(x.grad._data, w.grad._data)
         (x * 3.0).sum().backward()  # accumulates into x.grad only
         assert_close(x.grad, [4.0, 4.0])
@@ -396,7 +415,7 @@ def test_inplace_policy_on_and_off_give_identical_gradients_on_fan_out():
 
 @pytest.mark.parametrize("clone_first", [True, False])
 def test_in_place_accumulation_never_writes_into_a_gradient_someone_holds(clone_first):
-    # CloneBackward passes its incoming gradient on unchanged, and y's hook keeps that very
+    # CloneBackward0 passes its incoming gradient on unchanged, and y's hook keeps that very
     # array; when it reaches b's node first, the engine must not add the other path's
     # gradient into it (the refcount proof fails), whichever path arrives first.
     x_np = np.array([0.3, 1.2])

@@ -48,7 +48,7 @@ def test_a_shared_gradient_is_never_overwritten():
     x = fw.randn(8, requires_grad=True, dtype=fw.float64)
     with fw.inplace.policy("on"):
         a = x * 1.0
-        y = a.relu() + a.tanh()  # AddBackward hands the same gradient to relu and tanh
+        y = a.relu() + a.tanh()  # AddBackward0 hands the same gradient to relu and tanh
         y.sum().backward()
     xn = x.detach().numpy()
     expected = (xn > 0).astype(np.float64) + (1 - np.tanh(xn) ** 2)

@@ -117,7 +117,7 @@ def test_inplace_on_leaf_not_requiring_grad_is_allowed():
 
 def test_detach_shares_version_counter_so_autograd_sees_the_change():
     a = fw.tensor([0.0, 1.0], requires_grad=True)
-    y = a.sin()  # SinBackward saves a
+    y = a.sin()  # SinBackward0 saves a
     d = a.detach()
     assert not d.requires_grad and d._version == a._version == 0
     line = next_line()
@@ -127,7 +127,7 @@ def test_detach_shares_version_counter_so_autograd_sees_the_change():
     with pytest.raises(RuntimeError, match=VERSION_MSG) as err:
         y.sum().backward()
     msg = str(err.value)
-    assert "SinBackward" in msg and "add_" in msg and f"{__file__}:{line}" in msg
+    assert "SinBackward0" in msg and "add_" in msg and f"{__file__}:{line}" in msg
 
 
 def test_data_is_the_escape_hatch_no_error_and_silently_different_gradient():
@@ -154,7 +154,7 @@ def test_data_setter_replaces_values_without_history():
 def test_saved_input_modified_error_names_tensor_op_versions_and_call_site():
     x = fw.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], requires_grad=True)
     b = x * 1.0
-    c = b.sin()  # SinBackward saves its input b
+    c = b.sin()  # SinBackward0 saves its input b
     line = next_line()
     b.add_(1.0)
     with pytest.raises(RuntimeError) as err:
@@ -162,7 +162,7 @@ def test_saved_input_modified_error_names_tensor_op_versions_and_call_site():
     msg = str(err.value)
     assert VERSION_MSG in msg
     assert "(2, 3)" in msg and "float32" in msg  # the tensor: shape and dtype
-    assert "SinBackward" in msg  # the op whose backward needed it
+    assert "SinBackward0" in msg  # the op whose backward needed it
     assert "is at version 1; expected version 0" in msg
     assert "add_" in msg and f"{__file__}:{line}" in msg  # the op that changed it, and where
 
@@ -186,13 +186,13 @@ def test_two_modifications_are_both_named_in_order():
 
 def test_saved_result_modified_names_the_output():
     a = fw.tensor([0.5, 1.0], requires_grad=True)
-    e = a.exp()  # ExpBackward saves its result e
+    e = a.exp()  # ExpBackward0 saves its result e
     line = next_line()
     e.mul_(2.0)
     with pytest.raises(RuntimeError, match=VERSION_MSG) as err:
         e.sum().backward()
     msg = str(err.value)
-    assert "the output of ExpBackward" in msg and f"mul_ at {__file__}:{line}" in msg
+    assert "the output of ExpBackward0" in msg and f"mul_ at {__file__}:{line}" in msg
 
 
 def test_inplace_through_a_view_bumps_the_shared_counter_and_invalidates_saved_base():
@@ -214,8 +214,8 @@ def test_inplace_through_a_view_bumps_the_shared_counter_and_invalidates_saved_b
 def test_exp_inplace_after_use_only_by_ops_that_save_their_result():
     memory.reset_stats()
     a = fw.tensor([0.0, 0.5], requires_grad=True)
-    b = a * 2.0  # MulBackward by a constant saves nothing of b
-    c = b.exp()  # ExpBackward saves c, not b
+    b = a * 2.0  # MulBackward0 by a constant saves nothing of b
+    c = b.exp()  # ExpBackward0 saves c, not b
     b.exp_()  # so overwriting b is safe
     (c + 3.0 * b).sum().backward()
     # c = e^{2a}, b_new = e^{2a}: dL/da = 2e^{2a} + 3 * 2e^{2a} = 8e^{2a} = [8, 8e]
@@ -227,8 +227,8 @@ def test_relu_inplace_on_an_intermediate():
     memory.reset_stats()
     a = fw.tensor([-1.0, 2.0], requires_grad=True)
     w = fw.tensor([3.0, 4.0], requires_grad=True)
-    h = a * w  # [-3, 8]; MulBackward saves a and w, not h
-    h.relu_()  # [0, 8]; ReluBackward saves its result
+    h = a * w  # [-3, 8]; MulBackward0 saves a and w, not h
+    h.relu_()  # [0, 8]; ReluBackward0 saves its result
     h.sum().backward()
     # mask = [0, 1]: dL/da = w * mask = [0, 4], dL/dw = a * mask = [0, 2]
     assert_close(a.grad, [0.0, 4.0])
@@ -253,7 +253,7 @@ def test_residual_add_inplace_out_plus_identity():
 def test_mul_inplace_by_a_constant():
     memory.reset_stats()
     a = fw.tensor([0.0, 1.0], requires_grad=True)
-    b = a.sin()  # SinBackward saves a, not b
+    b = a.sin()  # SinBackward0 saves a, not b
     b.mul_(3.0)
     b.sum().backward()
     # d/da 3 sin(a) = 3 cos(a) = [3, 3cos(1)]
@@ -261,17 +261,31 @@ def test_mul_inplace_by_a_constant():
     assert copy_bytes() == 0
 
 
-def test_div_inplace_saves_the_result_not_the_overwritten_input():
+def test_div_inplace_by_a_tensor_with_a_gradient_keeps_the_overwritten_input():
+    # PyTorch's div_ saves self (a clone) for the divisor's gradient, never its result:
+    # the result may change again afterwards (b.add_(1)) and backward is still right
     memory.reset_stats()
     a = fw.tensor([2.0, 6.0], requires_grad=True)
     y = fw.tensor([4.0, 3.0], requires_grad=True)
     b = a * 1.0
     b.div_(y)  # [0.5, 2]
+    b.add_(1)
     b.sum().backward()
-    # dL/da = 1/y = [0.25, 1/3]; dL/dy = -a/y^2 = -result/y = [-2/16, -6/9]
+    # dL/da = 1/y = [0.25, 1/3]; dL/dy = -a/y^2 = [-2/16, -6/9]
     assert_close(a.grad, [0.25, 1.0 / 3.0])
     assert_close(y.grad, [-0.125, -6.0 / 9.0])
-    assert copy_bytes() == 0  # backward reads y and the result: the old b is not kept
+    assert copy_bytes() == b.nbytes  # the old b, kept for y's gradient
+
+
+def test_div_inplace_by_a_constant_is_free():
+    memory.reset_stats()
+    a = fw.tensor([2.0, 6.0], requires_grad=True)
+    b = a * 1.0
+    b.div_(fw.tensor([4.0, 3.0]))
+    b.add_(1)
+    b.sum().backward()
+    assert_close(a.grad, [0.25, 1.0 / 3.0])
+    assert copy_bytes() == 0  # only the divisor is read
 
 
 @pytest.mark.parametrize(
@@ -307,10 +321,17 @@ def test_mul_inplace_by_a_tensor_that_requires_grad_keeps_a_copy():
     assert_close(w.grad, [1.0, 2.0])
 
 
-def test_mul_inplace_by_itself():
+def test_mul_inplace_by_itself_is_refused_in_backward_as_in_pytorch():
+    # PyTorch keeps a copy of the overwritten self only; the other factor is saved as
+    # itself, and this very op changes it: backward raises (pytorch 2.13 does too)
     a = fw.tensor([1.0, 2.0, 3.0], requires_grad=True)
     b = a * 1.0
-    b.mul_(b)  # b^2: both factors are the old b, kept as copies
+    b.mul_(b)
+    assert b.tolist() == [1.0, 4.0, 9.0]
+    with pytest.raises(RuntimeError, match=r"input 'y' of MulBackward0, is at version 1; expected version 0"):
+        b.sum().backward()
+    b = a * 1.0
+    b.mul_(b.clone())  # the way that works: b^2
     b.sum().backward()
     assert_close(a.grad, [2.0, 4.0, 6.0])  # d/da a^2 = 2a
 
@@ -324,7 +345,7 @@ def test_inplace_on_view_of_non_leaf_gives_correct_gradient_and_regenerates_othe
     v_other = b[2:4]  # created BEFORE the write, overlaps it at index 2
     stale = v_other.grad_fn
     b[1:3].mul_(3.0)
-    assert b.grad_fn.name() == "CopySlices(MulBackward)"
+    assert b.grad_fn.name() == "CopySlices" and b.grad_fn.fn.name() == "MulBackward0"  # PyTorch's names
     assert not b.is_leaf
     # The old view sees the new history: its grad_fn was regenerated on the new base.
     assert v_other.grad_fn is not stale
@@ -438,7 +459,7 @@ def test_no_grad_view_of_a_plain_tensor_written_with_a_value_that_requires_grad_
 
 def test_optimizer_style_update_bumps_version_so_stale_graph_raises():
     p = fw.tensor([1.0, 2.0], requires_grad=True)
-    loss = (p * p).sum()  # MulBackward saves p
+    loss = (p * p).sum()  # MulBackward0 saves p
     loss.backward(retain_graph=True)
     assert_close(p.grad, [2.0, 4.0])
     lr = 0.1
@@ -450,4 +471,4 @@ def test_optimizer_style_update_bumps_version_so_stale_graph_raises():
     with pytest.raises(RuntimeError, match=VERSION_MSG) as err:
         loss.backward()  # would use the NEW p with a graph recorded on the old one
     msg = str(err.value)
-    assert "MulBackward" in msg and f"sub_ at {__file__}:{line}" in msg
+    assert "MulBackward0" in msg and f"sub_ at {__file__}:{line}" in msg

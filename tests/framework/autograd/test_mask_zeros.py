@@ -94,8 +94,7 @@ def test_a_leaf_reached_only_through_a_mask(name, backend):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_table_is_pytorchs(name):
-    torch = pytest.importorskip("torch")
+def test_the_table_is_pytorchs(name, torch):
     op, top, edge = CASES[name]
     got, got_strict = _run(fw, op)
     want, want_strict = _run(torch, top)

@@ -1,7 +1,7 @@
 """PyTorch 2.13's answers where a review found this framework's different, checked here.
 
-Each test asserts PyTorch's value literally (so it runs without PyTorch); where PyTorch is
-installed, the ``torch`` fixture tests compute the same program with it and compare.
+Each test asserts PyTorch's value literally (so it runs without PyTorch); the tests that take
+the ``torch`` fixture (tests/conftest.py) compute the same program with PyTorch and compare.
 """
 
 from __future__ import annotations
@@ -11,12 +11,6 @@ import pytest
 
 import framework as fw
 from framework.testing import assert_close
-
-
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch")
-
 
 # --- pow's gradient at exponent 0 and base 0 ---------------------------------------------
 
@@ -149,31 +143,102 @@ def test_saved_not_needed_is_none():
     assert out.grad_fn._saved_other.tolist() == [1.0, 1.0]
 
 
-def test_saved_names_match_torch(torch):
-    cases = {
-        "mul": lambda m, a, b: a * b,
-        "div": lambda m, a, b: a / b,
-        "pow": lambda m, a, b: a**b,
-        "exp": lambda m, a, b: a.exp(),
-        "log": lambda m, a, b: a.log(),
-        "sqrt": lambda m, a, b: a.sqrt(),
-        "tanh": lambda m, a, b: a.tanh(),
-        "sin": lambda m, a, b: a.sin(),
-        "relu": lambda m, a, b: a.relu(),
-        "maximum": lambda m, a, b: m.maximum(a, b),
-        "mm": lambda m, a, b: a.view(1, 2) @ b.view(2, 1),
-    }
-    for name, f in cases.items():
-        ours = f(fw, fw.tensor([0.5, 2.0], requires_grad=True), fw.tensor([1.5, 3.0], requires_grad=True))
-        theirs = f(torch, torch.tensor([0.5, 2.0], requires_grad=True), torch.tensor([1.5, 3.0], requires_grad=True))
-        compared = 0
-        for attr in dir(theirs.grad_fn):
-            value = getattr(theirs.grad_fn, attr)
-            # div saves its result where PyTorch saves self: what backward needs differs
-            if attr.startswith("_saved_") and isinstance(value, torch.Tensor) and hasattr(ours.grad_fn, attr):
-                np.testing.assert_allclose(getattr(ours.grad_fn, attr).numpy(), value.detach().numpy(), err_msg=name)
-                compared += 1
-        assert compared, name
+# program(m, a, b, x3, w, bias) -> a tensor whose grad_fn is compared; m is fw or torch
+SAVED_CASES = {
+    "add": lambda m, a, b, x3, w, bias: a + b,
+    "sub": lambda m, a, b, x3, w, bias: a - b,
+    "mul": lambda m, a, b, x3, w, bias: a * b,
+    "mul by a number": lambda m, a, b, x3, w, bias: a * 2,
+    "div": lambda m, a, b, x3, w, bias: a / b,
+    "div by a number": lambda m, a, b, x3, w, bias: a / 2,
+    "div_": lambda m, a, b, x3, w, bias: (a * 1).div_(b),
+    "pow scalar": lambda m, a, b, x3, w, bias: a**2,
+    "pow tensor": lambda m, a, b, x3, w, bias: a.abs() ** b,
+    "pow scalar base": lambda m, a, b, x3, w, bias: 2**a,
+    "pow_": lambda m, a, b, x3, w, bias: (a * 1).pow_(2),
+    "maximum": lambda m, a, b, x3, w, bias: m.maximum(a, b),
+    "where": lambda m, a, b, x3, w, bias: m.where(a > 0, a, b),
+    "neg": lambda m, a, b, x3, w, bias: -a,
+    "abs": lambda m, a, b, x3, w, bias: a.abs(),
+    "exp": lambda m, a, b, x3, w, bias: a.exp(),
+    "exp_": lambda m, a, b, x3, w, bias: (a * 1).exp_(),
+    "log": lambda m, a, b, x3, w, bias: a.abs().log(),
+    "sqrt": lambda m, a, b, x3, w, bias: a.abs().sqrt(),
+    "sin": lambda m, a, b, x3, w, bias: a.sin(),
+    "cos": lambda m, a, b, x3, w, bias: a.cos(),
+    "tanh": lambda m, a, b, x3, w, bias: a.tanh(),
+    "sigmoid": lambda m, a, b, x3, w, bias: a.sigmoid(),
+    "relu": lambda m, a, b, x3, w, bias: a.relu(),
+    "leaky_relu": lambda m, a, b, x3, w, bias: m.nn.functional.leaky_relu(a, 0.2),
+    "leaky_relu_": lambda m, a, b, x3, w, bias: m.nn.functional.leaky_relu(a * 1, 0.2, inplace=True),
+    "clamp": lambda m, a, b, x3, w, bias: a.clamp(-1, 1),
+    "clamp(min)": lambda m, a, b, x3, w, bias: a.clamp(min=0),
+    "sum": lambda m, a, b, x3, w, bias: a.sum(),
+    "sum(dim)": lambda m, a, b, x3, w, bias: a.sum(1),
+    "sum(dim, keepdim)": lambda m, a, b, x3, w, bias: a.sum(1, keepdim=True),
+    "mean": lambda m, a, b, x3, w, bias: a.mean(),
+    "mean(dims)": lambda m, a, b, x3, w, bias: x3.mean((0, 1)),
+    "amax": lambda m, a, b, x3, w, bias: a.amax(),
+    "amax(dim)": lambda m, a, b, x3, w, bias: a.amax(1),
+    "max(dim)": lambda m, a, b, x3, w, bias: a.max(1)[0],
+    "softmax": lambda m, a, b, x3, w, bias: a.softmax(1),
+    "log_softmax": lambda m, a, b, x3, w, bias: a.log_softmax(1),
+    "view": lambda m, a, b, x3, w, bias: a.view(12),
+    "permute": lambda m, a, b, x3, w, bias: x3.permute(2, 0, 1),
+    "expand": lambda m, a, b, x3, w, bias: a[:1].expand(3, 4),
+    "select": lambda m, a, b, x3, w, bias: a.select(1, 2),
+    "unbind": lambda m, a, b, x3, w, bias: a.unbind(1)[0],
+    "cat": lambda m, a, b, x3, w, bias: m.cat([a, b], 1),
+    "stack": lambda m, a, b, x3, w, bias: m.stack([a, b]),
+    "mm": lambda m, a, b, x3, w, bias: a @ b.T,
+    "dot": lambda m, a, b, x3, w, bias: a[0] @ b[0],
+    "mv": lambda m, a, b, x3, w, bias: a @ b[0],
+    "linear (addmm)": lambda m, a, b, x3, w, bias: m.nn.functional.linear(a, w, bias),
+    "linear without bias (mm)": lambda m, a, b, x3, w, bias: m.nn.functional.linear(a, w),
+    "linear on 3-d input": lambda m, a, b, x3, w, bias: m.nn.functional.linear(x3, w, bias),
+    "clone": lambda m, a, b, x3, w, bias: a.clone(),
+}
+
+
+def _leaves(m):
+    rng = np.random.default_rng(0)
+    shapes = ((3, 4), (3, 4), (2, 3, 4), (5, 4), (5,))
+    return [m.tensor(rng.standard_normal(s), requires_grad=True) for s in shapes]
+
+
+def _comparable(value):
+    if hasattr(value, "detach"):  # a tensor (PyTorch also wraps a number operand in one)
+        return np.asarray(value.detach().numpy())
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return np.asarray(value)
+    return value
+
+
+@pytest.mark.parametrize("name", list(SAVED_CASES))
+def test_saved_names_match_torch(name, torch):
+    """Every ``_saved_*`` attribute PyTorch's node has, this one has too (listed by dir()),
+    with the same value; and the node's name is PyTorch's."""
+    ours = SAVED_CASES[name](fw, *_leaves(fw)).grad_fn
+    theirs = SAVED_CASES[name](torch, *_leaves(torch)).grad_fn
+    assert ours.name() == theirs.name()
+    want = sorted(a for a in dir(theirs) if a.startswith("_saved_"))
+    assert sorted(a for a in dir(ours) if a.startswith("_saved_")) == want
+    for attr in want:
+        mine, theirs_value = _comparable(getattr(ours, attr)), _comparable(getattr(theirs, attr))
+        if isinstance(theirs_value, np.ndarray):
+            np.testing.assert_allclose(mine, theirs_value, err_msg=f"{name}: {attr}")
+        else:
+            assert mine == theirs_value, f"{name}: {attr}"
+
+
+def test_saved_attributes_are_absent_where_the_node_has_none():
+    x = fw.ones(3, requires_grad=True)
+    assert "_saved_result" not in dir(x**2) and "_saved_result" not in dir((x**2).grad_fn)
+    with pytest.raises(AttributeError, match="PowBackward0"):
+        _ = (x**2).grad_fn._saved_result
+    with pytest.raises(AttributeError, match="SumBackward0"):
+        _ = x.sum().grad_fn._saved_dim
+    assert x.sum(0).grad_fn._saved_dim == (0,)
 
 
 # --- type promotion (torch.result_type) -----------------------------------------------------

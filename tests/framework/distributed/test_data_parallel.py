@@ -217,7 +217,7 @@ def test_inplace_writes_into_gradients_bump_their_versions():
         nn.MSELoss()(dp(x), y).backward()
         p = next(model.parameters())
         w = fw.ones(p.shape, requires_grad=True)
-        uses_grad = (w * p.grad).sum()  # MulBackward saves p.grad for w's gradient
+        uses_grad = (w * p.grad).sum()  # MulBackward0 saves p.grad for w's gradient
         before = {id(q): q.grad._version for q in model.parameters()}
         dp.finish()
         for q in model.parameters():

@@ -332,7 +332,7 @@ def test_activation_policy_decides_inplace(make, slope):
 
 def test_auto_writes_over_a_temporary_and_nobody_can_tell():
     x = rand(128, 128, dtype=fw.float32, requires_grad=True)  # 64 KiB: worth the proof
-    for make in (lambda: nn.ReLU(), lambda: nn.LeakyReLU(0.2), lambda: nn.Tanh(inplace=None)):
+    for make in (lambda: nn.ReLU(), lambda: nn.Tanh(inplace=None)):
         fw.inplace.set_policy("auto")
         before = memory.stats().get("auto_inplace_ops", 0)
         base = memory.allocated_bytes()
@@ -349,6 +349,30 @@ def test_auto_writes_over_a_temporary_and_nobody_can_tell():
         np.testing.assert_array_equal(g, x.grad.numpy())
         x.grad = None
         del out, ref
+
+
+def test_auto_leaves_leaky_relu_out_of_place_while_a_gradient_is_recorded():
+    # Out of place it saves its input, in place its result (PyTorch's leaky_relu and
+    # leaky_relu_): in place, the add_ below would make backward raise, where off runs it
+    x = rand(128, 128, dtype=fw.float32, requires_grad=True)
+    grads = {}
+    for policy in ("off", "auto"):
+        fw.inplace.set_policy(policy)
+        before = memory.stats().get("auto_inplace_ops", 0)
+        out = nn.LeakyReLU(0.2)(x * 2)
+        assert out.grad_fn.name() == "LeakyReluBackward0"
+        assert memory.stats().get("auto_inplace_ops", 0) == before
+        out.add_(1).sum().backward()
+        grads[policy] = x.grad.numpy().copy()
+        x.grad = None
+    np.testing.assert_array_equal(grads["off"], grads["auto"])
+    del out
+    with fw.no_grad():  # nothing is saved: auto writes over the temporary
+        base = memory.allocated_bytes()
+        out = nn.LeakyReLU(0.2)(x * 2)
+        assert memory.allocated_bytes() - base == out.nbytes
+        assert memory.stats()["auto_inplace_ops"] == before + 1
+        np.testing.assert_array_equal(np_of(out), np.where(np_of(x) > 0, 2 * np_of(x), 0.4 * np_of(x)))
 
 
 def test_relu_policy_site_falls_back_on_a_leaf_explicit_raises():

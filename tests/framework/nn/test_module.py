@@ -246,8 +246,7 @@ def test_half_float_double_cast_floating_parameters_grads_and_buffers():
     assert {b.dtype for b in net.buffers()} == {np.dtype(np.float32), np.dtype(np.int64)}
 
 
-def test_module_casts_match_torch():
-    torch = pytest.importorskip("torch")
+def test_module_casts_match_torch(torch):
     ours, theirs = nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
     for cast in ("half", "double", "float"):
         getattr(ours, cast)(), getattr(theirs, cast)()

@@ -223,7 +223,7 @@ def test_inplace_on_conv_input_after_forward_is_caught_and_on_output_is_free():
     h = x0 * 1
     y = conv2d(h, w, padding=1)
     h.relu_()  # conv2d saved h for w's gradient
-    with pytest.raises(RuntimeError, match="Conv2dBackward"):
+    with pytest.raises(RuntimeError, match="ConvolutionBackward0"):
         y.sum().backward()
     y = conv2d(x0 * 1, w, padding=1)
     z = y.relu_()  # conv2d did not save its output: relu_ after a conv is free and correct
@@ -680,7 +680,7 @@ def test_input_gradient_overwrites_a_dead_output_gradient_under_policy_on(stride
         w = fw.randn(cout, 3, 3, 3, dtype=fw.float64, requires_grad=True)
         with fw.inplace.policy(policy), C.workspace_limit(0):  # one image per chunk
             y = conv2d(x, w, stride=stride, padding=1).tanh()
-            # SumBackward hands tanh a broadcast view (never reused): tanh allocates under
+            # SumBackward0 hands tanh a broadcast view (never reused): tanh allocates under
             # both policies, and its fresh gradient is exclusive when it reaches conv2d.
             with memory.record_timeline() as tl:
                 y.sum().backward()
