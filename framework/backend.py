@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import os
 import re
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -351,40 +352,55 @@ def scatter_add(array, index, values) -> None:
     _cupyx.scatter_add(array, index, values)
 
 
-_AXPY: dict = {}  # dtype -> BLAS ?axpy of SciPy, looked up on first use
+#: Elements per pass of :func:`add_scaled_` on the CPU: ``alpha * x`` of one block stays in
+#: the cache (256 KiB of float32) between its multiply and its add.
+ADD_SCALED_BLOCK = 1 << 16
+_SCRATCH = threading.local()  # per thread: dtype -> the block buffer of alpha * x
+
+
+def _scratch(dtype, n):
+    """A reusable buffer of ``n <= ADD_SCALED_BLOCK`` elements of ``dtype`` for this thread."""
+    buffers = _SCRATCH.__dict__.setdefault("buffers", {})
+    buf = buffers.get(dtype)
+    if buf is None:
+        buf = buffers[dtype] = np.empty(ADD_SCALED_BLOCK, dtype)
+    return buf[:n]
 
 
 def add_scaled_(y, x, alpha) -> None:
-    """``y += alpha * x`` in place, in ONE pass over memory where BLAS can do it
-    (``?axpy`` on C-contiguous float32/float64 NumPy arrays of one dtype and shape): no
-    temporary for ``alpha * x``. Elsewhere (CuPy, other layouts), the same through ``xp``.
+    """``y += alpha * x`` in place, rounding twice per element: ``alpha * x`` in ``y``'s
+    dtype, then the sum. It never rounds once (an FMA), so the result of an element does
+    not depend on where it lies in the array: BLAS ``?axpy`` fuses the multiply-add in its
+    vector loop and not in its tail, so a parameter updated alone and the same parameter
+    inside a flat buffer would differ in the last bit. The GPU's fused optimizer kernels
+    round the same way (compiled with ``--fmad=false``), and so does every policy.
 
-    The optimizers' updates run through it on every policy alike, so the rounding (one
-    fused multiply-add in BLAS) is the same whether the update is in place or not.
+    On C-contiguous NumPy arrays it walks ``y`` in cache-sized blocks
+    (:data:`ADD_SCALED_BLOCK`) through one per-thread scratch buffer: no temporary of
+    ``x``'s size. Elsewhere (CuPy, other layouts) the same two operations through ``xp``.
     """
+    if hasattr(alpha, "on_device"):  # a traced scalar of a captured step: read on the device
+        alpha = alpha.on_device(x.dtype)
+    if isinstance(alpha, (int, float, np.generic)) and y.dtype.kind == "f":
+        alpha = y.dtype.type(alpha)  # the hyperparameter in the parameter's dtype, as the kernels take it
     if (
         y.__class__ is np.ndarray
         and x.__class__ is np.ndarray
         and y.dtype == x.dtype
         and y.shape == x.shape
-        and y.dtype.char in "fd"
         and y.flags.c_contiguous
         and x.flags.c_contiguous
         and y.size
     ):
-        axpy = _AXPY.get(y.dtype.char)
-        if axpy is None:
-            from scipy.linalg import blas  # a third-party module, loaded only when an update needs it
-
-            axpy = _AXPY[y.dtype.char] = blas.saxpy if y.dtype.char == "f" else blas.daxpy
-        flat = y.reshape(-1)
-        out = axpy(x.reshape(-1), flat, a=alpha)
-        if out is not flat and not np.shares_memory(out, y):  # BLAS wrote a copy: put it back
-            y.reshape(-1)[...] = out
+        yf, xf, n = y.reshape(-1), x.reshape(-1), y.size
+        scratch = _scratch(y.dtype, min(n, ADD_SCALED_BLOCK))
+        for start in range(0, n, ADD_SCALED_BLOCK):
+            stop = min(start + ADD_SCALED_BLOCK, n)
+            t = scratch[: stop - start]
+            np.multiply(xf[start:stop], alpha, out=t)
+            np.add(yf[start:stop], t, out=yf[start:stop])
         return
     xp = get_array_module(y)
-    if hasattr(alpha, "on_device"):  # a traced scalar of a captured step: read on the device
-        alpha = alpha.on_device(x.dtype)
     xp.add(y, xp.multiply(x, alpha), out=y)
 
 

@@ -128,9 +128,10 @@ class Add(Function):
 
 class AddScaled(Function):
     """``x + alpha * y`` (``y`` a tensor of ``x``'s shape and dtype), for the optimizers'
-    updates: in place it is ONE pass over ``x`` (BLAS ``axpy``, no temporary for
-    ``alpha * y``); out of place a copy of ``x`` gets the same kernel, so both forms round
-    alike (``backend.add_scaled_``). Not differentiable: updates run under ``no_grad``.
+    updates: in place it writes over ``x`` with no temporary of ``y``'s size (cache-sized
+    blocks of ``alpha * y``); out of place a copy of ``x`` gets the same kernel, so both
+    forms round alike (``backend.add_scaled_``). Not differentiable: updates run under
+    ``no_grad``.
     """
 
     inplace_name = "add_"

@@ -66,7 +66,7 @@ class _Updater:
         self.inplace = inplace
 
     def add(self, t: Tensor, other, alpha=1) -> Tensor:
-        """``t + alpha * other``; a scaled tensor update is one pass over ``t`` in place."""
+        """``t + alpha * other``; a scaled tensor update writes over ``t`` with no temporary of its size."""
         if self.inplace:
             _inplace.count_owned("optimizer", t._data.nbytes)
         if alpha != 1 and isinstance(other, Tensor) and other.shape == t.shape and other.dtype == t.dtype:

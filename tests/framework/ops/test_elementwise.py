@@ -460,19 +460,36 @@ def test_comparisons_with_ties_scalars_and_ints():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
-def test_add_scaled_is_one_inplace_pass_and_matches_the_reference(dtype, layout):
+def test_add_scaled_is_in_place_and_rounds_as_the_two_ops(dtype, layout):
     from framework.backend import add_scaled_
 
     rng = np.random.default_rng(0)
     y = rng.standard_normal((64, 48)).astype(dtype)
     x = rng.standard_normal((64, 48)).astype(dtype)
-    if layout == "transposed":  # no BLAS: the xp fallback
+    if layout == "transposed":  # not C-contiguous: the xp fallback
         y, x = y.T, x.T
-    want = y.astype(np.float64) - 0.25 * x.astype(np.float64)
+    want = y + dtype(-0.1) * x  # the multiply rounded, then the add: no fused multiply-add
     address = y.__array_interface__["data"][0]
-    add_scaled_(y, x, -0.25)
+    add_scaled_(y, x, np.float64(-0.1))  # a float64 hyperparameter is taken in the parameter's dtype
     assert y.__array_interface__["data"][0] == address  # in place
-    np.testing.assert_allclose(y, want, rtol=1e-6 if dtype == np.float32 else 1e-14)
+    np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_scaled_gives_an_element_the_same_bits_wherever_it_lies(dtype):
+    # BLAS axpy fuses the multiply-add in its vector loop but not in its tail, so an element
+    # of a parameter updated alone and of the same parameter inside a flat buffer differed.
+    from framework.backend import ADD_SCALED_BLOCK, add_scaled_
+
+    rng = np.random.default_rng(2)
+    n = 2 * ADD_SCALED_BLOCK + 37  # several blocks and a ragged end
+    y, x = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
+    whole = y.copy()
+    add_scaled_(whole, x, -0.37)
+    for start, stop in ((0, n), (1, 40), (3, ADD_SCALED_BLOCK + 5), (ADD_SCALED_BLOCK - 7, n - 2)):
+        part = y[start:stop].copy()
+        add_scaled_(part, x[start:stop].copy(), -0.37)
+        np.testing.assert_array_equal(part, whole[start:stop])
 
 
 def test_add_scaled_op_in_place_and_out_of_place_give_the_same_bits():
