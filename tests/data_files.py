@@ -56,5 +56,5 @@ def classification_arrays(n: int = 96, features: tuple = (1, 4, 4), classes: int
     """Learnable inputs (class means apart) and int64 labels."""
     rng = np.random.default_rng(seed)
     y = np.arange(n) % classes
-    x = rng.standard_normal((n, *features)).astype(np.float32) + y.reshape(-1, *[1] * len(features))
-    return x, y.astype(np.int64)
+    x = rng.standard_normal((n, *features)) + y.reshape(-1, *[1] * len(features))
+    return x.astype(np.float32), y.astype(np.int64)

@@ -146,6 +146,20 @@ SCHEMA: dict[str, Any] = {
             'docs/USAGE.md, "Your own data")',
             choices=("digits", "synthetic_images", "synthetic_regression", "npz", "cifar10", "cifar100"),
         ),
+        "batch_size": Field("int", 64, "Training batch size per process", min=1),
+        "eval_batch_size": Field("int", 512, "Evaluation batch size per process", min=1),
+        "drop_last": Field("bool", True, "Drop the last incomplete training batch of an epoch"),
+        "num_train": Field("int", 2048, "Training samples (synthetic sets only)", min=1),
+        "num_test": Field("int", 512, "Test samples (synthetic sets only)", min=1),
+        "image_size": Field("int", 32, "Image height and width (synthetic_images)", min=1),
+        "channels": Field("int", 3, "Image channels (synthetic_images)", min=1),
+        "num_classes": Field("int", 10, "Number of classes (synthetic_images)", min=2),
+        "noise": Field("float", 1.0, "Noise standard deviation of synthetic data", min=0),
+        "in_features": Field("int", 32, "Input features (synthetic_regression)", min=1),
+        "out_features": Field("int", 1, "Output features (synthetic_regression)", min=1),
+        "test_fraction": Field(
+            "float", 0.2, "Fraction held out for evaluation (digits; npz without data.test_root)", gt=0, lt=1
+        ),
         "root": Field(
             "str?",
             None,
@@ -172,20 +186,6 @@ SCHEMA: dict[str, Any] = {
             False,
             "Image data sets: each training image randomly cropped after 4 pixels of zero padding and flipped "
             "left-right with probability 1/2, drawn from (seed, epoch, sample): a resumed run draws the same",
-        ),
-        "batch_size": Field("int", 64, "Training batch size per process", min=1),
-        "eval_batch_size": Field("int", 512, "Evaluation batch size per process", min=1),
-        "drop_last": Field("bool", True, "Drop the last incomplete training batch of an epoch"),
-        "num_train": Field("int", 2048, "Training samples (synthetic sets only)", min=1),
-        "num_test": Field("int", 512, "Test samples (synthetic sets only)", min=1),
-        "image_size": Field("int", 32, "Image height and width (synthetic_images)", min=1),
-        "channels": Field("int", 3, "Image channels (synthetic_images)", min=1),
-        "num_classes": Field("int", 10, "Number of classes (synthetic_images)", min=2),
-        "noise": Field("float", 1.0, "Noise standard deviation of synthetic data", min=0),
-        "in_features": Field("int", 32, "Input features (synthetic_regression)", min=1),
-        "out_features": Field("int", 1, "Output features (synthetic_regression)", min=1),
-        "test_fraction": Field(
-            "float", 0.2, "Fraction held out for evaluation (digits; npz without data.test_root)", gt=0, lt=1
         ),
     },
     "model": {

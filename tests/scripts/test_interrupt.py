@@ -10,6 +10,7 @@ final parameters are the same bit for bit.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import shlex
@@ -209,3 +210,65 @@ def test_sigterm_to_mpiexec_reaches_every_rank_and_loses_nothing(tmp_path, refer
     code, out, err, _ = run_command(resume_command(err), 240, cwd=tmp_path)
     assert code == 0, err
     assert_same_run(tmp_path, "cut", "full2")
+
+
+COMPARE = REPO / "scripts" / "compare_inplace.py"
+
+
+def table_rows(out: str) -> dict[str, dict[str, str]]:
+    """compare_inplace.py's table: policy -> column -> cell."""
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("policy"))
+    columns = re.split(r"\s{2,}", lines[header].strip())
+    rows = {}
+    for line in lines[header + 2 :]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != len(columns):
+            break
+        rows[cells[0]] = dict(zip(columns, cells))
+    return rows
+
+
+def image_steps(run_dir) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"images": 0})
+    acc.Reload()
+    return [e.step for e in acc.Images("memory/timeline")]
+
+
+def test_compare_resume_keeps_finished_runs_resumes_the_stopped_one_and_trains_the_rest(tmp_path):
+    path = config(tmp_path)
+    common = ["--config", path, "--policies", "off,on,auto", "--rounds", "1", "--round-steps", "1"]
+    code, want, err, _ = train(tmp_path, [COMPARE, *common, "--set", "experiment=whole"])
+    assert code == 0, err
+
+    at = stop_step("compare", 3)
+    env = {**worker_env(), "STOP_SIGNAL": "SIGTERM", "STOP_AT": str(at), "STOP_RUN": "inplace-on_np1"}
+    code, out, err, _ = train(tmp_path, [DRIVER, COMPARE, *common], env=env)
+    assert code == 128 + signal.SIGTERM, err
+    assert f"run inplace-on_np1 stopped after step {at} of {STEPS}" in err
+    runs = tmp_path / "runs" / "stop"
+    assert sorted(os.listdir(runs)) == ["inplace-off_np1", "inplace-on_np1"]  # auto never started
+
+    argv = resume_command(err)
+    assert argv[1:] == [str(COMPARE), *map(str, common), "--resume"]
+    code, got, err, _ = run_command(argv, 240, cwd=tmp_path)
+    assert code == 0, err
+    ckpts = "checkpoints/stop"
+    assert f"off: finished at step {STEPS} ({ckpts}/inplace-off_np1/step_{STEPS:08d}.npz); kept as it is" in got
+    assert f"on: resumed from step {at} ({ckpts}/inplace-on_np1/step_{at:08d}.npz)" in got
+    assert f"auto: no checkpoint in {ckpts}/inplace-auto_np1 yet; training from step 0" in got
+
+    for run in ("inplace-off_np1", "inplace-on_np1", "inplace-auto_np1"):
+        a, b = read_scalars(runs / run), read_scalars(tmp_path / "runs" / "whole" / run)
+        for tag in b:
+            assert [s for s, _ in a[tag]] == [s for s, _ in b[tag]], (run, tag)
+        assert comparable(a) == comparable(b), run
+        assert image_steps(runs / run) == [2], run  # each run's timeline image once, on one scale
+    # The table of the resumed comparison is the uninterrupted one's, except the timings.
+    got_rows, want_rows = table_rows(got), table_rows(want)
+    assert sorted(got_rows) == ["auto", "off", "on"]
+    for policy, row in want_rows.items():
+        for column in ("peak MB", "floor MB", "auto ops/step", "auto MB/step", "final loss", "eval accuracy"):
+            assert got_rows[policy][column] == row[column], (policy, column)
