@@ -3,9 +3,9 @@
 SIGINT (Ctrl-C), SIGTERM (what ``kill``, Slurm at the time limit and a preemption send)
 and SIGUSR1 (what Slurm sends ahead of the time limit with ``--signal=USR1@120``) only
 *ask* the training loop to stop: the step in flight finishes, every rank agrees on the
-step to stop after (:meth:`Trainer._stop_agreed`: one scalar MAX-allreduce per step, so
-one signalled rank is enough), the loop writes its checkpoint and raises
-:class:`~trainers.trainer.Interrupted`, and the script prints the command that resumes it.
+step to stop after (:class:`StopAgreement`, so one signalled rank is enough), the loop
+writes its checkpoint and raises :class:`~trainers.trainer.Interrupted`, and the script
+prints the command that resumes it.
 
 A second Ctrl-C stops at once (``KeyboardInterrupt``), as users expect from a program
 that is taking its time. The handlers live only while the loop runs (:class:`StopSignals`
@@ -24,7 +24,9 @@ import signal
 import sys
 import threading
 
-__all__ = ["STOP_SIGNALS", "StopSignals", "signal_name"]
+import numpy as np
+
+__all__ = ["STOP_SIGNALS", "StopAgreement", "StopSignals", "signal_name"]
 
 #: The signals that stop a run at the next step boundary (names: SIGUSR1 is absent on Windows).
 STOP_SIGNALS = tuple(s for s in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, s))
@@ -82,3 +84,42 @@ class StopSignals:
                 os.write(sys.stderr.fileno(), line.encode())
             except (OSError, ValueError, AttributeError):  # no usable stderr: stop quietly
                 pass
+
+
+class StopAgreement:
+    """Whether any rank got a stop signal, agreed by every rank, without a wait in the step.
+
+    After each step every rank starts a MAX-allreduce of the signal it got (0: none)
+    without waiting for it (``iallreduce_``), and reads the one it started after the
+    step before. Every rank reads the same result at the same step, so they all stop
+    after the same step; a signal stops the run one step after it would in one process.
+    A blocking allreduce would decide a step sooner, but it is one more point where the
+    ranks wait for the slowest: on the quickstart MLP on 2 busy cores it cost 4-14% of a
+    step, the non-blocking one nothing measurable (docs/BENCHMARKS.md, "What does stopping
+    on a signal cost?").
+
+    Args:
+        comm: An MPI communicator (host buffers): the world, not a NCCL one.
+    """
+
+    def __init__(self, comm) -> None:
+        self._comm = comm
+        self._flag = np.zeros(1)
+        self._pending = None
+
+    def after_step(self, received: int) -> int:
+        """Starts sharing ``received``; returns the signal agreed after the step before (0: go on)."""
+        if self._comm.size == 1:
+            return received
+        agreed = self.close()
+        self._flag[0] = received
+        self._pending = self._comm.iallreduce_(self._flag, "max")
+        return agreed
+
+    def close(self) -> int:
+        """Completes the agreement in flight (every rank must: it is a collective); returns its signal."""
+        if self._pending is None:
+            return 0
+        self._pending.wait()
+        self._pending = None
+        return int(self._flag[0])

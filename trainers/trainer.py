@@ -39,7 +39,7 @@ from models import build_model, model_signature
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict
 from .data import DATASETS, DataError, DataLoader, load_dataset
-from .interrupt import StopSignals, signal_name
+from .interrupt import StopAgreement, StopSignals, signal_name
 from .logging import MB, Progress, RunLogger, default_run_name, format_summary, run_dir
 
 
@@ -514,6 +514,7 @@ class Trainer:
         # Several processes: gradients are averaged through in-place allreduced buckets
         # (framework/distributed/data_parallel.py); parameters start from rank 0's.
         self.dp = None
+        self.control_comm = self.comm  # MPI, for host values (the stop signal) whatever carries gradients
         if self.comm.size > 1:
             try:  # NCCL for GPU buffers, or MPI (host staging on a GPU)
                 self.comm = for_device(self.comm, self.device, cfg.distributed.backend)
@@ -910,6 +911,7 @@ class Trainer:
         timeline_step = self.timeline_step  # recorded (and logged) once: a run resumed after it has it
         stop, saved_at = 0, None
         signals = StopSignals(announce=self.comm.is_main, step=lambda: self.step)
+        agreement = StopAgreement(self.control_comm)
         try:
             with signals:
                 while self.step < self.total_steps and not stop:
@@ -951,7 +953,10 @@ class Trainer:
                         if self.losses_on_device:
                             pending.append((self.step, lr, loss))
                         self.step += 1
-                        stop = self._stop_agreed(signals.received)
+                        stop = agreement.after_step(signals.received)
+                        if stop or self.step == self.total_steps:
+                            late = agreement.close()  # every rank completes the agreement in flight
+                            stop = stop or late  # a signal in the last step: the run is complete, then stops
                         if not self.losses_on_device:
                             read = [loss]
                         else:
@@ -1023,17 +1028,6 @@ class Trainer:
         if stop:  # the signal came during the last step: the run is complete, and ends here
             raise Interrupted(stop, self.step, self.total_steps, self.last_checkpoint, self.run_name)
         return result
-
-    def _stop_agreed(self, received: int) -> int:
-        """The signal every rank stops on after this step, or 0 to go on (a collective).
-
-        One scalar MAX-allreduce per step: a signal on any one rank stops every rank after
-        the same step, so their checkpoint is one consistent state. With one process, no
-        communication. Its cost: docs/BENCHMARKS.md, "Stopping on a signal".
-        """
-        if self.comm.size == 1:
-            return received
-        return int(self.comm.allreduce_scalar(float(received), "max"))
 
     def result(self) -> RunResult:
         """The :class:`RunResult` of a run resumed at its end (:attr:`finished`), from its checkpoint.

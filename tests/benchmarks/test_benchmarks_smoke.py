@@ -251,3 +251,37 @@ def test_winograd_stages_quick(capsys, tmp_path):
         assert set(r["ms"]) == set(bench_winograd_stages.STEPS)
         assert r["total_ms"] == pytest.approx(sum(r["ms"].values()))
         assert r["chunks"] >= 1
+
+
+@pytest.mark.mpi
+def test_stop_signal_quick(tmp_path):
+    """Under mpiexec -n 2 (the benchmark launches itself): the table and the JSON of its three variants."""
+    import subprocess
+    import sys
+
+    from tests.mpi_util import REPO, find_mpiexec, worker_env
+
+    if find_mpiexec() is None:
+        pytest.skip("needs mpiexec")
+    path = tmp_path / "stop.json"
+    script = REPO / "benchmarks" / "bench_stop_signal.py"
+    r = subprocess.run(
+        [sys.executable, str(script), "--quick", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        env=worker_env(),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    cells = [row[0] for row in _table_rows(r.stdout)]
+    assert cells == [
+        "what",
+        "agreement alone, µs per call",
+        "step, without, ms",
+        "step, blocking, ms",
+        "step, nonblocking, ms",
+    ]
+    assert "StopAgreement" in _legend(r.stdout)["step"]
+    saved = json.loads(path.read_text())
+    assert set(saved["results"]["extra_us_per_step"]) == {"blocking", "nonblocking"}
+    assert saved["params"]["ranks"] == 2

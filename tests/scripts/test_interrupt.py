@@ -45,8 +45,8 @@ logging: {{progress: false}}
 
 
 def stop_step(name: str, salt: int) -> int:
-    """A step of the run to stop at, drawn from a seeded generator (never the last)."""
-    return random.Random(f"{name}-{salt}").randrange(2, STEPS)
+    """A step to send the signal in, drawn from a seeded generator (two before the last at most)."""
+    return random.Random(f"{name}-{salt}").randrange(2, STEPS - 1)
 
 
 def train(tmp_path, args, nprocs=1, env=None, timeout=240):
@@ -163,6 +163,7 @@ def test_a_signal_stops_after_the_step_in_flight_and_the_printed_command_resumes
 @pytest.mark.parametrize("name", SIGNALS)
 def test_one_rank_signalled_stops_both_after_the_same_step(tmp_path, reference, name):
     at, rank = stop_step(name, 2), random.Random(name).randrange(2)
+    stop = at + 1  # the ranks' agreement, started after step `at`, is read after the next one
     copy_reference(reference, tmp_path, "full2", nprocs=2)
     path = config(tmp_path)
     env = {**worker_env(), "STOP_SIGNAL": name, "STOP_AT": str(at), "STOP_RANK": str(rank)}
@@ -171,16 +172,17 @@ def test_one_rank_signalled_stops_both_after_the_same_step(tmp_path, reference, 
     assert code == 128 + getattr(signal, name), (code, err)
     assert "Traceback" not in err
     assert err.count("resume with: ") == 1  # rank 0 says it, once
+    assert f"run cut stopped after step {stop} of {STEPS}" in err
     ckpts = tmp_path / "checkpoints" / "stop" / "cut"
-    assert [s for s, _ in list_checkpoints(str(ckpts))] == [at]
-    state = load_checkpoint(str(ckpts / f"step_{at:08d}.npz"))
+    assert [s for s, _ in list_checkpoints(str(ckpts))] == [stop]
+    state = load_checkpoint(str(ckpts / f"step_{stop:08d}.npz"))
     assert len(state["ranks"]) == 2  # each rank's random state and open log window
 
     argv = resume_command(err)
     assert argv[:3] == [find_mpiexec(), "-n", "2"]
     code, out, err, _ = run_command(argv, 240, cwd=tmp_path)
     assert code == 0, err
-    assert out.count(f"resumed from step {at} ") == 1
+    assert out.count(f"resumed from step {stop} ") == 1
     assert_same_run(tmp_path, "cut", "full2")
 
 
