@@ -94,7 +94,7 @@ class StopAgreement:
     step before. Every rank reads the same result at the same step, so they all stop
     after the same step; a signal stops the run one step after it would in one process.
     A blocking allreduce would decide a step sooner, but it is one more point where the
-    ranks wait for the slowest: on the quickstart MLP on 2 busy cores it cost 4-14% of a
+    ranks wait for the slowest: on the quickstart MLP on 2 busy cores it cost 2-11% of a
     step, the non-blocking one nothing measurable (docs/BENCHMARKS.md, "What does stopping
     on a signal cost?").
 
