@@ -39,7 +39,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainers.cli import run_cli  # noqa: E402
 from trainers.config import ConfigError, load_config  # noqa: E402
-from trainers.logging import RunLogger, format_summary, plot_comparison, timeline_positions  # noqa: E402
+from trainers.logging import (  # noqa: E402
+    RunLogger,
+    format_summary,
+    plot_comparison,
+    timeline_png,
+    timeline_positions,
+)
 from trainers.logging.tables import MB  # noqa: E402
 from trainers.trainer import DASHBOARD_URL, SUMMARY_LEGEND, Trainer  # noqa: E402
 
@@ -206,7 +212,7 @@ def log_timelines(results: dict) -> None:
     tops = [max(timeline_positions(r.timeline)[1], default=0.0) for r in drawn.values()]
     tops += [r.timeline_floor_mb for r in drawn.values() if r.timeline_floor_mb is not None]
     for r in drawn.values():
-        if os.path.exists(os.path.join(r.run_dir, "timeline.png")):
+        if os.path.exists(timeline_png(r.run_dir)):
             continue
         with RunLogger(r.run_dir, append=True) as logger:
             floor = r.timeline_floor_mb * MB if r.timeline_floor_mb is not None else None

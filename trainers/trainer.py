@@ -13,6 +13,11 @@ current device before anything is allocated (under MPI, ``cuda`` gives each rank
 every ``memory/*`` tag is GPU memory, copies each batch to the device once, and reads
 values back to the host only where it must: the loss once per step (a non-finite loss
 must stop training before the update), everything else at log points.
+
+SIGINT, SIGTERM and SIGUSR1 stop :meth:`Trainer.fit` after the step in flight, every rank
+after the same one (:mod:`trainers.interrupt`), with a checkpoint of that step: it holds
+each rank's random state and its share of the open logging window, so a resumed run logs
+the points of a run that never stopped.
 """
 
 from __future__ import annotations
@@ -583,6 +588,7 @@ class Trainer:
         self.ckpt_dir = os.path.join(cfg.checkpoint.dir, cfg.experiment, self.run_name)
         self.step = 0
         self.totals = _new_totals()
+        self.totals_restored = False  # from a checkpoint that holds them (earlier versions' do not)
         self.resumed = False
         self.last_checkpoint = None
         # Where a resume looked and found no checkpoint (the run then starts at step 0):
@@ -697,6 +703,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.loader.load_state_dict(state["loader"])
         self.step = state["step"]
+        self.totals_restored = ranks is not None
         if ranks is None:  # a checkpoint of an earlier version: rank 0's random state only
             fw.random.set_state(state["rng"])
             self._seed_rank_streams(self.step)
@@ -1033,8 +1040,16 @@ class Trainer:
         """The :class:`RunResult` of a run resumed at its end (:attr:`finished`), from its checkpoint.
 
         What :meth:`fit` returned when the run ended, except ``losses`` (only the steps a
-        ``fit`` trains) and the timings of a checkpoint of an earlier version.
+        ``fit`` trains).
+
+        Raises:
+            CheckpointError: the checkpoint is of an earlier version, which kept no totals.
         """
+        if not self.totals_restored:
+            raise CheckpointError(
+                f"checkpoint {self.last_checkpoint} was written by an earlier version, without the run's peak, "
+                "floor and losses; train the run again (without --resume)"
+            )
         return self._result([])
 
     def hparams(self) -> dict:

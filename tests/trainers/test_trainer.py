@@ -202,6 +202,13 @@ def test_a_checkpoint_of_the_previous_format_still_resumes(tmp_path):
     write_checkpoint(old, str(tmp_path / "old.npz"))
     resumed = Trainer(tiny_config(tmp_path, "checkpoint.every=4"), resume=str(tmp_path / "old.npz"))
     assert resumed.step == 4 and resumed.fit().losses == full.losses[4:]
+    # Finished, it resumes to nothing; its totals (for compare_inplace.py --resume) are not there.
+    last = load_checkpoint(list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))[-1][1])
+    write_checkpoint({k: v for k, v in last.items() if k not in ("ranks", "run")}, str(tmp_path / "old_end.npz"))
+    done = Trainer(tiny_config(tmp_path, "checkpoint.every=4"), resume=str(tmp_path / "old_end.npz"))
+    assert done.finished
+    with pytest.raises(CheckpointError, match="written by an earlier version, without the run's peak"):
+        done.result()
 
 
 def test_logged_peak_is_the_training_steps_not_the_evaluation(tmp_path, monkeypatch):

@@ -45,7 +45,7 @@ from typing import Any
 
 from .plots import plot_timeline
 
-__all__ = ["RunLogger", "default_run_name", "read_scalars", "run_dir"]
+__all__ = ["RunLogger", "default_run_name", "read_scalars", "run_dir", "timeline_png"]
 
 _EVENT_FILE_MARKER = ".out.tfevents."
 _writer_ids = itertools.count()
@@ -80,6 +80,11 @@ def default_run_name(policy: str, world_size: int, *extras: str | None) -> str:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     name = "_".join([f"inplace-{policy}_np{int(world_size)}", *filter(None, extras)])
     return _path_component(name, "run name")
+
+
+def timeline_png(run_dir: str | os.PathLike) -> str:
+    """``<run>/timeline.png``: the memory timeline's image, written once the run logged it."""
+    return os.path.join(os.fspath(run_dir), "timeline.png")
 
 
 def run_dir(logdir: str | os.PathLike, experiment: str, run_name: str) -> str:
@@ -174,7 +179,7 @@ class RunLogger:
     @property
     def timeline_path(self) -> str:
         """``<run>/timeline.png``: written with the ``memory/timeline`` image, the same PNG."""
-        return os.path.join(self.run_dir, "timeline.png")
+        return timeline_png(self.run_dir)
 
     def _write(self, event, step: int | None) -> None:
         event.wall_time = time.time()
