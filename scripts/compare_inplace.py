@@ -19,7 +19,12 @@ table shows the median samples/s, the spread of the rounds and the speed against
 first policy, marked ``(noise)`` when the rounds do not agree on its sign.
 
 Writes ``compare.png`` next to the runs: peak and floor memory, samples/s per round,
-and each policy's memory timeline of one step against the position in the step.
+and each policy's memory timeline of one step against the position in the step. Each
+run's ``memory/timeline`` image is logged once every policy has run, all on one MB scale.
+
+Ctrl-C, SIGTERM or SIGUSR1 stop the policy in training after the step in flight, write
+its checkpoint and print the command that resumes the comparison: ``--resume`` skips the
+policies whose runs finished, resumes the one that was stopped, then trains the rest.
 """
 
 from __future__ import annotations
@@ -34,7 +39,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainers.cli import run_cli  # noqa: E402
 from trainers.config import ConfigError, load_config  # noqa: E402
-from trainers.logging import format_summary, plot_comparison  # noqa: E402
+from trainers.logging import (  # noqa: E402
+    RunLogger,
+    format_summary,
+    plot_comparison,
+    timeline_png,
+    timeline_positions,
+)
+from trainers.logging.tables import MB  # noqa: E402
 from trainers.trainer import DASHBOARD_URL, SUMMARY_LEGEND, Trainer  # noqa: E402
 
 VARIANTS = {
@@ -69,12 +81,24 @@ def parse_args(argv=None):
     )
     p.add_argument("--rounds", type=int, default=5, help="throughput rounds per policy (default 5)")
     p.add_argument("--round-steps", type=int, default=5, help="training steps per throughput round (default 5)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on where a stopped comparison stopped: finished runs are kept, the stopped one resumed",
+    )
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    return run_cli(lambda: compare(args))
+    return run_cli(lambda: compare(args), resume_args=lambda: resume_args(args))
+
+
+def resume_args(args) -> list[str]:
+    """This command's arguments, with ``--resume``."""
+    sets = [arg for kv in args.overrides for arg in ("--set", kv)]
+    rounds = ["--rounds", str(args.rounds), "--round-steps", str(args.round_steps)]
+    return ["--config", args.config, "--policies", args.policies, *sets, *rounds, "--resume"]
 
 
 def parse_policies(text: str):
@@ -109,6 +133,16 @@ def compare(args) -> int:
     if args.rounds < 1 or args.round_steps < 1:
         raise ConfigError(f"--rounds and --round-steps must be >= 1, got {args.rounds} and {args.round_steps}")
     configs = {name: policy_config(args, name) for name in names}
+    if args.resume:
+        # The policies run in order and a stopped run always leaves a checkpoint, so a
+        # comparison that can be resumed has one for its first policy.
+        first = Trainer(configs[names[0]], resume="auto")
+        if first.nothing_to_resume:
+            raise ConfigError(
+                f"--resume: no checkpoint of {names[0]}'s run in {first.nothing_to_resume}, so nothing to resume; "
+                "leave out --resume to start the comparison"
+            )
+        del first
 
     # The first training steps of a process run slower for a while: on the quickstart
     # config, the first of three identical runs logged about half the samples/s of the
@@ -123,9 +157,14 @@ def compare(args) -> int:
     results = {}
     for name in names:
         gc.collect()
-        trainer = Trainer(configs[name], resume=False, label=name)
-        results[name] = trainer.fit()
+        trainer = Trainer(configs[name], resume="auto" if args.resume else False, label=name, timeline_image=False)
+        main = trainer.comm.is_main
+        if args.resume and main:
+            print(resume_line(name, trainer), flush=True)
+        results[name] = trainer.result() if trainer.finished else trainer.fit()
         del trainer
+    if main:
+        log_timelines(results)
 
     rates = measure_throughput(Trainer, configs, args.rounds, args.round_steps)
     print(format_summary(*table(names, results, rates), legend(names[0], args.rounds, args.round_steps)))
@@ -152,6 +191,32 @@ def compare(args) -> int:
     plot_comparison(runs, title=f"{configs[names[0]].experiment}: inplace policies").savefig(out)
     print(f"figure: {out}\nTensorBoard: tensorboard --logdir {experiment}  (then open {DASHBOARD_URL})")
     return 0
+
+
+def resume_line(name: str, trainer) -> str:
+    """What ``--resume`` does with one policy's run, in one line."""
+    if trainer.finished:
+        return f"{name}: finished at step {trainer.step} ({trainer.last_checkpoint}); kept as it is"
+    if trainer.resumed:
+        return f"{name}: resumed from step {trainer.step} ({trainer.last_checkpoint})"
+    return f"{name}: no checkpoint in {trainer.nothing_to_resume} yet; training from step 0"
+
+
+def log_timelines(results: dict) -> None:
+    """Logs each run's ``memory/timeline`` image, all on one MB scale (the highest of them).
+
+    A run's image is logged once: a run that already has its ``timeline.png`` (an earlier
+    ``--resume`` of this comparison logged it) is left alone.
+    """
+    drawn = {n: r for n, r in results.items() if r.timeline is not None}
+    tops = [max(timeline_positions(r.timeline)[1], default=0.0) for r in drawn.values()]
+    tops += [r.timeline_floor_mb for r in drawn.values() if r.timeline_floor_mb is not None]
+    for r in drawn.values():
+        if os.path.exists(timeline_png(r.run_dir)):
+            continue
+        with RunLogger(r.run_dir, append=True) as logger:
+            floor = r.timeline_floor_mb * MB if r.timeline_floor_mb is not None else None
+            logger.timeline_figure(r.timeline_step, r.timeline, floor_bytes=floor, top_mb=max(tops))
 
 
 def measure_throughput(trainer_cls, configs: dict, rounds: int, steps: int) -> dict[str, list[float]]:

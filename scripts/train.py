@@ -2,10 +2,17 @@
 """Train one config: ``python scripts/train.py --config configs/quickstart.yaml [--set k=v ...] [--resume [PATH]]``.
 
 Runs the same way under ``mpiexec -n N``. A mistake in the input (missing file, bad
-YAML, unknown key, wrong type, bad value, unknown model or model argument, a checkpoint
-that cannot be read or trusted) prints one line saying what is wrong and how to fix it,
-without a traceback, and exits with status 2; a non-finite loss stops training with
-status 3. Resuming a run that has already finished says so and changes nothing.
+YAML, unknown key, wrong type, bad value, unknown model or model argument, data that
+cannot be read, a checkpoint that cannot be read or trusted) prints one line saying what
+is wrong and how to fix it, without a traceback, and exits with status 2; a non-finite
+loss stops training with status 3.
+
+Ctrl-C, SIGTERM or SIGUSR1 stop the run after the step in flight, write a checkpoint and
+print the command that resumes it (exit status 128 + the signal). ``--resume`` says
+where it resumed from; with no checkpoint to resume it says so and exits with status 2
+(``checkpoint.resume: auto`` instead starts from step 0 when there is none, for job
+scripts that run the same command again). Resuming a run that has already finished
+says so and changes nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainers.cli import run_cli  # noqa: E402
-from trainers.config import load_config  # noqa: E402
+from trainers.config import ConfigError, load_config  # noqa: E402
 from trainers.trainer import DASHBOARD_URL, Trainer, summary_table  # noqa: E402
 
 
@@ -47,13 +54,28 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    return run_cli(lambda: _train(args))
+    return run_cli(lambda: _train(args), resume_args=lambda: resume_args(args))
+
+
+def resume_args(args) -> list[str]:
+    """This command's arguments, with ``--resume`` (the latest checkpoint) instead of any other."""
+    return ["--config", args.config, *(arg for kv in args.overrides for arg in ("--set", kv)), "--resume"]
 
 
 def _train(args):
 
     cfg = load_config(args.config, args.overrides)
     trainer = Trainer(cfg, resume=args.resume)
+    if trainer.nothing_to_resume and args.resume:
+        raise ConfigError(
+            f"--resume: no checkpoint of run {trainer.run_name} in {trainer.nothing_to_resume}, so nothing to "
+            "resume; leave out --resume to start the run at step 0"
+        )
+    if trainer.comm.is_main:
+        if trainer.nothing_to_resume:
+            print(f"checkpoint.resume: no checkpoint in {trainer.nothing_to_resume} yet; training from step 0")
+        elif trainer.resumed and not trainer.finished:
+            print(f"resumed from step {trainer.step} ({trainer.last_checkpoint})", flush=True)
     result = trainer.fit()
     if not trainer.comm.is_main:
         return 0

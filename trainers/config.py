@@ -49,7 +49,7 @@ class Field:
 
     Attributes:
         type: One of the names in ``_TYPES`` ("str", "int", "float", "bool", "dict",
-            "floats2", "int?", "str?", "str|bool"); a trailing "?" allows null.
+            "floats2", "ints", "int?", "str?", "str|bool"); a trailing "?" allows null.
         default: The value used when no file or override sets the key.
         doc: One line for the reference table.
         choices: Allowed values, if the set is fixed.
@@ -139,7 +139,13 @@ SCHEMA: dict[str, Any] = {
         min=0,
     ),
     "data": {
-        "name": Field("str", "digits", "Dataset", choices=("digits", "synthetic_images", "synthetic_regression")),
+        "name": Field(
+            "str",
+            "digits",
+            "Dataset: built in (`digits`, `synthetic_*`) or read from data.root (`npz`, `cifar10`, `cifar100`; "
+            'docs/USAGE.md, "Your own data")',
+            choices=("digits", "synthetic_images", "synthetic_regression", "npz", "cifar10", "cifar100"),
+        ),
         "batch_size": Field("int", 64, "Training batch size per process", min=1),
         "eval_batch_size": Field("int", 512, "Evaluation batch size per process", min=1),
         "drop_last": Field("bool", True, "Drop the last incomplete training batch of an epoch"),
@@ -151,7 +157,36 @@ SCHEMA: dict[str, Any] = {
         "noise": Field("float", 1.0, "Noise standard deviation of synthetic data", min=0),
         "in_features": Field("int", 32, "Input features (synthetic_regression)", min=1),
         "out_features": Field("int", 1, "Output features (synthetic_regression)", min=1),
-        "test_fraction": Field("float", 0.2, "Fraction of digits held out for evaluation", gt=0, lt=1),
+        "test_fraction": Field(
+            "float", 0.2, "Fraction held out for evaluation (digits; npz without data.test_root)", gt=0, lt=1
+        ),
+        "root": Field(
+            "str?",
+            None,
+            "Where the data set is on disk: for `npz` a `.npz` file or a folder of `<x_name>.npy` and "
+            "`<y_name>.npy`; for `cifar10`/`cifar100` the folder of the binary version (`cifar-10-batches-bin`, "
+            "`cifar-100-binary`) or the folder that holds it",
+        ),
+        "test_root": Field(
+            "str?",
+            None,
+            "`npz`: the held-out arrays, in data.root's form; null: hold out data.test_fraction of data.root's samples",
+        ),
+        "x_name": Field("str", "x", "`npz`: the inputs' array (the member of the .npz, or the .npy file's stem)"),
+        "y_name": Field(
+            "str",
+            "y",
+            "`npz`: the targets' array: integers are class labels (0 to classes - 1), floats regression targets",
+        ),
+        "labels": Field(
+            "str", "fine", "`cifar100`: the 100 fine classes or the 20 coarse ones", choices=("fine", "coarse")
+        ),
+        "augment": Field(
+            "bool",
+            False,
+            "Image data sets: each training image randomly cropped after 4 pixels of zero padding and flipped "
+            "left-right with probability 1/2, drawn from (seed, epoch, sample): a resumed run draws the same",
+        ),
     },
     "model": {
         "name": Field("str", "mlp", "Model name in the model registry (`models.build_model` checks it)"),
@@ -175,10 +210,17 @@ SCHEMA: dict[str, Any] = {
         "eps": Field("float", 1e-8, "Adam denominator epsilon", min=0),
     },
     "schedule": {
-        "name": Field("str", "none", "Learning-rate schedule", choices=("none", "step", "cosine")),
+        "name": Field("str", "none", "Learning-rate schedule", choices=("none", "step", "multistep", "cosine")),
         "warmup_steps": Field("int", 0, "Linear warmup steps before the schedule starts", min=0),
         "step_size": Field("int", 1000, "Steps between learning-rate decays (step)", min=1),
-        "gamma": Field("float", 0.1, "Decay factor per step_size steps (step)", min=0),
+        "milestones": Field(
+            "ints",
+            [],
+            "Training steps at which the learning rate is multiplied by gamma (multistep; counted from step 0, "
+            "warmup included, as PyTorch's MultiStepLR stepped once per step)",
+            min=1,
+        ),
+        "gamma": Field("float", 0.1, "Decay factor per step_size steps (step) or at each milestone (multistep)", min=0),
         "min_lr": Field("float", 0.0, "Final learning rate (cosine)", min=0),
     },
     "train": {
@@ -271,6 +313,14 @@ def _check_floats2(v):
     return _BAD
 
 
+def _check_ints(v):
+    # Increasing, as milestones are: an unsorted list is a typo, not a schedule.
+    if isinstance(v, (list, tuple)) and all(_check_int(x) is not _BAD for x in v):
+        if all(a < b for a, b in zip(v, v[1:])):
+            return [int(x) for x in v]
+    return _BAD
+
+
 def _check_str_or_bool(v):
     return v if isinstance(v, (str, bool)) else _BAD
 
@@ -285,6 +335,7 @@ _TYPES: dict[str, tuple[Any, str, str]] = {
     "bool": (_check_bool, "a bool (true or false)", "bool"),
     "dict": (_check_dict, "a mapping with string keys", "dict"),
     "floats2": (_check_floats2, "a list of 2 floats", "list of 2 floats"),
+    "ints": (_check_ints, "a list of increasing ints (e.g. [32000, 48000])", "list of increasing ints"),
     "int?": (_check_int, "an int or null", "int or null"),
     "str?": (_check_str, "a string or null", "str or null"),
     "str|bool": (_check_str_or_bool, "a string or false", "str or bool"),
@@ -390,8 +441,15 @@ def _show(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-def _coerce(field: Field, value: Any, key: str, source: str | None) -> Any:
-    """Validates one value against its field; returns the normalized value."""
+_UNSET = object()
+
+
+def _coerce(field: Field, value: Any, key: str, source: str | None, in_use: Any = _UNSET) -> Any:
+    """Validates one value against its field; returns the normalized value.
+
+    ``in_use`` is the value the config files give the key (for an override), named in the
+    message instead of the schema's default.
+    """
     if field.from_bool is not None and isinstance(value, bool) and value in field.from_bool:
         value = field.from_bool[value]
     if value is None and field.type.endswith("?"):
@@ -400,6 +458,8 @@ def _coerce(field: Field, value: Any, key: str, source: str | None) -> Any:
     out = check(value)
     if out is _BAD:
         hint = f"; the default is {_fmt_default(field.default)}"
+        if in_use is not _UNSET:
+            hint = f"; the config in use has {_fmt_default(in_use)}"
         if field.type in ("str", "str?") and isinstance(value, bool):
             hint = "; YAML reads bare on/off/yes/no/true/false as booleans, so quote the string"
         elif field.type in ("str", "str?") and _is_number(value):
@@ -431,11 +491,14 @@ def _coerce(field: Field, value: Any, key: str, source: str | None) -> Any:
     return out
 
 
-def _check_tree(raw: Any, node: Mapping[str, Any], source: str | None, prefix: str = "") -> dict:
+def _check_tree(
+    raw: Any, node: Mapping[str, Any], source: str | None, prefix: str = "", in_use: Mapping | None = None
+) -> dict:
     """Validates a (partial) raw config against a schema section; returns it normalized.
 
     Missing keys stay missing (defaults are filled after merging), so this runs on each
     file and each override alone and its errors can name where the value came from.
+    ``in_use`` is the files' tree an override goes over: its errors name the value it has.
     """
     if not isinstance(raw, Mapping):
         name = prefix[:-1] or "the top level"
@@ -449,15 +512,18 @@ def _check_tree(raw: Any, node: Mapping[str, Any], source: str | None, prefix: s
         if key_s not in node:
             raise ConfigError(f"unknown key '{prefix}{key_s}'{_where(source)}{_suggest(key_s, list(node), prefix)}")
         sub = node[key_s]
+        current = in_use.get(key_s, _UNSET) if isinstance(in_use, Mapping) else _UNSET
         if isinstance(sub, Field):
-            out[key_s] = _coerce(sub, value, prefix + key_s, source)
+            out[key_s] = _coerce(sub, value, prefix + key_s, source, current)
         else:
             if not isinstance(value, Mapping):
                 raise ConfigError(
                     f"{prefix}{key_s} is a section, so it must be a mapping of keys "
                     f"(e.g. {prefix}{key_s}.{next(iter(sub))}), got {_show(value)}{_where(source)}"
                 )
-            out[key_s] = _check_tree(value, sub, source, prefix + key_s + ".")
+            out[key_s] = _check_tree(
+                value, sub, source, prefix + key_s + ".", current if current is not _UNSET else None
+            )
     return out
 
 
@@ -616,7 +682,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
     tree = _load_file(os.fspath(path), chain=())
     override_tree: dict = {}
     for text in overrides:
-        override_tree = _merge(override_tree, _parse_override(text))
+        override_tree = _merge(override_tree, _parse_override(text, tree))
     return Config(_fill_defaults(_merge_config(tree, override_tree), SCHEMA))
 
 
@@ -638,8 +704,11 @@ def _load_file(path: str, chain: tuple[tuple[str, str], ...], named_by: str | No
         raw = _parse_yaml(text)
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, path) from None
-    if raw is None:  # an empty file means "all defaults"
-        raw = {}
+    if raw is None:  # empty, or only comments: almost always the wrong file, never a useful run
+        by = f" (named by 'base:' in {named_by})" if named_by else ""
+        raise ConfigError(
+            f"config file {path}{by} is empty; give it at least one key, or start from one of configs/*.yaml"
+        )
     if not isinstance(raw, Mapping):
         raise ConfigError(
             f"the top level of {path} must be a mapping of keys (e.g. 'optim: {{lr: 0.1}}'), got {type(raw).__name__}"
@@ -656,8 +725,11 @@ def _load_file(path: str, chain: tuple[tuple[str, str], ...], named_by: str | No
     return _merge_config(parent, tree)
 
 
-def _parse_override(text: str) -> dict:
-    """Turns ``"a.b=value"`` into a validated partial tree ``{"a": {"b": value}}``."""
+def _parse_override(text: str, in_use: Mapping | None = None) -> dict:
+    """Turns ``"a.b=value"`` into a validated partial tree ``{"a": {"b": value}}``.
+
+    ``in_use``: the config files' tree, whose value of the key an error names.
+    """
     where = f"override '{text}'"
     key, sep, value_text = text.partition("=")
     key = key.strip()
@@ -680,7 +752,7 @@ def _parse_override(text: str) -> dict:
     nested: Any = value
     for part in reversed(parts):
         nested = {part: nested}
-    return _check_tree(nested, SCHEMA, where)
+    return _check_tree(nested, SCHEMA, where, in_use=in_use)
 
 
 # --------------------------------------------------------------------------- reference

@@ -13,10 +13,16 @@ current device before anything is allocated (under MPI, ``cuda`` gives each rank
 every ``memory/*`` tag is GPU memory, copies each batch to the device once, and reads
 values back to the host only where it must: the loss once per step (a non-finite loss
 must stop training before the update), everything else at log points.
+
+SIGINT, SIGTERM and SIGUSR1 stop :meth:`Trainer.fit` after the step in flight, every rank
+after the same one (:mod:`trainers.interrupt`), with a checkpoint of that step: it holds
+each rank's random state and its share of the open logging window, so a resumed run logs
+the points of a run that never stopped.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import time
@@ -37,7 +43,8 @@ from models import build_model, model_signature
 
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict
-from .data import DataLoader, load_dataset
+from .data import DATASETS, DataError, DataLoader, load_dataset
+from .interrupt import StopAgreement, StopSignals, signal_name
 from .logging import MB, Progress, RunLogger, default_run_name, format_summary, run_dir
 
 
@@ -65,6 +72,31 @@ class TrainingError(Exception):
     """A run that cannot go on: its loss stopped being finite (exit status 3)."""
 
 
+class Interrupted(Exception):
+    """A run stopped by a signal at a step boundary, after writing its checkpoint.
+
+    Attributes:
+        signum: The signal (agreed by every rank: the largest any of them received).
+        step, total_steps: The last step done, and the run's length.
+        checkpoint: The checkpoint at ``step`` (rank 0's path; None on other ranks).
+        run_name: The run's folder name (``inplace-on_np1_inplace_abn``).
+    """
+
+    def __init__(self, signum: int, step: int, total_steps: int, checkpoint: str | None, run_name: str):
+        self.signum, self.step, self.total_steps = signum, step, total_steps
+        self.checkpoint, self.run_name = checkpoint, run_name
+        done = " (the run is complete)" if step >= total_steps else ""
+        super().__init__(
+            f"{signal_name(signum)}: run {run_name} stopped after step {step} of {total_steps}{done}; "
+            f"checkpoint: {checkpoint}"
+        )
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal, as a shell reports a process the signal ended (130 for Ctrl-C)."""
+        return 128 + self.signum
+
+
 @dataclass
 class RunResult:
     """What a finished run reports (also printed as the summary table)."""
@@ -80,7 +112,8 @@ class RunResult:
     floor_mb: float
     samples_per_sec: float
     step_ms: float
-    policy: str
+    policy: str  # the policy label: off, auto, on, with +abn where the model uses InPlace-ABN
+    # The losses of the steps this fit() trained (a resumed run: from its checkpoint on).
     losses: list = field(default_factory=list)
     timeline: object = None
     # Writes policy auto ran in place per training step (the ops it proved dead and its writes
@@ -89,20 +122,21 @@ class RunResult:
     auto_saved_mb_per_step: float = 0.0
     planned_peak_mb: float | None = None  # compile: true: the compiled step's planned peak
     inplace_chains: int | None = None  # compile: true: buffers the compiled step writes in place
+    timeline_step: int | None = None  # the step ``timeline`` was recorded at
+    timeline_floor_mb: float | None = None  # the floor at that step, drawn with the timeline
 
 
 # --- building blocks from the config ------------------------------------------------------
 
-_DATA_OPTIONS = {
-    "digits": ("test_fraction",),
-    "synthetic_images": ("num_train", "num_test", "image_size", "channels", "num_classes", "noise"),
-    "synthetic_regression": ("num_train", "num_test", "in_features", "out_features", "noise"),
-}
-
 
 def build_data(cfg: Config):
-    options = {k: getattr(cfg.data, k) for k in _DATA_OPTIONS[cfg.data.name]}
-    return load_dataset(cfg.data.name, seed=cfg.seed, **options)
+    """The config's (train, test) data sets; a data set that cannot be read is a ConfigError (one line)."""
+    _, option_names = DATASETS[cfg.data.name]
+    options = {k: getattr(cfg.data, k) for k in option_names}
+    try:
+        return load_dataset(cfg.data.name, seed=cfg.seed, augment=cfg.data.augment, **options)
+    except DataError as e:
+        raise ConfigError(str(e)) from None
 
 
 def build_model_for(cfg: Config, train_set):
@@ -120,7 +154,7 @@ def build_model_for(cfg: Config, train_set):
         raise ConfigError(f"model.name: {e}") from None
     shape = train_set.input_shape
     derived = {
-        "num_classes": train_set.num_classes if train_set.num_classes else train_set.y.shape[-1],
+        "num_classes": train_set.num_classes if train_set.num_classes else train_set.target_shape[-1],
         "in_features": int(np.prod(shape)),
         "in_channels": shape[0] if len(shape) == 3 else None,
         "image_size": shape[-1] if len(shape) == 3 else None,
@@ -137,6 +171,12 @@ def build_model_for(cfg: Config, train_set):
 def uses_inplace_abn(model) -> bool:
     """Whether the model fuses BatchNorm and activation as InPlace-ABN anywhere."""
     return any(isinstance(m, fw.nn.InPlaceABN) for m in model.modules())
+
+
+def policy_label(policy: str, inplace_abn: bool) -> str:
+    """What a run's policy is called wherever it is shown: ``on``, or ``on+abn`` with InPlace-ABN
+    (the names ``scripts/compare_inplace.py --policies`` takes)."""
+    return f"{policy}+abn" if inplace_abn else policy
 
 
 def compiled(cfg: Config) -> bool | None:
@@ -181,13 +221,15 @@ def build_optimizer(cfg: Config, params):
 
 
 def learning_rate(cfg: Config, step: int, total_steps: int) -> float:
-    """The schedule: linear warmup, then constant, step decay or cosine to ``min_lr``."""
+    """The schedule: linear warmup, then constant, step decay, decay at milestones or cosine to ``min_lr``."""
     base, s = cfg.optim.lr, cfg.schedule
     if step < s.warmup_steps:
         return base * (step + 1) / s.warmup_steps
     k = step - s.warmup_steps
     if s.name == "step":
         return base * s.gamma ** (k // s.step_size)
+    if s.name == "multistep":  # milestones count from step 0, warmup included (PyTorch's MultiStepLR)
+        return base * s.gamma ** bisect.bisect_right(s.milestones, step)
     if s.name == "cosine":
         span = max(1, total_steps - s.warmup_steps)
         return s.min_lr + (base - s.min_lr) * 0.5 * (1 + math.cos(math.pi * min(k, span) / span))
@@ -373,6 +415,56 @@ def _new_window() -> dict:
     return {"loss": 0.0, "correct": None, "seen": 0, "time": 0.0, "steps": 0, "peak": 0}
 
 
+def _new_totals() -> dict:
+    """What a run sums up to its end, and a checkpoint carries so that a resumed run reports
+    the whole run: the open logging window (an interruption can fall inside one), the
+    peak, floor, throughput and auto counters so far, the last logged loss and eval, and
+    the memory timeline once recorded."""
+    return {
+        "window": _new_window(),
+        "peak": 0,
+        "floor": 0,
+        "auto": {},  # auto-inplace counters over the whole run
+        "timed": {"time": 0.0, "samples": 0, "steps": 0},  # leaving out the first step (warm-up)
+        "last_loss": float("nan"),  # train/loss at the last log point
+        "eval": None,
+        "timeline": None,
+        "timeline_floor": None,
+    }
+
+
+# The totals each rank keeps for itself (its window's losses and peak are its own); the
+# others are rank 0's, the rank that logs.
+_PER_RANK = ("window", "peak", "floor", "auto")
+
+
+def _timeline_state(timeline) -> dict | None:
+    """A memory timeline as arrays a checkpoint can hold (events: seconds, bytes, category, phase)."""
+    if timeline is None:
+        return None
+    events = list(timeline["events"] if isinstance(timeline, dict) else timeline.events)
+    marks = list(timeline["marks"] if isinstance(timeline, dict) else timeline.marks)
+    columns = list(zip(*events)) if events else [(), (), (), (), ()]
+    return {
+        "seconds": np.asarray(columns[0], dtype=np.float64),
+        "allocated": np.asarray(columns[1], dtype=np.int64),
+        "delta": np.asarray(columns[2], dtype=np.int64),
+        "category": np.asarray(columns[3], dtype=np.str_),
+        "phase": np.asarray(columns[4], dtype=np.str_),
+        "mark_seconds": np.asarray([m[0] for m in marks], dtype=np.float64),
+        "mark_phase": np.asarray([m[1] for m in marks], dtype=np.str_),
+    }
+
+
+def _timeline_from_state(state: dict | None) -> dict | None:
+    """The timeline :func:`_timeline_state` stored, as the ``{"events", "marks"}`` the plots read."""
+    if state is None:
+        return None
+    columns = [state[k].tolist() for k in ("seconds", "allocated", "delta", "category", "phase")]
+    marks = list(zip(state["mark_seconds"].tolist(), state["mark_phase"].tolist()))
+    return {"events": list(zip(*columns)), "marks": marks}
+
+
 class Trainer:
     """Trains the model a config describes. ``Trainer(cfg).fit()`` returns a :class:`RunResult`.
 
@@ -386,6 +478,9 @@ class Trainer:
             processes, ``inplace_abn`` when the model uses it and ``compiled`` when the
             config compiles the step.
         label: What the progress display calls the run (default ``train``).
+        timeline_image: Log the memory timeline of one step as an image when it is
+            recorded; False leaves it to the caller (``RunResult.timeline``):
+            ``scripts/compare_inplace.py`` draws every policy's on one scale at the end.
     """
 
     def __init__(
@@ -395,9 +490,11 @@ class Trainer:
         comm=None,
         run_name: str | None = None,
         label: str | None = None,
+        timeline_image: bool = True,
     ):
         self.cfg = cfg
         self.label = label or "train"
+        self.timeline_image = timeline_image
         self.comm = comm or get_world()
         limit_threads(cfg.threads, self.comm)
         apply_run_settings(cfg)
@@ -416,11 +513,13 @@ class Trainer:
         self.model.to(self.device)
         self._check_model_fits_data()
         self.inplace_abn = uses_inplace_abn(self.model)
+        self.policy = policy_label(cfg.inplace, self.inplace_abn)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         _check_compile(cfg, self.device)
         # Several processes: gradients are averaged through in-place allreduced buckets
         # (framework/distributed/data_parallel.py); parameters start from rank 0's.
         self.dp = None
+        self.control_comm = self.comm  # MPI, for host values (the stop signal) whatever carries gradients
         if self.comm.size > 1:
             try:  # NCCL for GPU buffers, or MPI (host staging on a GPU)
                 self.comm = for_device(self.comm, self.device, cfg.distributed.backend)
@@ -468,6 +567,10 @@ class Trainer:
         self.total_steps = cfg.train.epochs * steps_per_epoch
         if cfg.train.max_steps is not None:
             self.total_steps = min(self.total_steps, cfg.train.max_steps)
+        # The step whose memory timeline is recorded: the third (the first two warm caches
+        # and the allocator), or the last of a shorter run.
+        self.timeline_step = min(2, max(self.total_steps - 1, 0))
+        self.eval_name = "accuracy" if self.classification else "mse"
 
         self.run_name = (
             run_name
@@ -484,8 +587,13 @@ class Trainer:
         self.run_dir = run_dir(cfg.logging.logdir, cfg.experiment, self.run_name)
         self.ckpt_dir = os.path.join(cfg.checkpoint.dir, cfg.experiment, self.run_name)
         self.step = 0
+        self.totals = _new_totals()
+        self.totals_restored = False  # from a checkpoint that holds them (earlier versions' do not)
         self.resumed = False
         self.last_checkpoint = None
+        # Where a resume looked and found no checkpoint (the run then starts at step 0):
+        # the scripts say so, or refuse when the user asked for a resume.
+        self.nothing_to_resume: str | None = None
         if resume is None:
             resume = cfg.checkpoint.resume
         if resume:
@@ -504,8 +612,8 @@ class Trainer:
         (exit 2) instead of a traceback from the first step. Eval mode updates no
         running statistics and draws no dropout masks, so training is unchanged.
         """
-        # Copies: a tensor of a view would hold (and count) the whole data set's buffer.
-        x, y = self._to_tensors(self.train_set.x[:1].copy(), self.train_set.y[:1].copy())
+        # An index array, so copies: a tensor of a view would hold (and count) the whole data set's buffer.
+        x, y = self._to_tensors(*self.train_set[np.arange(1)])
         self.model.eval()
         try:
             with fw.no_grad():
@@ -519,7 +627,7 @@ class Trainer:
         if self.classification:
             want, what = (self.train_set.num_classes,), "num_classes"
         else:
-            want, what = tuple(self.train_set.y.shape[1:]), "the target shape"
+            want, what = self.train_set.target_shape, "the target shape"
         if tuple(out.shape[1:]) != want:
             raise ConfigError(
                 f"model {self.cfg.model.name!r} gives outputs of shape {tuple(out.shape[1:])} per sample, but data "
@@ -527,12 +635,17 @@ class Trainer:
             )
 
     # --- checkpoints ----------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self, ranks: list | None = None) -> dict:
         """Everything a resume needs, as host NumPy arrays (a GPU run copies its tensors to the host).
 
         Loading puts them back on the trainer's device (``load_state_dict`` copies to
         each parameter's device).
+
+        Args:
+            ranks: Every rank's :meth:`_rank_state` (what :meth:`save` gathers); None:
+                this process's alone.
         """
+        totals = self.totals
         return {
             "step": self.step,
             "model": host_state(self.model.state_dict()),
@@ -540,19 +653,38 @@ class Trainer:
             "rng": fw.random.get_state(),
             "loader": self.loader.state_dict(),
             "config": self.cfg.to_dict(),
+            "ranks": ranks if ranks is not None else [self._rank_state()],
+            "run": {
+                "timed": dict(totals["timed"]),
+                "last_loss": totals["last_loss"],
+                "eval": totals["eval"],
+                "timeline": _timeline_state(totals["timeline"]),
+                "timeline_floor": totals["timeline_floor"],
+            },
         }
 
+    def _rank_state(self) -> dict:
+        """This rank's random state and its share of the totals (the window's device values read back)."""
+        state = {key: host_state(self.totals[key]) for key in _PER_RANK}
+        window = state["window"]
+        if window["correct"] is not None:
+            window["correct"] = int(to_host(window["correct"]))
+        return {"rng": fw.random.get_state(), **state}
+
     def save(self) -> str:
+        """Writes a checkpoint of this step (rank 0 writes; every rank must call it: it gathers their state)."""
+        ranks = self.comm.allgather_object(self._rank_state()) if self.comm.size > 1 else None
         path = None
         if self.comm.is_main:
-            path = save_checkpoint(self.state_dict(), self.ckpt_dir, self.step, self.cfg.checkpoint.keep)
+            path = save_checkpoint(self.state_dict(ranks), self.ckpt_dir, self.step, self.cfg.checkpoint.keep)
         self.last_checkpoint = path
         return path
 
     def _resume(self, resume) -> None:
         path = latest_checkpoint(self.ckpt_dir) if resume in (True, "auto") else str(resume)
         if path is None:
-            return  # resume: auto with nothing saved yet starts fresh
+            self.nothing_to_resume = self.ckpt_dir
+            return  # resume: auto with nothing saved yet starts fresh (the scripts say so)
         state = load_checkpoint(path)
         saved_cfg = config_from_dict(state["config"], source=f"checkpoint {path}")
         for key in ("model", "data", "seed"):
@@ -561,12 +693,32 @@ class Trainer:
                     f"checkpoint {path} was written with a different '{key}' config; "
                     "resume with the same config, or start a new run (another checkpoint.dir or run name)"
                 )
+        ranks = state.get("ranks")
+        if ranks is not None and len(ranks) != self.comm.size:
+            raise CheckpointError(
+                f"checkpoint {path} was written by {len(ranks)} process{'es' if len(ranks) > 1 else ''}, "
+                f"this run has {self.comm.size}; resume it with mpiexec -n {len(ranks)}"
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        fw.random.set_state(state["rng"])
         self.loader.load_state_dict(state["loader"])
         self.step = state["step"]
-        self._seed_rank_streams(self.step)
+        self.totals_restored = ranks is not None
+        if ranks is None:  # a checkpoint of an earlier version: rank 0's random state only
+            fw.random.set_state(state["rng"])
+            self._seed_rank_streams(self.step)
+        else:
+            mine = ranks[self.comm.rank]
+            fw.random.set_state(mine["rng"])
+            self.totals.update({key: mine[key] for key in _PER_RANK})
+            run = state["run"]
+            self.totals.update(
+                timed=run["timed"],
+                last_loss=run["last_loss"],
+                eval=run["eval"],
+                timeline=_timeline_from_state(run["timeline"]),
+                timeline_floor=run["timeline_floor"],
+            )
         self.resumed = True
         self.last_checkpoint = path
 
@@ -709,8 +861,7 @@ class Trainer:
         total, score = 0, None
         with fw.no_grad():
             for start in range(0, len(self.test_set), self.cfg.data.eval_batch_size):
-                xs = self.test_set.x[start : start + self.cfg.data.eval_batch_size]
-                ys = self.test_set.y[start : start + self.cfg.data.eval_batch_size]
+                xs, ys = self.test_set[start : start + self.cfg.data.eval_batch_size]
                 x, y = self._to_tensors(xs, ys)
                 out = self.model(x)
                 if self.classification:
@@ -726,10 +877,18 @@ class Trainer:
     def fit(self) -> RunResult | None:
         """Trains to the last step, logging and checkpointing on the way.
 
+        SIGINT, SIGTERM and SIGUSR1 stop it at the end of the step in flight: every rank
+        stops after the same step, a checkpoint of that step is written (whatever
+        ``checkpoint.every`` says), and :class:`Interrupted` is raised; resuming from
+        that checkpoint logs every point once, with the values of a run never stopped.
+
         Returns:
             The run's :class:`RunResult`; None when the run had already :attr:`finished`
             (a resumed checkpoint at its last step): then nothing is trained, logged or
             saved, and the run's event files and checkpoints stay as they were.
+
+        Raises:
+            Interrupted: a signal stopped the run (its checkpoint is written).
         """
         if self.finished:
             return None
@@ -742,7 +901,8 @@ class Trainer:
         logger = RunLogger(self.run_dir, enabled=self.comm.is_main, purge_step=first_step)
         if not self.resumed or _read_text(os.path.join(self.run_dir, "config.yaml")) != cfg.to_yaml():
             logger.config_text(cfg.to_yaml(), step=first_step)  # again only if it changed
-        logger.layout(dashboard_layout("accuracy" if self.classification else "mse"), step=first_step)
+        eval_name = self.eval_name
+        logger.layout(dashboard_layout(eval_name), step=first_step)
         progress = Progress(
             total=self.total_steps,
             initial=self.step,
@@ -750,110 +910,117 @@ class Trainer:
             log_every=cfg.train.log_every,
             desc=self.label,
         )
-        eval_name = "accuracy" if self.classification else "mse"
+        totals = self.totals
         losses: list[float] = []
         pending: list = []  # on a GPU: (step, lr, loss on the device) since the last log point
-        window = _new_window()
         if self.device.type == "cuda":
             memory.enable_gpu_hook()  # CuPy's hooks are per thread: fit() may run in another one
-        peak_run, floor = 0, 0
-        # Throughput over the whole run, leaving out the first step (warm-up: caches, allocator).
-        timed = {"time": 0.0, "samples": 0, "steps": 0}
-        self._auto_run: dict = {}  # auto-inplace counters over the whole run
-        eval_metric = None
-        last_loss = float("nan")  # train/loss at the last log point
-        # The timeline of one step, the third (the first two warm caches and the allocator),
-        # logged when recorded: a run resumed after it already has it.
-        timeline = None
-        timeline_step = min(2, max(self.total_steps - 1, 0))
+        timeline_step = self.timeline_step  # recorded (and logged) once: a run resumed after it has it
+        stop, saved_at = 0, None
+        signals = StopSignals(announce=self.comm.is_main, step=lambda: self.step)
+        agreement = StopAgreement(self.control_comm)
         try:
-            while self.step < self.total_steps:
-                for xb, yb in self.loader:
-                    if self.step >= self.total_steps:
-                        break
-                    lr = learning_rate(cfg, self.step, self.total_steps)
-                    # A checkpoint step is a log point too: a run resumed there logs the
-                    # same windows, and so the same points, as one that was not stopped.
-                    done = self.step + 1
-                    log_now = (
-                        done % cfg.train.log_every == 0
-                        or done == self.total_steps
-                        or (cfg.checkpoint.every and done % cfg.checkpoint.every == 0)
-                    )
-                    # The step's time includes copying its batch to the device (a host-to-GPU
-                    # copy also waits for the previous step's queued kernels).
-                    t0 = time.perf_counter()
-                    x, y = self._to_tensors(xb, yb)
-                    # The peak of the training step alone: evaluation and checkpoints
-                    # between steps (eval batches are larger) must not show up in it.
-                    memory.reset_peak()
-                    before = memory.stats()
-                    record = cfg.logging.timeline and self.step == timeline_step and timeline is None
-                    if record:
-                        with memory.record_timeline(self.mem_device) as tl:
-                            loss, correct, saved = self._memory_checked_step(x, y, lr, window)
-                        timeline = tl
-                    else:
-                        loss, correct, saved = self._memory_checked_step(x, y, lr, window)
-                    if log_now:
-                        # Queued GPU work belongs to the steps being timed: wait for it
-                        # before the clock closes the window (between log points, each
-                        # step's loss read waits for the step before it).
-                        synchronize(self.device)
-                    dt = time.perf_counter() - t0
-                    window["peak"] = max(window["peak"], memory.max_allocated_bytes(self.mem_device))
-                    del x, y
-                    if self.losses_on_device:
-                        pending.append((self.step, lr, loss))
-                    self.step += 1
-                    if not self.losses_on_device:
-                        read = [loss]
-                    else:
-                        read = self._read_losses(pending) if log_now else []
-                    losses.extend(read)
-                    floor = max(floor, self.floor_bytes(saved))
-                    if record:
-                        logger.timeline_figure(timeline_step, timeline, floor_bytes=self.floor_bytes(saved))
-                    for value in read:  # step by step, in order: the same sum on every device
-                        window["loss"] += value
-                    if correct is not None:  # summed on the device, read at the log point
-                        window["correct"] = correct if window["correct"] is None else window["correct"] + correct
-                    window["seen"] += len(xb)
-                    window["time"] += dt
-                    window["steps"] += 1
-                    after = memory.stats()
-                    _add_auto_stats(window, before, after)
-                    _add_auto_stats(self._auto_run, before, after)
-                    if self.step > 1 or self.total_steps == 1:
-                        timed["time"] += dt
-                        timed["samples"] += len(xb) * self.comm.size
-                        timed["steps"] += 1
-                    if log_now:
-                        peak = window["peak"]
-                        peak_run = max(peak_run, peak)
-                        metrics = self._window_metrics(window, peak, floor)
-                        last_loss = metrics["train/loss"]
-                        logger.scalars(self.step, metrics)
-                        progress.update(
-                            self.step,
-                            loss=metrics["train/loss"],
-                            samples_per_sec=metrics["perf/samples_per_sec"],
-                            peak_mb=metrics["memory/peak_mb"],
+            with signals:
+                while self.step < self.total_steps and not stop:
+                    for xb, yb in self.loader:
+                        if self.step >= self.total_steps:
+                            break
+                        window = totals["window"]
+                        lr = learning_rate(cfg, self.step, self.total_steps)
+                        # A checkpoint step is a log point too: a run resumed there logs the
+                        # same windows, and so the same points, as one that was not stopped.
+                        done = self.step + 1
+                        log_now = (
+                            done % cfg.train.log_every == 0
+                            or done == self.total_steps
+                            or (cfg.checkpoint.every and done % cfg.checkpoint.every == 0)
                         )
-                        window = _new_window()
-                    if self.step % cfg.train.eval_every == 0 or self.step == self.total_steps:
-                        eval_metric = self.evaluate()
-                        logger.scalars(self.step, {f"eval/{eval_name}": eval_metric})
-                    if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
-                        logger.flush()  # every point logged so far is on disk before the checkpoint
-                        self.save()
+                        # The step's time includes copying its batch to the device (a host-to-GPU
+                        # copy also waits for the previous step's queued kernels).
+                        t0 = time.perf_counter()
+                        x, y = self._to_tensors(xb, yb)
+                        # The peak of the training step alone: evaluation and checkpoints
+                        # between steps (eval batches are larger) must not show up in it.
+                        memory.reset_peak()
+                        before = memory.stats()
+                        record = cfg.logging.timeline and self.step == timeline_step and totals["timeline"] is None
+                        if record:
+                            with memory.record_timeline(self.mem_device) as tl:
+                                loss, correct, saved = self._memory_checked_step(x, y, lr, window)
+                        else:
+                            loss, correct, saved = self._memory_checked_step(x, y, lr, window)
+                        if log_now:
+                            # Queued GPU work belongs to the steps being timed: wait for it
+                            # before the clock closes the window (between log points, each
+                            # step's loss read waits for the step before it).
+                            synchronize(self.device)
+                        dt = time.perf_counter() - t0
+                        window["peak"] = max(window["peak"], memory.max_allocated_bytes(self.mem_device))
+                        del x, y
+                        if self.losses_on_device:
+                            pending.append((self.step, lr, loss))
+                        self.step += 1
+                        stop = agreement.after_step(signals.received)
+                        if stop or self.step == self.total_steps:
+                            late = agreement.close()  # every rank completes the agreement in flight
+                            stop = stop or late  # a signal in the last step: the run is complete, then stops
+                        if not self.losses_on_device:
+                            read = [loss]
+                        else:
+                            read = self._read_losses(pending) if log_now or stop else []
+                        losses.extend(read)
+                        totals["floor"] = max(totals["floor"], self.floor_bytes(saved))
+                        if record:
+                            totals["timeline"], totals["timeline_floor"] = tl, self.floor_bytes(saved)
+                            if self.timeline_image:
+                                logger.timeline_figure(timeline_step, tl, floor_bytes=totals["timeline_floor"])
+                        for value in read:  # step by step, in order: the same sum on every device
+                            window["loss"] += value
+                        if correct is not None:  # summed on the device, read at the log point
+                            window["correct"] = correct if window["correct"] is None else window["correct"] + correct
+                        window["seen"] += len(xb)
+                        window["time"] += dt
+                        window["steps"] += 1
+                        after = memory.stats()
+                        _add_auto_stats(window, before, after)
+                        _add_auto_stats(totals["auto"], before, after)
+                        if self.step > 1 or self.total_steps == 1:
+                            timed = totals["timed"]
+                            timed["time"] += dt
+                            timed["samples"] += len(xb) * self.comm.size
+                            timed["steps"] += 1
+                        if log_now:
+                            totals["peak"] = max(totals["peak"], window["peak"])
+                            metrics = self._window_metrics(window, window["peak"], totals["floor"])
+                            totals["last_loss"] = metrics["train/loss"]
+                            logger.scalars(self.step, metrics)
+                            progress.update(
+                                self.step,
+                                loss=metrics["train/loss"],
+                                samples_per_sec=metrics["perf/samples_per_sec"],
+                                # The run's peak so far: its last line shows the summary table's.
+                                peak_mb=totals["peak"] / MB,
+                            )
+                            totals["window"] = _new_window()
+                        if self.step % cfg.train.eval_every == 0 or self.step == self.total_steps:
+                            totals["eval"] = self.evaluate()
+                            logger.scalars(self.step, {f"eval/{eval_name}": totals["eval"]})
+                        if (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0) or stop:
+                            logger.flush()  # every point logged so far is on disk before the checkpoint
+                            self.save()
+                            saved_at = self.step
+                        if stop:
+                            progress.update(self.step)  # its last line names the step it stopped after
+                            break
         finally:
             progress.close()
-        if not cfg.checkpoint.every or self.step % cfg.checkpoint.every:
+        if saved_at != self.step:
             logger.flush()
             self.save()
-        peak_run = max(peak_run, window["peak"])
-        result = self._result(losses, last_loss, eval_metric, eval_name, peak_run, floor, timeline, timed)
+        if self.step < self.total_steps:  # stopped by a signal: the summary waits for the run's end
+            logger.close()
+            raise Interrupted(stop, self.step, self.total_steps, self.last_checkpoint, self.run_name)
+        result = self._result(losses)
         logger.hparams(
             self.hparams(),
             {
@@ -861,11 +1028,29 @@ class Trainer:
                 "summary/floor_mb": result.floor_mb,
                 "summary/samples_per_sec": result.samples_per_sec,
                 "summary/final_loss": result.final_loss,
-                f"summary/eval_{eval_name}": eval_metric if eval_metric is not None else float("nan"),
+                f"summary/eval_{eval_name}": result.eval_metric if result.eval_metric is not None else float("nan"),
             },
         )
         logger.close()
+        if stop:  # the signal came during the last step: the run is complete, and ends here
+            raise Interrupted(stop, self.step, self.total_steps, self.last_checkpoint, self.run_name)
         return result
+
+    def result(self) -> RunResult:
+        """The :class:`RunResult` of a run resumed at its end (:attr:`finished`), from its checkpoint.
+
+        What :meth:`fit` returned when the run ended, except ``losses`` (only the steps a
+        ``fit`` trains).
+
+        Raises:
+            CheckpointError: the checkpoint is of an earlier version, which kept no totals.
+        """
+        if not self.totals_restored:
+            raise CheckpointError(
+                f"checkpoint {self.last_checkpoint} was written by an earlier version, without the run's peak, "
+                "floor and losses; train the run again (without --resume)"
+            )
+        return self._result([])
 
     def hparams(self) -> dict:
         """What tells this run apart from the others of its experiment (the HPARAMS tab).
@@ -875,7 +1060,8 @@ class Trainer:
         has a ``compile`` key.
         """
         cfg = self.cfg
-        hp = {"run": self.run_name, "inplace": cfg.inplace, "inplace_abn": self.inplace_abn}
+        # inplace: the policy with InPlace-ABN (on+abn), the column TensorBoard shows by default.
+        hp = {"run": self.run_name, "inplace": self.policy, "inplace_abn": self.inplace_abn}
         if compiled(cfg) is not None:
             hp["compiled"] = compiled(cfg)
         if "conv2d" in cfg:
@@ -961,28 +1147,32 @@ class Trainer:
             metrics["train/loss"] = self.comm.allreduce_scalar(metrics["train/loss"], "mean")
         return metrics
 
-    def _result(self, losses, last_loss, eval_metric, eval_name, peak, floor, timeline, timed) -> RunResult:
+    def _result(self, losses: list) -> RunResult:
+        totals, timed = self.totals, self.totals["timed"]
+        floor = totals["timeline_floor"]
         return RunResult(
             run_dir=self.run_dir,
             steps=self.step,
-            final_loss=last_loss,
-            eval_metric=eval_metric,
-            eval_name=eval_name,
-            peak_mb=peak / MB,
-            floor_mb=floor / MB,
+            final_loss=totals["last_loss"],
+            eval_metric=totals["eval"],
+            eval_name=self.eval_name,
+            peak_mb=max(totals["peak"], totals["window"]["peak"]) / MB,
+            floor_mb=totals["floor"] / MB,
             samples_per_sec=timed["samples"] / timed["time"] if timed["time"] else float("nan"),
             step_ms=1000 * timed["time"] / timed["steps"] if timed["steps"] else float("nan"),
-            policy=self.cfg.inplace,
+            policy=self.policy,
             losses=losses,
-            timeline=timeline,
-            auto_ops_per_step=_auto_totals(self._auto_run)[0] / max(self.step, 1),
-            auto_saved_mb_per_step=_auto_totals(self._auto_run)[1] / max(self.step, 1) / MB,
+            timeline=totals["timeline"],
+            auto_ops_per_step=_auto_totals(totals["auto"])[0] / max(self.step, 1),
+            auto_saved_mb_per_step=_auto_totals(totals["auto"])[1] / max(self.step, 1) / MB,
             planned_peak_mb=self.compiled.plan.planned_peak_bytes / MB
             if self.compiled and self.compiled.last
             else None,
             inplace_chains=len(self.compiled.report()["inplace_chains"])
             if self.compiled and self.compiled.last
             else None,
+            timeline_step=self.timeline_step if totals["timeline"] is not None else None,
+            timeline_floor_mb=floor / MB if floor is not None else None,
         )
 
 

@@ -266,3 +266,37 @@ def test_mlp_breakdown_quick(capsys, tmp_path, torch):
     # the products of a 3-layer MLP: 3 forward, 3 weight gradients, 2 input gradients
     assert [w for w, *_ in B._gemm_shapes(64, B.SIZES)].count("input grad") == 2
     assert len(B._gemm_shapes(64, B.SIZES)) == 8
+
+
+@pytest.mark.mpi
+def test_stop_signal_quick(tmp_path):
+    """Under mpiexec -n 2 (the benchmark launches itself): the table and the JSON of its three variants."""
+    import subprocess
+    import sys
+
+    from tests.mpi_util import REPO, find_mpiexec, worker_env
+
+    if find_mpiexec() is None:
+        pytest.skip("needs mpiexec")
+    path = tmp_path / "stop.json"
+    script = REPO / "benchmarks" / "bench_stop_signal.py"
+    r = subprocess.run(
+        [sys.executable, str(script), "--quick", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        env=worker_env(),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    cells = [row[0] for row in _table_rows(r.stdout)]
+    assert cells == [
+        "what",
+        "agreement alone, µs per call",
+        "step, without, ms",
+        "step, blocking, ms",
+        "step, nonblocking, ms",
+    ]
+    assert "StopAgreement" in _legend(r.stdout)["step"]
+    saved = json.loads(path.read_text())
+    assert set(saved["results"]["extra_us_per_step"]) == {"blocking", "nonblocking"}
+    assert saved["params"]["ranks"] == 2

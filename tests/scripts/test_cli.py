@@ -1,6 +1,7 @@
 """The command-line entry points as a user runs them: exit codes, one-line errors, outputs."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -256,3 +257,36 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     assert "already finished" in r.stdout and "step 4 of 4" in r.stdout
     assert "nan" not in r.stdout
     assert snapshot() == before
+
+
+def test_a_bad_override_names_the_value_of_the_config_in_use(tmp_path):
+    path = config(tmp_path, TINY.replace("batch_size: 64", "batch_size: 32"))
+    r = run(tmp_path, "train.py", "--config", path, "--set", "data.batch_size=abc")
+    assert_one_line_error(r, 2, "data.batch_size must be an int", "the config in use has 32")
+
+
+def test_resume_with_nothing_to_resume_says_so_and_writes_nothing(tmp_path):
+    r = run(tmp_path, "train.py", "--config", config(tmp_path), "--resume")
+    assert_one_line_error(r, 2, "--resume: no checkpoint of run inplace-auto_np1 in checkpoints/cli/inplace-auto_np1")
+    assert not os.path.exists(tmp_path / "runs") and not os.path.exists(tmp_path / "checkpoints")
+    # checkpoint.resume: auto is for job scripts that run the same command again: it starts, and says so.
+    r = run(tmp_path, "train.py", "--config", config(tmp_path), "--set", "checkpoint.resume=auto")
+    assert r.returncode == 0, r.stderr
+    assert "checkpoint.resume: no checkpoint in checkpoints/cli/inplace-auto_np1 yet; training from step 0" in r.stdout
+    r = run(tmp_path, "train.py", "--config", config(tmp_path), "--set", "train.max_steps=6", "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "resumed from step 4 (checkpoints/cli/inplace-auto_np1/step_00000004.npz)" in r.stdout
+
+
+def test_the_progress_line_and_the_summary_table_show_the_same_peak(tmp_path):
+    # The quickstart's first window has the highest peak (1.4 MB against 1.3 later).
+    quickstart = os.path.join(ROOT, "configs", "quickstart.yaml")
+    r = run(tmp_path, "train.py", "--config", quickstart, "--set", "train.max_steps=4", "--set", "train.log_every=2")
+    assert r.returncode == 0, r.stderr
+    last = [line for line in r.stderr.splitlines() if line.startswith("train  4/4")][-1]
+    shown = last.split("peak_mb=")[1].split()[0]
+    lines = r.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("run"))
+    row = dict(zip(re.split(r"\s{2,}", lines[header]), re.split(r"\s{2,}", lines[header + 2])))
+    assert row["peak MB"] == shown  # one source, one rounding
+    assert float(shown) > 0

@@ -3,7 +3,8 @@
 ``configs/mpi_*.yaml`` are the data-parallel experiments: they run under
 ``mpiexec -n 2`` (one BLAS thread per rank). The runs are kept short with overrides of
 the step count and the synthetic data size only, so what is checked is the config as
-shipped: its keys, its ``base:`` chain, its model and model arguments, its data.
+shipped: its keys, its ``base:`` chain, its model and model arguments, its data. A config
+of data on disk (CIFAR-10) gets generated files in the documented layout (``data.root``).
 """
 
 import glob
@@ -13,7 +14,9 @@ import sys
 
 import pytest
 
+from tests.data_files import write_cifar
 from tests.mpi_util import find_mpiexec, needs_mpiexec, run_command
+from trainers.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
@@ -45,6 +48,9 @@ def test_shipped_config_trains(tmp_path, name):
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--config", os.path.join(ROOT, "configs", name)]
     for override in SHORT:
         cmd += ["--set", override]
+    data = load_config(os.path.join(ROOT, "configs", name)).data.name
+    if data.startswith("cifar"):  # its evaluation covers the whole test set: 10,000 images
+        cmd += ["--set", f"data.root={write_cifar(tmp_path / 'data', data)}"]
     if name.startswith("mpi_"):
         cmd = [find_mpiexec(), "-n", "2", *cmd]
     code, out, err, _ = run_command(cmd, timeout=300, cwd=tmp_path)

@@ -28,10 +28,11 @@ experiment seed device inplace compile conv2d conv_math threads
 data.name data.batch_size data.eval_batch_size data.drop_last data.num_train data.num_test
 data.image_size data.channels data.num_classes data.noise data.in_features data.out_features
 data.test_fraction
+data.root data.test_root data.x_name data.y_name data.labels data.augment
 model.name model.args
 optim.name optim.lr optim.momentum optim.dampening optim.nesterov optim.weight_decay
 optim.betas optim.eps
-schedule.name schedule.warmup_steps schedule.step_size schedule.gamma schedule.min_lr
+schedule.name schedule.warmup_steps schedule.step_size schedule.milestones schedule.gamma schedule.min_lr
 train.epochs train.max_steps train.eval_every train.log_every train.grad_clip
 logging.logdir logging.run_name logging.progress logging.timeline
 checkpoint.dir checkpoint.every checkpoint.keep checkpoint.resume
@@ -39,7 +40,7 @@ distributed.bucket_mb distributed.backend distributed.sync_bn
 """.split()
 
 
-def write(path, text=""):
+def write(path, text="experiment: default\n"):  # the default's value: a file of all defaults
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(text))
     return path
@@ -60,8 +61,17 @@ def test_schema_has_exactly_the_promised_keys():
     assert schema_keys() == EXPECTED_KEYS
 
 
-def test_empty_file_gives_all_defaults(tmp_path):
-    cfg = load_config(write(tmp_path / "empty.yaml"))
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "\n\n"])
+def test_an_empty_file_is_an_error(tmp_path, text):
+    msg = error_of(load_config, write(tmp_path / "empty.yaml", text))
+    assert "empty.yaml is empty" in msg and "configs/*.yaml" in msg
+    write(tmp_path / "child.yaml", "base: empty.yaml\nseed: 1\n")
+    msg = error_of(load_config, tmp_path / "child.yaml")
+    assert "empty.yaml (named by 'base:' in" in msg and "child.yaml" in msg
+
+
+def test_defaults(tmp_path):
+    cfg = load_config(write(tmp_path / "defaults.yaml"))
     assert cfg == config_from_dict({})
     expected = {
         "experiment": "default",
@@ -83,6 +93,9 @@ def test_empty_file_gives_all_defaults(tmp_path):
         "optim.eps": 1e-8,
         "schedule.name": "none",
         "schedule.step_size": 1000,
+        "schedule.milestones": [],
+        "data.root": None,
+        "data.augment": False,
         "train.epochs": 1,
         "train.max_steps": None,
         "train.eval_every": 100,
@@ -407,12 +420,30 @@ def test_error_in_base_names_the_base_file(tmp_path):
         ("optim.lr.x=1", ["optim.lr is a value, not a section"]),
         ("optim.lr=[1", ["bad value in override 'optim.lr=[1'"]),
         ("inplace=sometimes", ["inplace must be one of off, auto, on"]),
+        ("schedule.milestones=[48000, 32000]", ["schedule.milestones must be a list of increasing ints"]),
+        ("schedule.milestones=[0, 32000]", ["every element of schedule.milestones must be >= 1", "got 0"]),
+        ("schedule.milestones=32000", ["schedule.milestones must be a list of increasing ints", "32000 (int)"]),
+        ("data.augment=yes please", ["data.augment must be a bool"]),
     ],
 )
 def test_override_errors(tmp_path, override, expected):
     msg = error_of(load_config, write(tmp_path / "c.yaml"), [override])
     for part in expected:
         assert part in msg, (part, msg)
+
+
+def test_an_override_error_names_the_value_of_the_config_in_use(tmp_path):
+    parent = write(tmp_path / "parent.yaml", "data: {batch_size: 32}\n")
+    for path in (parent, write(tmp_path / "child.yaml", "base: parent.yaml\n")):
+        msg = error_of(load_config, path, ["data.batch_size=abc"])
+        assert msg.endswith("; the config in use has 32"), msg  # not the schema's default, 64
+    msg = error_of(load_config, parent, ["optim.lr=abc"])  # a key the files leave alone: its default is in use
+    assert msg.endswith("; the default is 0.1"), msg
+
+
+def test_milestones_are_increasing_steps(tmp_path):
+    cfg = load_config(write(tmp_path / "c.yaml"), ["schedule.name=multistep", "schedule.milestones=[32000, 48000]"])
+    assert cfg.schedule.milestones == [32000, 48000]
 
 
 def test_config_error_is_a_value_error():

@@ -157,7 +157,7 @@ def test_default_regression_shapes():
 @pytest.mark.parametrize(
     "name, options, match",
     [
-        ("cifar10", {}, "valid names: digits, synthetic_images, synthetic_regression"),
+        ("imagenet", {}, "valid names: cifar10, cifar100, digits, npz, synthetic_images, synthetic_regression"),
         ("digits", {"num_train": 10}, "unknown option.*num_train.*valid options"),
         ("digits", {"test_fraction": 1.0}, "test_fraction"),
         ("digits", {"test_fraction": 0}, "test_fraction"),

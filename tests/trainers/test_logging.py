@@ -164,7 +164,7 @@ def test_full_run_reads_back_exactly(tmp_path):
         assert acc.Tags()["images"] == ["memory/timeline"]
         image = acc.Images("memory/timeline")[0]
         assert image.step == 40 and image.encoded_image_string.startswith(b"\x89PNG")
-        assert (image.width, image.height) == (800, 400)
+        assert (image.width, image.height) == (480, 320)  # about TensorBoard's card width: legible there
         text = acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
         assert text == f"```yaml\ninplace: {policy}\noptim:\n  lr: 0.1\n```"
         with open(os.path.join(path, "config.yaml")) as f:
@@ -329,10 +329,76 @@ def test_comparison_figure_labels_peak_and_floor_and_shows_every_round():
     assert labels == ["12.0", "10.0", "11.9", "9.5"]  # every bar labelled: a floor next to its peak
     floors = [p for p in memory_ax.patches if p.get_hatch()]
     assert [round(p.get_height(), 1) for p in floors] == [11.9, 9.5]
-    dots = [line for line in speed_ax.lines if line.get_marker() == "o"]
+    dots = [line for line in speed_ax.lines if line.get_linestyle() == "None"]
     assert [list(line.get_ydata()) for line in dots] == [[100, 120, 90], [95, 130, 99]]
     assert len(timeline_ax.lines) == 2 and timeline_ax.get_xlim() == (0.0, 3.0)
     fig.savefig(io.BytesIO(), format="png")
+
+
+def test_comparison_figure_gives_each_policy_its_own_look_and_room_above_the_highest_dot():
+    from matplotlib.colors import to_hex
+
+    tl = synthetic_timeline()
+    names = ["off", "auto", "on", "on+abn", "compiled", "mystery"]
+    runs = [
+        {"name": n, "peak_mb": 10.0 - i, "floor_mb": 9.0 - i, "samples_per_sec": [100 + i, 140], "timeline": tl}
+        for i, n in enumerate(names)
+    ]
+    fig = plot_comparison(runs)
+    memory_ax, speed_ax, timeline_ax = fig.axes
+    # Equal timelines (off and auto compute the same) stay visible: each its colour, dashes and marker.
+    looks = [(to_hex(line.get_color()), line.get_linestyle(), line.get_marker()) for line in timeline_ax.lines]
+    assert len(looks) == len(names)
+    for k in (0, 2):  # colours and markers: one per policy
+        assert len({look[k] for look in looks}) == len(names), looks
+    assert looks[0][1] != looks[1][1]  # off and auto: dashed over solid
+    assert [t.get_text() for t in timeline_ax.get_legend().get_texts()] == names
+    dots = [line for line in speed_ax.lines if line.get_linestyle() == "None"]
+    assert [to_hex(d.get_color()) for d in dots] == [look[0] for look in looks]  # the same colour per policy
+    bars = [p for p in memory_ax.patches if not p.get_hatch()]
+    assert [to_hex(b.get_facecolor()) for b in bars] == [look[0] for look in looks]
+    # No dot on the frame: the highest (140 samples/s) has room above it for its marker.
+    fig.canvas.draw()
+    top = speed_ax.transData.transform((0, 140))[1]
+    assert speed_ax.bbox.y1 - top > 6 * fig.dpi / 72  # more than a marker's half height, in pixels
+    assert speed_ax.get_ylim()[0] == 0
+
+
+def test_the_timeline_image_reads_at_tensorboards_card_width_and_takes_a_shared_scale():
+    fig = plot_timeline(synthetic_timeline(), floor_bytes=6 * MB, top_mb=40.0)
+    width, height = fig.canvas.get_width_height()
+    assert (width, height) == (480, 320)  # TensorBoard's image cards are 335 pixels or wider
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels(), *ax.texts]
+    assert min(t.get_fontsize() for t in texts if t.get_text()) >= 9
+    assert ax.get_ylim()[1] >= 40.0  # the experiment's highest peak, not this one's
+    own = plot_timeline(synthetic_timeline(), floor_bytes=6 * MB).axes[0]
+    assert own.get_ylim()[1] < 40.0
+
+
+def test_compare_logs_every_timeline_once_on_one_scale(tmp_path, monkeypatch):
+    from scripts import compare_inplace
+    from trainers.logging import events
+
+    drawn = []
+    real = events.plot_timeline
+    monkeypatch.setattr(events, "plot_timeline", lambda *a, **k: drawn.append(k["top_mb"]) or real(*a, **k))
+    tl = synthetic_timeline()
+    small = {"events": [(t, b // 4, d, c, p) for t, b, d, c, p in tl["events"]], "marks": tl["marks"]}
+    results = {
+        name: types.SimpleNamespace(
+            run_dir=str(tmp_path / name), timeline=timeline, timeline_step=2, timeline_floor_mb=1.0, peak_mb=99.0
+        )
+        for name, timeline in (("off", tl), ("on+abn", small))
+    }
+    compare_inplace.log_timelines(results)
+    highest = max(e[1] for e in tl["events"]) / MB
+    assert drawn == [highest, highest]
+    compare_inplace.log_timelines(results)  # a --resume of the same comparison: nothing twice
+    assert drawn == [highest, highest]
+    for name in results:
+        assert [e.step for e in accumulator(str(tmp_path / name)).Images("memory/timeline")] == [2]
 
 
 # ------------------------------------------------------------------------ progress

@@ -176,6 +176,41 @@ def test_learning_rate_schedules(tmp_path):
     )
 
 
+def test_multistep_divides_the_learning_rate_at_each_milestone_as_pytorch_does(tmp_path):
+    torch = pytest.importorskip("torch")
+    milestones = ("schedule.name=multistep", "schedule.milestones=[3, 5]", "schedule.gamma=0.1")
+    cfg = tiny_config(tmp_path, *milestones, "schedule.warmup_steps=0")
+    ours = [learning_rate(cfg, s, 8) for s in range(8)]
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[3, 5], gamma=0.1)
+    theirs = []
+    for _ in range(8):  # the lr of each step, then one scheduler step per training step
+        theirs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert ours == pytest.approx(theirs, rel=1e-12)
+    assert ours == pytest.approx([0.1, 0.1, 0.1, 0.01, 0.01, 0.001, 0.001, 0.001])
+
+
+def test_a_checkpoint_of_the_previous_format_still_resumes(tmp_path):
+    from trainers.checkpoint import write_checkpoint
+
+    full = Trainer(tiny_config(tmp_path, "checkpoint.every=4")).fit()
+    first = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))[0][1]
+    state = load_checkpoint(first)
+    old = {k: v for k, v in state.items() if k not in ("ranks", "run")}  # what the previous version wrote
+    write_checkpoint(old, str(tmp_path / "old.npz"))
+    resumed = Trainer(tiny_config(tmp_path, "checkpoint.every=4"), resume=str(tmp_path / "old.npz"))
+    assert resumed.step == 4 and resumed.fit().losses == full.losses[4:]
+    # Finished, it resumes to nothing; its totals (for compare_inplace.py --resume) are not there.
+    last = load_checkpoint(list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))[-1][1])
+    write_checkpoint({k: v for k, v in last.items() if k not in ("ranks", "run")}, str(tmp_path / "old_end.npz"))
+    done = Trainer(tiny_config(tmp_path, "checkpoint.every=4"), resume=str(tmp_path / "old_end.npz"))
+    assert done.finished
+    with pytest.raises(CheckpointError, match="written by an earlier version, without the run's peak"):
+        done.result()
+
+
 def test_logged_peak_is_the_training_steps_not_the_evaluation(tmp_path, monkeypatch):
     # An evaluation that allocates a lot between steps must not show up in memory/peak_mb.
     trainer = Trainer(tiny_config(tmp_path, "train.eval_every=2"))
@@ -326,7 +361,9 @@ def test_hparams_tell_policies_and_inplace_abn_apart(tmp_path):
         }
         assert hp["compiled"] is False and hp["conv2d"] == "auto" and hp["conv_math"] == "fp32"
         assert hp["processes"] == 1 and hp["model"] == "mlp" and hp["batch_size"] == 32
-    assert [(hp["inplace"], hp["inplace_abn"]) for hp in hps] == [("on", False), ("on", True), ("off", True)]
+    # inplace, the column TensorBoard shows by default, names InPlace-ABN too.
+    assert [(hp["inplace"], hp["inplace_abn"]) for hp in hps] == [("on", False), ("on+abn", True), ("off+abn", True)]
+    assert [r.policy for r in (on, abn, off)] == ["on", "on+abn", "off+abn"]
 
 
 def test_a_compile_switch_in_the_config_shows_in_hparams_and_the_run_name(tmp_path):

@@ -45,7 +45,7 @@ from typing import Any
 
 from .plots import plot_timeline
 
-__all__ = ["RunLogger", "default_run_name", "read_scalars", "run_dir"]
+__all__ = ["RunLogger", "default_run_name", "read_scalars", "run_dir", "timeline_png"]
 
 _EVENT_FILE_MARKER = ".out.tfevents."
 _writer_ids = itertools.count()
@@ -82,6 +82,11 @@ def default_run_name(policy: str, world_size: int, *extras: str | None) -> str:
     return _path_component(name, "run name")
 
 
+def timeline_png(run_dir: str | os.PathLike) -> str:
+    """``<run>/timeline.png``: the memory timeline's image, written once the run logged it."""
+    return os.path.join(os.fspath(run_dir), "timeline.png")
+
+
 def run_dir(logdir: str | os.PathLike, experiment: str, run_name: str) -> str:
     """Returns ``<logdir>/<experiment>/<run_name>`` (not created; RunLogger does that)."""
     return os.path.join(
@@ -114,7 +119,11 @@ class RunLogger:
             the events of the earlier attempt at steps >= ``purge_step`` (a
             ``SessionLog.START`` event, as ``SummaryWriter(purge_step=...)`` writes).
             A run resumed from a checkpoint at step N passes N + 1, so the points logged
-            up to and including the checkpoint's step stay.
+            up to and including the checkpoint's step stay. A fresh run (0) also removes
+            the earlier attempt's ``timeline.png``.
+        append: Add to a run's directory without a purge, and without the warning about
+            its event files (``scripts/compare_inplace.py`` adds each policy's timeline
+            image once every policy has run, to draw them on one scale).
     """
 
     def __init__(
@@ -124,6 +133,7 @@ class RunLogger:
         *,
         flush_secs: float = 10.0,
         purge_step: int | None = None,
+        append: bool = False,
     ):
         self.run_dir = os.fspath(run_dir)
         self.enabled = bool(enabled)
@@ -142,7 +152,9 @@ class RunLogger:
         self._event_cls, self._summary_cls = Event, Summary
         os.makedirs(self.run_dir, exist_ok=True)
         earlier = [f for f in os.listdir(self.run_dir) if _EVENT_FILE_MARKER in f]
-        if earlier and purge_step is None:
+        if purge_step == 0 and os.path.exists(self.timeline_path):
+            os.unlink(self.timeline_path)  # the figure of the attempt this run replaces
+        if earlier and purge_step is None and not append:
             warnings.warn(
                 f"{self.run_dir} already holds event files of an earlier run; TensorBoard "
                 "will mix their points with this run's. Use another run name, delete the "
@@ -163,6 +175,11 @@ class RunLogger:
         self._write(Event(file_version="brain.Event:2"), None)
         if purge_step is not None:
             self._write(Event(session_log=SessionLog(status=SessionLog.START)), purge_step)
+
+    @property
+    def timeline_path(self) -> str:
+        """``<run>/timeline.png``: written with the ``memory/timeline`` image, the same PNG."""
+        return timeline_png(self.run_dir)
 
     def _write(self, event, step: int | None) -> None:
         event.wall_time = time.time()
@@ -239,7 +256,9 @@ class RunLogger:
 
     # ---- figure
 
-    def timeline_figure(self, step: int, timeline, floor_bytes: int | None = None) -> str | None:
+    def timeline_figure(
+        self, step: int, timeline, floor_bytes: int | None = None, top_mb: float | None = None
+    ) -> str | None:
         """Logs one step's memory timeline as image ``memory/timeline``; saves timeline.png.
 
         Args:
@@ -248,6 +267,8 @@ class RunLogger:
                 ``(seconds, allocated_bytes, delta_bytes, category, phase)``) and ``marks``
                 (tuples ``(seconds, phase)``).
             floor_bytes: The step's memory floor, drawn as a horizontal line if given.
+            top_mb: The top of the MB axis (the highest of the runs drawn to compare);
+                None: this timeline's own peak.
 
         Returns:
             The path of ``timeline.png``, or None when disabled.
@@ -257,10 +278,10 @@ class RunLogger:
         import numpy as np  # noqa: PLC0415
         from tensorboardX.summary import image  # noqa: PLC0415
 
-        fig = plot_timeline(timeline, floor_bytes=floor_bytes, title=f"memory timeline, step {step}")
+        fig = plot_timeline(timeline, floor_bytes=floor_bytes, title=f"memory in step {step}", top_mb=top_mb)
         fig.canvas.draw()
         summary = image("memory/timeline", np.asarray(fig.canvas.buffer_rgba()), dataformats="HWC")
-        path = os.path.join(self.run_dir, "timeline.png")
+        path = self.timeline_path
         with open(path, "wb") as f:  # the PNG the summary holds: one rendering for both
             f.write(summary.value[0].image.encoded_image_string)
         self._add(summary, step)

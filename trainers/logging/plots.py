@@ -8,6 +8,14 @@ time look like memory.
 
 Figures are ``matplotlib.figure.Figure`` objects with their own Agg canvas: nothing
 goes through pyplot, so no global backend is chosen and nothing needs closing.
+
+The timeline of one step is also TensorBoard's ``memory/timeline`` image, which
+TensorBoard scales to the width of a card (a grid of columns at least 335 pixels wide):
+it is drawn at 480 x 320 pixels with 10-point text, so that it reads at that size.
+
+Each policy keeps one colour, line style and marker in every figure (:func:`policy_style`):
+``off``, the reference, is black and solid; curves that are equal (``off`` and ``auto``
+compute the same numbers) stay visible, one dashed over the other.
 """
 
 from __future__ import annotations
@@ -19,11 +27,32 @@ from typing import Any
 
 from .tables import MB
 
-__all__ = ["plot_comparison", "plot_timeline", "timeline_positions"]
+__all__ = ["plot_comparison", "plot_timeline", "policy_style", "timeline_positions"]
 
 _PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868"}
 _OTHER_COLORS = ("#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
 _POSITION_LABEL = "position in the step (allocations in order; each phase scaled to one width)"
+_TIMELINE_SIZE = (4.8, 3.2)  # inches at 100 dpi: 480 x 320 pixels, TensorBoard's card width or a little more
+_TIMELINE_FONT = 10
+
+# One look per policy (colours told apart by people with any common colour blindness:
+# Okabe and Ito's palette); a policy not listed takes the next of _SPARE_STYLES.
+_POLICY_STYLES = {
+    "off": ("#000000", "-", "o"),
+    "auto": ("#0072b2", "--", "s"),
+    "on": ("#e69f00", "-.", "^"),
+    "on+abn": ("#009e73", ":", "D"),
+    "off+abn": ("#56b4e9", ":", "v"),
+    "auto+abn": ("#cc79a7", ":", "P"),
+    "compiled": ("#d55e00", (0, (5, 1, 1, 1)), "X"),
+}
+_SPARE_STYLES = (("#999999", "-", "*"), ("#f0e442", "--", "h"), ("#8c564b", "-.", "p"))
+
+
+def policy_style(names: Sequence[str]) -> dict[str, tuple]:
+    """``name -> (colour, line style, marker)`` for the policies drawn together, each one distinct."""
+    spare = iter(_SPARE_STYLES * (1 + len(names) // len(_SPARE_STYLES)))
+    return {name: _POLICY_STYLES.get(name) or next(spare) for name in names}
 
 
 def _field(obj, name: str):
@@ -83,39 +112,57 @@ def _new_figure(size):
     return fig
 
 
-def plot_timeline(timeline, floor_bytes: int | None = None, title: str | None = None):
-    """Draws allocated MB through one step, with phases shaded, the peak and the floor."""
-    fig = _new_figure((8, 4))
+def plot_timeline(timeline, floor_bytes: int | None = None, title: str | None = None, top_mb: float | None = None):
+    """Draws allocated MB through one step, with phases shaded, the peak and the floor.
+
+    Args:
+        timeline: What :func:`timeline_positions` takes.
+        floor_bytes: The step's floor, drawn as a dashed line.
+        title: The figure's title.
+        top_mb: The top of the MB axis: give every run of an experiment the same (their
+            highest peak) so that their images compare at a glance; None: this one's own.
+    """
+    fig = _new_figure(_TIMELINE_SIZE)
     ax = fig.add_subplot()
-    ax.set_xlabel(_POSITION_LABEL)
-    ax.set_ylabel("allocated (MB)")
-    ax.set_title(title or "memory timeline")
+    ax.tick_params(labelsize=_TIMELINE_FONT - 1)
+    ax.set_xlabel("position in the step (each phase one width)", fontsize=_TIMELINE_FONT - 1)
+    ax.set_ylabel("allocated MB", fontsize=_TIMELINE_FONT)
+    ax.set_title(title or "memory timeline", fontsize=_TIMELINE_FONT + 1)
     x, mb, phases = timeline_positions(timeline)
     if not x:
         ax.text(0.5, 0.5, "no allocations recorded", ha="center", va="center", transform=ax.transAxes)
         return fig
     _shade_phases(ax, phases)
-    ax.step(x + [len(phases)], mb + [mb[-1]], where="post", color="black", lw=1.2, label="allocated")
+    ax.step(x + [len(phases)], mb + [mb[-1]], where="post", color="black", lw=1.4)
     peak = max(range(len(mb)), key=mb.__getitem__)
-    events = list(_field(timeline, "events"))
-    phase = events[peak][4] if len(events[peak]) > 4 else ""
     ax.plot([x[peak]], [mb[peak]], "o", color="crimson", ms=5)
     right_half = x[peak] > 0.6 * len(phases)
     ax.annotate(
-        f"peak {mb[peak]:.1f} MB" + (f" ({phase})" if phase else ""),
+        f"peak {mb[peak]:.1f}",
         (x[peak], mb[peak]),
-        xytext=(-6 if right_half else 6, 5),
+        xytext=(-6 if right_half else 6, 4),
         textcoords="offset points",
         ha="right" if right_half else "left",
-        fontsize=8,
+        va="bottom",
+        fontsize=_TIMELINE_FONT,
         color="crimson",
-        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8},
+        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
     )
+    own_top = max(mb + ([floor_bytes / MB] if floor_bytes is not None else []))
+    top = max(top_mb or 0.0, own_top)
     if floor_bytes is not None:
-        ax.axhline(floor_bytes / MB, color="gray", ls="--", lw=1, label=f"floor {floor_bytes / MB:.1f} MB")
-    top = max(mb + ([floor_bytes / MB] if floor_bytes is not None else []))
-    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
-    ax.legend(loc="lower right", fontsize=8)
+        floor = floor_bytes / MB
+        ax.axhline(floor, color="dimgray", ls="--", lw=1.2)
+        ax.text(
+            0.01 * len(phases),
+            floor,
+            f"floor {floor:.1f}",
+            fontsize=_TIMELINE_FONT - 1,
+            color="dimgray",
+            va="bottom",
+            ha="left",
+        )
+    ax.set_ylim(0, top * 1.2 if top > 0 else 1.0)
     return fig
 
 
@@ -140,55 +187,76 @@ def plot_comparison(runs: Sequence[Mapping[str, Any]], title: str | None = None)
         fig.suptitle(title)
     grid = fig.add_gridspec(2, 2)
     names = [r["name"] for r in runs]
+    styles = policy_style(names)
+    colors = [styles[n][0] for n in names]
     where = np.arange(len(runs))
 
     ax = fig.add_subplot(grid[0, 0])
     width = 0.38
-    peak = ax.bar(where - width / 2, [r["peak_mb"] for r in runs], width, color="tab:blue", label="peak")
+    peak = ax.bar(where - width / 2, [r["peak_mb"] for r in runs], width, color=colors, label="peak")
     floor = ax.bar(
         where + width / 2,
         [r["floor_mb"] for r in runs],
         width,
-        color="tab:gray",
+        color=colors,
+        alpha=0.45,
         hatch="//",
         edgecolor="white",
-        label="floor",
+        label="floor (hatched)",
     )
     for bars in (peak, floor):
         ax.bar_label(bars, fmt="%.1f", fontsize=8, padding=2)
     ax.set_xticks(where, names)
     ax.set_ylabel("MB")
     ax.margins(y=0.15)
-    ax.set_title("memory per training step: peak and floor")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("memory per training step: peak and floor (hatched)")
 
     ax = fig.add_subplot(grid[0, 1])
+    highest = 0.0
     for i, r in enumerate(runs):
         samples = list(r["samples_per_sec"])
         if not samples:
             continue
-        ax.plot([i] * len(samples), samples, "o", color="tab:green", alpha=0.6, ms=5)
+        color, _, marker = styles[r["name"]]
+        ax.plot([i] * len(samples), samples, marker, color=color, alpha=0.7, ms=6, ls="none")
         ax.hlines(statistics.median(samples), i - 0.3, i + 0.3, color="black", lw=2)
+        highest = max(highest, max(samples))
     ax.set_xticks(where, names)
     ax.set_xlim(-0.6, len(runs) - 0.4)
-    ax.set_ylim(bottom=0)
+    # Room above the highest dot (a marker centred on the top edge would be cut in half).
+    ax.set_ylim(0, highest * 1.12 if highest > 0 else 1.0)
     ax.set_ylabel("samples / s")
     ax.set_title("throughput: one dot per timing round, bar = median")
 
     ax = fig.add_subplot(grid[1, :])
     phases: list[str] = []
-    styles = itertools.cycle(["-", "--", ":", "-."])  # identical curves stay visible
     for r in runs:
         if r.get("timeline") is None:
             continue
         x, mb, run_phases = timeline_positions(r["timeline"])
         if x:
             phases = phases or run_phases
-            ax.step(x + [len(run_phases)], mb + [mb[-1]], where="post", ls=next(styles), lw=1.4, label=r["name"])
+            color, line, marker = styles[r["name"]]
+            xs, ys = x + [len(run_phases)], mb + [mb[-1]]
+            # Markers at a few points, offset per policy: equal curves still show each one.
+            offset = names.index(r["name"]) * max(1, len(xs) // (12 * len(names)))
+            every = (offset % max(len(xs), 1), max(1, len(xs) // 12))
+            ax.step(
+                xs,
+                ys,
+                where="post",
+                color=color,
+                ls=line,
+                lw=1.5,
+                marker=marker,
+                ms=5,
+                markevery=every,
+                label=r["name"],
+            )
     if phases:
         _shade_phases(ax, phases)
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=9, loc="upper right")
     ax.set_xlabel(_POSITION_LABEL)
     ax.set_ylabel("allocated MB")
     ax.set_title("memory timeline of one training step")
