@@ -57,6 +57,7 @@ def test_a_signal_stops_after_the_step_and_a_resume_is_the_run_never_stopped(tmp
     full = full_trainer.fit()
     full_params = params(full_trainer)
     del full_trainer  # memory/* counts every live array: one trainer at a time
+    gc.collect()  # ... and one held by a reference cycle until the collector runs
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     signal_at(getattr(signal, name), at)
