@@ -37,6 +37,7 @@ import operator
 import os
 import re
 import sys
+import weakref
 
 import numpy as np
 
@@ -45,6 +46,8 @@ from .plan import greedy_by_size
 
 RECAPTURES = 3
 POOL_ALIGN = 512  # CuPy's pool rounds every request to 512 bytes
+# the memory category of a handed array copied out for a caller who kept it (release())
+_CATEGORY = {"grad": "gradients", "arggrad": "gradients", "param": "parameters", "state": "optimizer_state"}
 
 
 class _AllocationRecorder:
@@ -238,6 +241,27 @@ _DeviceScalar.__pow__ = lambda self, other: self._bake() ** other
 _DeviceScalar.__rpow__ = lambda self, other: other ** self._bake()
 
 
+class _Handout:
+    """An array a graph launch hands to the caller in the graph's own memory: a leaf's new
+    ``.grad``, or the new array of a rebound tensor. ``array`` is a base-less array of its
+    own over those bytes (made once per capture), so whatever the caller makes from the
+    tensor (the tensor itself, a view of it, a detached tensor, the raw array or pointer)
+    holds a reference to it or to its pointer; ``refs`` are their reference counts while
+    only the graph holds them. ``tensors``: the tensors the last launch handed it in."""
+
+    __slots__ = ("array", "refs", "tensors", "category")
+
+    def __init__(self, array, category: str):
+        self.array, self.category, self.tensors, self.refs = array, category, [], None
+
+
+def _refs(array) -> tuple:
+    """The reference counts that tell whether anything besides the graph holds ``array``:
+    the array's (views and tensors sharing it hold it) and its pointer's. Always called
+    the same way, so the counts compare."""
+    return sys.getrefcount(array), sys.getrefcount(array.data)
+
+
 class GraphReplay:
     """The CUDA-graph replay of one executor (a program on a GPU).
 
@@ -247,6 +271,9 @@ class GraphReplay:
             first try).
         captures: how many captures were tried; ``launches``: calls replayed by the graph;
         ``uncaptured``: calls that ran uncaptured after a graph existed (scalars changed).
+        kept_copies: arrays the caller still held in a tensor at a later call, copied out
+            of the graph's memory before it was written again (:meth:`release`);
+        arenas_left: arenas left to a caller who held graph memory some other way.
     """
 
     def __init__(self, executor):
@@ -275,6 +302,10 @@ class GraphReplay:
         self.dscal = None
         self.dscal_views: dict = {}  # dtype name -> [0-d view per slot]
         self.baked: set = set()  # slots whose value the graph baked in (compared at each call)
+        # what the last launch handed to the caller in the graph's memory (gradients, rebound
+        # arrays): released before anything writes that memory again (release())
+        self.handed: list = []
+        self.kept_copies = self.arenas_left = 0
 
     # --- calling -----------------------------------------------------------------------
     def run(self, scal) -> bool:
@@ -305,6 +336,50 @@ class GraphReplay:
                 return False
         self._launch()
         return True
+
+    def release(self) -> None:
+        """Before the graph's memory is written again (a launch, or a replay node by node on
+        the graph's layout): what the last launch handed to the caller must stay as the
+        caller left it, as after an eager step. A tensor the caller still holds (a kept
+        ``.grad``) gets a copy of its values (one copy each) and the graph its memory back.
+        Anything else still holding those bytes (a view of the tensor, a tensor sharing its
+        array, the raw array or pointer) cannot be pointed elsewhere: the arena is left to
+        it (freed when it lets go) and the step takes a new one, captured again (as PyTorch's
+        CUDA graph trees record again when a live tensor would be overwritten)."""
+        if not self.handed:
+            return
+        handed, self.handed = self.handed, []
+        pinned = False
+        with backend.device_context(self.device):
+            for h in handed:
+                for ref in h.tensors:
+                    t = ref()
+                    if t is not None and t._data is h.array:
+                        t._data = memory.track(h.array.copy(), h.category)
+                        self.kept_copies += 1
+                h.tensors = []
+                pinned = pinned or _refs(h.array) != h.refs
+        self.handed = handed
+        if pinned:
+            self._leave_arena()
+
+    def _leave_arena(self) -> None:
+        """The arena is held by the caller: a new one, and the graph captured again on it."""
+        self.handed = []
+        self.arenas_left += 1
+        self.graph = None
+        if self.captures > RECAPTURES:
+            self.failed = True
+            self.reason = f"the caller held the graph's memory past {self.arenas_left} calls; the graph was given up"
+            self._put_back()  # binds a new arena too
+        else:
+            self.executor.rebuild()
+
+    def handed_out(self, given: dict) -> None:
+        """After a launch's write-backs: ``given`` maps each handed value to the tensors
+        that now hold it (see :meth:`release`)."""
+        for h in self.handed:
+            h.tensors = [weakref.ref(t) for t in given.get(id(h.array), ())]
 
     def wants_recording(self) -> bool:
         """Whether the uncaptured replay about to run should be recorded (:meth:`recording`)."""
@@ -359,6 +434,7 @@ class GraphReplay:
 
     def _put_back(self) -> None:
         """No graph after all: the plan's layout as it was (kernels allocate again)."""
+        self.handed = []  # the arena they live in is left to their holders (rebuild binds a new one)
         if self._uncaptured_layout is not None:
             self.executor.plan.set_layout(self._uncaptured_layout)
             self.executor.rebuild()
@@ -470,8 +546,27 @@ class GraphReplay:
             wb.value for wb in program.writebacks if wb.value is not None and wb.how not in ("scalar", "const")
         ]
         self.outputs = {vid: env[vid] for vid in sinks if env[vid] is not None}
+        self.handed = self._handouts(program)
+        for h in self.handed:  # only the graph holds them now (outputs and handed)
+            h.refs = _refs(h.array)
         self.reason = None
         return True
+
+    def _handouts(self, program) -> list:
+        """A :class:`_Handout` for each array a launch hands to the caller in the arena (a
+        gradient, a rebound tensor's array), its array in :attr:`outputs` replaced by the
+        handout's."""
+        arena = self.executor.arena
+        out, arena = [], arena.data.mem if arena is not None else None
+        for wb in program.writebacks:
+            arr = self.outputs.get(wb.value) if wb.how in ("grad", "rebind") else None
+            # in the arena (an input's own buffer updated in place, e.g. a gradient
+            # accumulated into ``.grad``, stays the input's: eager updates it in place too)
+            if arr is not None and arr.data.mem is arena and not any(h.array is arr for h in out):
+                own = type(arr)(arr.shape, arr.dtype, memptr=arr.data + 0, strides=arr.strides)
+                self.outputs[wb.value] = own
+                out.append(_Handout(own, _CATEGORY.get(wb.source.kind, "gradients")))
+        return out
 
     def _give_up(self, reason: str) -> bool:
         self.failed = True

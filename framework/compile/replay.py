@@ -314,9 +314,11 @@ class Executor:
         self.scal[:] = evaluate(program.scalars, scalar_inputs) if program.scalars else ()
         for leaf in program.cleared_grads:  # the step's zero_grad(set_to_none=True)
             leaf._grad = None
+        graph = self.cuda_graph
+        if graph is not None:  # what the last launch handed out stays the caller's
+            graph.release()
         self.bind_inputs(args)
         env = self.env
-        graph = self.cuda_graph
         graphed = graph is not None and graph.run(self.scal)
         g = self.globals  # after graph.run: laying out the graph's arena rebuilds the function
         if not graphed:
@@ -328,7 +330,9 @@ class Executor:
             else:
                 self._replay()
         result = self._outputs(program.outputs, graphed)
-        self._write_back(args)
+        given = self._write_back(args)
+        if graphed:
+            graph.handed_out(given)
         self.ctxs.clear()
         for vid in self.leftovers:  # what the caller got is theirs now; the batch is not kept
             env[vid] = None
@@ -350,8 +354,11 @@ class Executor:
             return {k: self._outputs(t, copy) for k, t in template.items()}
         return template
 
-    def _write_back(self, args) -> None:
+    def _write_back(self, args) -> dict:
+        """Puts the step's results where eager leaves them; returns ``{id(array): [tensors]}``
+        for the arrays it handed to gradients and rebound tensors."""
         env = self.env
+        given: dict = {}
         for wb in self.program.writebacks:
             src, how = wb.source, wb.how
             if how == "scalar":
@@ -363,22 +370,27 @@ class Executor:
             if how == "grad":
                 leaf = args[src.key] if src.kind == "arggrad" else src.obj
                 leaf._grad = None if wb.value is None else _wrap(env[wb.value])
+                if leaf._grad is not None:
+                    given.setdefault(id(leaf._grad._data), []).append(leaf._grad)
                 continue
             arr = env[wb.value]
             t = src.tensor(args) if src.kind != "state" else src.obj[0].state.get(src.obj[1], {}).get(src.key)
             if how == "rebind":
                 if src.kind == "state" and t is None:
                     opt, p = src.obj
-                    opt.state.setdefault(p, {})[src.key] = _wrap(arr)
+                    t = opt.state.setdefault(p, {})[src.key] = _wrap(arr)
                     memory.retag(arr, "optimizer_state")
+                    given.setdefault(id(arr), []).append(t)
                     continue
                 t._data = arr
+                given.setdefault(id(arr), []).append(t)
                 if src.kind == "param":
                     memory.retag(arr, "parameters")
                 elif src.kind == "state":
                     memory.retag(arr, "optimizer_state")
             if t is not None:
                 t._vc.bump("compiled step", ("<compiled step>", 0))
+        return given
 
 
 def _set_scalar(src, value) -> None:
