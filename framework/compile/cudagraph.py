@@ -139,12 +139,18 @@ class _GraphPool:
     """The allocator CuPy uses while the step is captured: the k-th allocation gets its
     planned place in the graph's arena (allocated before the capture), so nothing reaches
     CuPy's pool or cudaMalloc while the stream captures. A request that is not the
-    recorded one (another size, one more) raises: the capture fails with that reason."""
+    recorded one (another size, one more) raises: the capture fails with that reason.
+
+    It is the capturing thread's allocator only (``cupy.cuda.using_allocator``, which is
+    thread-local, and works inside a caller's own ``using_allocator`` block, where CuPy
+    refuses ``set_allocator``): another thread allocating meanwhile gets its memory from
+    its own allocator, never from the arena."""
 
     def __init__(self, xp, arena, sizes, offsets):
         self.xp, self.arena, self.sizes, self.offsets = xp, arena, sizes, offsets
         self.next = 0
         self.previous = None
+        self._using = None
 
     def malloc(self, size: int):
         size = int(size)
@@ -164,11 +170,12 @@ class _GraphPool:
 
     def __enter__(self):
         self.previous = self.xp.cuda.get_allocator()
-        self.xp.cuda.set_allocator(self.malloc)
+        self._using = self.xp.cuda.using_allocator(self.malloc)
+        self._using.__enter__()
         return self
 
-    def __exit__(self, *_):
-        self.xp.cuda.set_allocator(self.previous)
+    def __exit__(self, *exc):
+        self._using.__exit__(*exc)
 
 
 class _DeviceScalar:
