@@ -447,3 +447,86 @@ def test_inputs_rebound_at_every_call_give_the_graph_up_and_the_plan_is_put_back
     arena = f._current().executor.arena
     assert (0 if arena is None else arena.nbytes) == f.plan.arena_bytes
     assert _no_capture_left()
+
+
+# --- the capture's allocator is the capturing thread's own ---------------------------------------
+
+
+def _mlp_run(compiled, batches):
+    """The MLP trained on ``batches`` eagerly or compiled: (losses, the step callable)."""
+    from .helpers import make_model, train_step
+
+    fw.inplace.set_policy("off")
+    model = make_model("mlp").to("cuda")
+    opt = fw.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = train_step(model, opt)
+    f = fw.compile(step) if compiled else step
+    return f, (f(x.to("cuda"), y.to("cuda")).detach().cpu().numpy().copy() for x, y in batches)
+
+
+def test_a_step_captures_inside_a_callers_using_allocator_block():
+    # CuPy refuses set_allocator inside using_allocator (ValueError): the capture's own
+    # allocator is thread-local too, and the caller's is back after it
+    from .helpers import batches
+
+    cp = backend.cupy_module()
+    calls = []
+
+    class CallersPool(cp.cuda.MemoryPool):  # the caller's allocator (RMM, managed memory, ...)
+        def malloc(self, size):
+            calls.append(size)
+            return super().malloc(size)
+
+    data = batches("mlp", 8)
+    eager = list(_mlp_run(False, data)[1])
+    allocator = CallersPool().malloc
+    with cp.cuda.using_allocator(allocator):
+        f, losses = _mlp_run(True, data)
+        got = list(losses)
+        assert cp.cuda.get_allocator() == allocator
+    assert [x.tobytes() for x in got] == [x.tobytes() for x in eager]
+    assert f.report()["replay_mode"] == "cuda graph" and calls  # the caller's allocator served the rest
+
+
+def test_another_thread_allocating_during_the_capture_is_served_by_its_own_allocator():
+    # A loader thread prefetching to the GPU while the graph is captured: its memory does
+    # not come from the graph's arena, and it does not break the capture
+    import threading
+
+    from .helpers import batches
+
+    cp = backend.cupy_module()
+    data = batches("mlp", 8)
+    eager = list(_mlp_run(False, data)[1])
+    f, losses = _mlp_run(True, data)
+    got = [next(losses) for _ in range(3)]  # two captures and the recorded replay: the next call captures
+    ex, seen = f._current().executor, {}
+
+    def loader():
+        with cp.cuda.Device(0):
+            batch = cp.arange(4096, dtype=cp.float32) * 2  # allocates (a new block) and computes
+            seen.update(ptr=batch.data.ptr, last=float(batch[-1]))
+
+    def with_a_loader(replay):
+        def replay_with_a_loader():
+            if cp.cuda.get_current_stream().is_capturing():
+                t = threading.Thread(target=loader)
+                t.start()
+                t.join()
+                seen["arena"] = (ex.arena.data.ptr, ex.arena.nbytes)
+            replay()
+
+        return replay_with_a_loader
+
+    rebuild = ex.rebuild
+
+    def rebuild_with_a_loader():  # the graph's layout generates the replay function again
+        rebuild()
+        ex._replay = with_a_loader(ex._replay)
+
+    ex.rebuild = rebuild_with_a_loader
+    got += list(losses)
+    lo, n = seen["arena"]
+    assert seen["last"] == 8190.0 and not lo <= seen["ptr"] < lo + n
+    assert f.report()["replay_mode"] == "cuda graph" and ex.cuda_graph.captures == 1
+    assert [x.tobytes() for x in got] == [x.tobytes() for x in eager]
