@@ -178,11 +178,17 @@ class _GraphPool:
         self._using.__exit__(*exc)
 
 
+# The numbers a graph reads from the device: Python's (weakly typed: beside an array they
+# take its dtype) and NumPy's floating scalars (strongly typed: they keep their own, as
+# CuPy's CScalar and NumPy's NEP 50 promote them), by type -> their own dtype or None.
+_DEVICE_NUMBERS = {int: None, float: None, np.float32: "float32", np.float64: "float64"}
+
+
 class _DeviceScalar:
     """A traced scalar of a captured step, as its kernels see it: where an op multiplies an
-    array by it (``Add``/``Sub``'s ``alpha``, ``backend.add_scaled_``), the kernel reads a
-    0-d device array of the array's dtype (a slot of :attr:`GraphReplay.dscal`, rewritten
-    by one host-to-device copy before each launch), so the graph follows a learning-rate
+    array by it (``Add``/``Sub``'s ``alpha``, ``Mul``, ``Div``, ``backend.add_scaled_``),
+    the kernel reads a 0-d device array (a slot of :attr:`GraphReplay.dscal`, rewritten by
+    one host-to-device copy before each launch), so the graph follows a learning-rate
     schedule. Comparisons read the host value (the capture recorded guards on them, checked
     at every call). Any other use (``float()``, Python arithmetic, another dtype) bakes the
     value into the graph: the slot is then compared at every call, and a call with another
@@ -194,6 +200,12 @@ class _DeviceScalar:
         self.owner, self.slot, self.value = owner, slot, value
 
     def on_device(self, dtype):
+        """The number as an operand beside an array of ``dtype``, as eager passes it: a
+        Python number in ``dtype`` (weak), a NumPy scalar in its own dtype (strong)."""
+        return self.in_dtype(_DEVICE_NUMBERS.get(type(self.value)) or dtype)
+
+    def in_dtype(self, dtype):
+        """The number converted to ``dtype`` (as ``backend.add_scaled_`` takes any number)."""
         views = self.owner.dscal_views.get(getattr(dtype, "name", str(dtype)))
         if views is None:
             return self._bake()
@@ -453,7 +465,7 @@ class GraphReplay:
             for vid, slot in self.slots.items():
                 xp.copyto(slot, env[vid])  # copy-in: the graph reads the slot
             if self._uploads():
-                values = [v if type(v) in (int, float) else 0 for v in self.executor.scal]  # others: baked
+                values = [v if type(v) in _DEVICE_NUMBERS else 0 for v in self.executor.scal]  # others: baked
                 n = len(values)
                 host = np.empty(12 * n, dtype=np.uint8)
                 host[: 8 * n].view(np.float64)[:] = values
@@ -470,7 +482,8 @@ class GraphReplay:
         return self.dscal is not None and len(self.baked) < len(self.executor.scal)
 
     def _device_scalars(self, scal) -> list:
-        """The traced scalars as :class:`_DeviceScalar` (numbers only; others stay, baked)."""
+        """The traced scalars as :class:`_DeviceScalar` (numbers only: Python's, NumPy's
+        float32 and float64; others stay, baked)."""
         xp, n = self.xp, len(scal)
         if self.dscal is None or self.dscal.nbytes != 12 * n:
             self.dscal = memory.track(xp.empty(12 * n, dtype=xp.uint8), "workspace")
@@ -478,7 +491,7 @@ class GraphReplay:
             self.dscal_views = {"float64": [f64[i] for i in range(n)], "float32": [f32[i] for i in range(n)]}
         out = []
         for i, v in enumerate(scal):
-            if type(v) in (int, float):
+            if type(v) in _DEVICE_NUMBERS:
                 out.append(_DeviceScalar(self, i, v))
             else:
                 self.baked.add(i)

@@ -244,8 +244,11 @@ def test_a_legal_step_is_bitwise_equal_to_eager_over_100_steps():
     assert f.report()["replay_mode"] == "cuda graph"
 
 
-def test_a_changed_traced_scalar_is_read_from_the_device():
-    a_values = [0.5, 0.5, 0.5, 0.25, 0.5, 0.75]
+@pytest.mark.parametrize("number", [float, np.float32, np.float64], ids=["float", "np.float32", "np.float64"])
+def test_a_changed_traced_scalar_is_read_from_the_device(number):
+    # 1/3 rounds differently in float32 and float64: w.mul_(a) multiplies in float32 for a
+    # Python float, in float64 for a np.float64 (strongly typed), as eager does
+    a_values = [number(v) for v in (0.5, 0.5, 0.5, 1 / 3, 0.5, 0.75)]
     eager, _ = _train_legal("cuda", False, a_values)
     compiled, f = _train_legal("cuda", True, a_values)
     assert _same(eager, compiled)
@@ -530,3 +533,27 @@ def test_another_thread_allocating_during_the_capture_is_served_by_its_own_alloc
     assert seen["last"] == 8190.0 and not lo <= seen["ptr"] < lo + n
     assert f.report()["replay_mode"] == "cuda graph" and ex.cuda_graph.captures == 1
     assert [x.tobytes() for x in got] == [x.tobytes() for x in eager]
+
+
+@pytest.mark.parametrize("number", [np.float32, np.float64], ids=["np.float32", "np.float64"])
+def test_a_numpy_learning_rate_that_changes_every_step_is_a_device_scalar(number):
+    # A NumPy scalar is strongly typed (its own dtype beside an array, as CuPy and NumPy
+    # promote it): its slot is of its dtype, read by the graph's kernels, never baked
+    from .helpers import batches, make_model, snapshot, train_step
+
+    runs = []
+    for compiled in (False, True):
+        fw.inplace.set_policy("off")
+        model = make_model("mlp").to("cuda")
+        opt = fw.optim.SGD(model.parameters(), lr=number(0.05), momentum=0.9, weight_decay=1e-4)
+        f = fw.compile(train_step(model, opt)) if compiled else train_step(model, opt)
+        out = []
+        for k, (x, y) in enumerate(batches("mlp", 10)):
+            opt.param_groups[0]["lr"] = number(0.05 * 0.97**k)
+            out.append((f(x.to("cuda"), y.to("cuda")).detach().cpu().numpy().copy(), snapshot(model, opt)))
+        runs.append(out)
+    for k, ((loss, state), (want_loss, want_state)) in enumerate(zip(runs[1], runs[0])):
+        assert loss.tobytes() == want_loss.tobytes() and bitwise_equal(state, want_state), f"step {k} differs"
+    graph = f._current().executor.cuda_graph
+    assert f.captures == 2 and f.report()["replay_mode"] == "cuda graph"
+    assert not graph.baked and graph.uncaptured == 0 and graph.launches == 7
