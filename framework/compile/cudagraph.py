@@ -445,6 +445,7 @@ class GraphReplay:
             sum(vals[vid].nbytes for vid in self.args)  # the static input slots
             + 12 * len(ex.scal)  # the device scalars (float64 and float32 slots)
             + sum(vals[vid].nbytes for vid in program.output_refs())  # the copies out
+            + 8 * len(ex.flags)  # the checks' flags (a loss's target range)
         )
         self._uncaptured_layout = plan.layout()
         plan.hold_kernel_allocations(values, nbytes, allocations, extra)

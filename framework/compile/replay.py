@@ -77,6 +77,8 @@ class Executor:
         self.ctxs: dict = {}
         self.arena = None
         self.replay_copy_bytes = 0  # bytes inplace kernels returned elsewhere and replay copied back
+        # on a GPU, each check node's device flag: node index -> (check, flag, args) (_check)
+        self.flags: dict = {}
         self._bind_arena()
         self._build()
 
@@ -156,7 +158,22 @@ class Executor:
             return self._generic_backward(node)
         if kind == "create":
             return self._create(node)
+        if kind == "check":
+            return self._check(node)
         raise RuntimeError(f"fw.compile: no instruction for node kind {kind!r}")
+
+    def _check(self, node):
+        """A check of a tensor's values (``cross_entropy``'s target range), run again. On a GPU
+        it keeps what it finds in a device flag of its own (made once), registered after each
+        call (:meth:`run`): nothing is read back inside the step, or its CUDA graph."""
+        check, args, env, vid = node.info["check"], node.info["args"], self.env, node.inputs[0].id
+        dev = self.program.device
+        if dev is None or dev.type != "cuda":
+            return lambda: check(env[vid], *args)
+        if node.index not in self.flags:
+            self.flags[node.index] = (check, check.new_flag(dev), args)
+        flag = self.flags[node.index][1]
+        return lambda: check(env[vid], *args, flag=flag)
 
     def _create(self, node):
         """A creation recipe (fw.zeros, fw.randn, ...) called again: random draws stay in step."""
@@ -333,6 +350,8 @@ class Executor:
         given = self._write_back(args)
         if graphed:
             graph.handed_out(given)
+        for check, flag, check_args in self.flags.values():  # read later (check_targets), as eager
+            check.defer(flag, *check_args)
         self.ctxs.clear()
         for vid in self.leftovers:  # what the caller got is theirs now; the batch is not kept
             env[vid] = None

@@ -85,7 +85,8 @@ def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind,
     assert len(graph.graph) > 50  # the whole step, in one graph
     # ONE arena holds the planned buffers and every allocation of the kernels (outputs,
     # temporaries, cuDNN workspaces): the graph's kernels touch it, the step's own inputs,
-    # the graph's slots and the pooling's per-geometry constants, nothing else
+    # the graph's slots, the target check's flag and the pooling's per-geometry constants,
+    # nothing else
     from framework.ops.conv_algorithms import pooling
 
     ex, plan = f._current().executor, f.plan
@@ -94,6 +95,8 @@ def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind,
     used = {ref() for _, _, blocks in graph.graph._nodes for ref in blocks}
     own = {ex.arena.data.mem, graph.dscal.data.mem}
     own |= {a.data.mem for a in graph.slots.values()} | {a.data.mem for a in graph.bound.values() if a is not None}
+    own |= {flag.data.mem for _, flag, _ in ex.flags.values()}
+    assert len(ex.flags) == 1  # cross_entropy's target check
     own |= {a.data.mem for cache in (pooling._window_positions, pooling._offset_ranges) for a in cache.values()}
     assert ex.arena.data.mem in used and used <= own
     # the step sets the gradients to None first and updates its state in place: nothing it
@@ -106,6 +109,7 @@ def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind,
         sum(values[v].nbytes for v in graph.slots)
         + 12 * len(ex.scal)
         + sum(values[v].nbytes for v in f.program.output_refs())
+        + 8 * len(ex.flags)
     )
     assert plan.planned_peak_bytes == plan.persistent_bytes + plan.arena_bytes + extra
     text = f.explain(draw=str(tmp_path / "plan.png"), file=io.StringIO())
