@@ -21,6 +21,12 @@ is what the graph holds. The capture runs with an allocator that hands each allo
 place there (:class:`_GraphPool`): nothing reaches CuPy's pool or cudaMalloc during the
 capture. If no graph comes of it, the plan's layout is put back.
 
+What a launch hands to the caller in the graph's memory (a leaf's ``.grad``) stays the
+caller's, as after an eager step: before the memory is written again
+(:meth:`GraphReplay.release`), a tensor the caller kept gets a copy of its values, and a
+caller holding the memory some other way (a view) keeps the whole arena: the step takes a
+new one. The capture's allocator is the capturing thread's only (``using_allocator``).
+
 The traced scalars (learning rate, Adam's step count, ...) are read by the graph's kernels
 from one small device buffer (:class:`_DeviceScalar`), rewritten by one host-to-device
 copy before each launch; a scalar an op uses as a Python number is baked into the graph,
@@ -48,6 +54,7 @@ RECAPTURES = 3
 POOL_ALIGN = 512  # CuPy's pool rounds every request to 512 bytes
 # the memory category of a handed array copied out for a caller who kept it (release())
 _CATEGORY = {"grad": "gradients", "arggrad": "gradients", "param": "parameters", "state": "optimizer_state"}
+_OTHER = "other"  # a buffer or another tensor the step rebound
 
 
 class _AllocationRecorder:
@@ -578,15 +585,16 @@ class GraphReplay:
         gradient, a rebound tensor's array), its array in :attr:`outputs` replaced by the
         handout's."""
         arena = self.executor.arena
-        out, arena = [], arena.data.mem if arena is not None else None
+        mem = arena.data.mem if arena is not None else None
+        out = []
         for wb in program.writebacks:
             arr = self.outputs.get(wb.value) if wb.how in ("grad", "rebind") else None
             # in the arena (an input's own buffer updated in place, e.g. a gradient
             # accumulated into ``.grad``, stays the input's: eager updates it in place too)
-            if arr is not None and arr.data.mem is arena and not any(h.array is arr for h in out):
+            if arr is not None and arr.data.mem is mem and not any(h.array is arr for h in out):
                 own = type(arr)(arr.shape, arr.dtype, memptr=arr.data + 0, strides=arr.strides)
                 self.outputs[wb.value] = own
-                out.append(_Handout(own, _CATEGORY.get(wb.source.kind, "gradients")))
+                out.append(_Handout(own, _CATEGORY.get(wb.source.kind, _OTHER)))
         return out
 
     def _give_up(self, reason: str) -> bool:

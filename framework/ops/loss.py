@@ -51,10 +51,10 @@ def check_targets() -> None:
         flags = list({id(bad): bad for _, _, bad in pending if backend.device_of(bad) == dev}.values())
         with backend.device_context(dev):
             values = backend.to_numpy(get_array_module(flags[0]).stack(flags))
+            for flag, value in zip(flags, values):
+                if value != 0:  # a compiled step's flag is read again after its next calls: cleared
+                    flag.fill(0)
         found.update(zip(map(id, flags), values))
-        for flag, value in zip(flags, values):
-            if value != 0:  # a compiled step's flag is read again after its next calls: cleared
-                flag.fill(0)
     for fn, c, bad in pending:
         if found[id(bad)] != 0:
             raise IndexError(
