@@ -34,7 +34,7 @@ CUPY_ENV = "INPLACE_LAB_CUPY"
 # What each choice loads: (the module used as ``cupy``, the one used as ``cupyx``).
 _CUPY_MODULES = {
     "cupy": ("cupy", "cupyx"),
-    "standin": ("framework.testing.cupy_standin", "framework.testing.cupy_standin.cupyx"),
+    "standin": ("framework.testing.cupy_standin", "framework.testing.cupy_standin._cupyx"),
     "none": None,
 }
 _cupy = None  # the module once imported; False when the import failed
@@ -379,8 +379,8 @@ def add_scaled_(y, x, alpha) -> None:
     (:data:`ADD_SCALED_BLOCK`) through one per-thread scratch buffer: no temporary of
     ``x``'s size. Elsewhere (CuPy, other layouts) the same two operations through ``xp``.
     """
-    if hasattr(alpha, "on_device"):  # a traced scalar of a captured step: read on the device
-        alpha = alpha.on_device(x.dtype)
+    if hasattr(alpha, "in_dtype"):  # a traced scalar of a captured step: read on the device
+        alpha = alpha.in_dtype(y.dtype)
     if isinstance(alpha, (int, float, np.generic)) and y.dtype.kind == "f":
         alpha = y.dtype.type(alpha)  # the hyperparameter in the parameter's dtype, as the kernels take it
     if (

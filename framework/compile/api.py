@@ -176,7 +176,7 @@ class CompiledStep:
                 sig.append((d.shape, d.dtype, d.strides, type(d), _device_index(d), a._requires_grad))
             elif isinstance(a, bool) or a is None or isinstance(a, str):
                 sig.append(("const", a))
-            elif isinstance(a, (int, float)):
+            elif _traced_kind(a):
                 sig.append(type(a))
             else:
                 sig.append(("object", id(a)))
@@ -186,8 +186,9 @@ class CompiledStep:
         )
         opts = []
         for opt in self.optimizers:
-            groups = tuple(
-                tuple((k, v) for k, v in g.items() if k != "params" and not _traced_kind(v)) for g in opt.param_groups
+            groups = tuple(  # traced numbers by type (a NumPy scalar is recorded as an op takes it)
+                tuple((k, type(v) if _traced_kind(v) else v) for k, v in g.items() if k != "params")
+                for g in opt.param_groups
             )
             state = tuple(tuple(opt.state[p]) if p in opt.state else () for g in opt.param_groups for p in g["params"])
             opts.append((groups, state))
@@ -608,7 +609,8 @@ def _timeline_kind(device) -> str:
 
 
 def _traced_kind(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A number the capture traces instead of baking: Python's and NumPy's (not booleans)."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 
 def _holds_sym(v) -> bool:

@@ -1,11 +1,12 @@
 """Capture: run a step eagerly while recording every op into a :class:`Program`.
 
-The :class:`Recorder` is installed as ``framework.autograd.function.capture`` for the
+The :class:`Recorder` is installed as ``framework.autograd.node.capture`` for the
 duration of one call. The eager core calls it from lines that each check that global
 first (``None`` when nothing is captured): one at the top of the apply path of every op
 (``function._apply``), four in the backward engine (the root gradient, each node's
-backward, gradient sums, the accumulation into a leaf's ``.grad``) and one in the
-creation recipes (``creation._filled``). Each hook runs the real eager code with the
+backward, gradient sums, the accumulation into a leaf's ``.grad``), one in the
+creation recipes (``creation._filled``) and one in the losses' target check
+(``loss._check_class_inputs``). Each hook runs the real eager code with the
 recorder switched off (so nothing nested inside a recorded event, such as the view ops a
 ``CopySlices`` backward makes, is recorded twice), then records what happened.
 
@@ -440,6 +441,16 @@ class Recorder:
             final = self._write(arr, node.index, bvid) if arr is barr else self._out_value(arr, node.index, [])
             node.outputs = [final]
         self.leaf_grads[id(leaf)] = (leaf, final)
+
+    def check(self, check, t, *args):
+        """Hook of a check a step makes on a tensor's values outside the ops (``cross_entropy``'s
+        target range): runs it (``check(array, *args)``), records a ``check`` node that runs
+        it again at every call (an effect: never removed)."""
+        vid = self.value_of(t)
+        e0 = self._events()
+        self._run(check, t._data, *args)
+        node = self.program.add_node("check", inputs=[Ref(vid)], site=call_site())
+        node.info.update(check=check, args=args, label=check.label, events=(e0, self._events()))
 
     def root_grad(self, g):
         """Hook of ``backward()``'s implicit gradient of a scalar: ones."""

@@ -21,6 +21,12 @@ is what the graph holds. The capture runs with an allocator that hands each allo
 place there (:class:`_GraphPool`): nothing reaches CuPy's pool or cudaMalloc during the
 capture. If no graph comes of it, the plan's layout is put back.
 
+What a launch hands to the caller in the graph's memory (a leaf's ``.grad``) stays the
+caller's, as after an eager step: before the memory is written again
+(:meth:`GraphReplay.release`), a tensor the caller kept gets a copy of its values, and a
+caller holding the memory some other way (a view) keeps the whole arena: the step takes a
+new one. The capture's allocator is the capturing thread's only (``using_allocator``).
+
 The traced scalars (learning rate, Adam's step count, ...) are read by the graph's kernels
 from one small device buffer (:class:`_DeviceScalar`), rewritten by one host-to-device
 copy before each launch; a scalar an op uses as a Python number is baked into the graph,
@@ -37,6 +43,7 @@ import operator
 import os
 import re
 import sys
+import weakref
 
 import numpy as np
 
@@ -45,6 +52,9 @@ from .plan import greedy_by_size
 
 RECAPTURES = 3
 POOL_ALIGN = 512  # CuPy's pool rounds every request to 512 bytes
+# the memory category of a handed array copied out for a caller who kept it (release())
+_CATEGORY = {"grad": "gradients", "arggrad": "gradients", "param": "parameters", "state": "optimizer_state"}
+_OTHER = "other"  # a buffer or another tensor the step rebound
 
 
 class _AllocationRecorder:
@@ -136,12 +146,18 @@ class _GraphPool:
     """The allocator CuPy uses while the step is captured: the k-th allocation gets its
     planned place in the graph's arena (allocated before the capture), so nothing reaches
     CuPy's pool or cudaMalloc while the stream captures. A request that is not the
-    recorded one (another size, one more) raises: the capture fails with that reason."""
+    recorded one (another size, one more) raises: the capture fails with that reason.
+
+    It is the capturing thread's allocator only (``cupy.cuda.using_allocator``, which is
+    thread-local, and works inside a caller's own ``using_allocator`` block, where CuPy
+    refuses ``set_allocator``): another thread allocating meanwhile gets its memory from
+    its own allocator, never from the arena."""
 
     def __init__(self, xp, arena, sizes, offsets):
         self.xp, self.arena, self.sizes, self.offsets = xp, arena, sizes, offsets
         self.next = 0
         self.previous = None
+        self._using = None
 
     def malloc(self, size: int):
         size = int(size)
@@ -161,18 +177,25 @@ class _GraphPool:
 
     def __enter__(self):
         self.previous = self.xp.cuda.get_allocator()
-        self.xp.cuda.set_allocator(self.malloc)
+        self._using = self.xp.cuda.using_allocator(self.malloc)
+        self._using.__enter__()
         return self
 
-    def __exit__(self, *_):
-        self.xp.cuda.set_allocator(self.previous)
+    def __exit__(self, *exc):
+        self._using.__exit__(*exc)
+
+
+# The numbers a graph reads from the device: Python's (weakly typed: beside an array they
+# take its dtype) and NumPy's floating scalars (strongly typed: they keep their own, as
+# CuPy's CScalar and NumPy's NEP 50 promote them), by type -> their own dtype or None.
+_DEVICE_NUMBERS = {int: None, float: None, np.float32: "float32", np.float64: "float64"}
 
 
 class _DeviceScalar:
     """A traced scalar of a captured step, as its kernels see it: where an op multiplies an
-    array by it (``Add``/``Sub``'s ``alpha``, ``backend.add_scaled_``), the kernel reads a
-    0-d device array of the array's dtype (a slot of :attr:`GraphReplay.dscal`, rewritten
-    by one host-to-device copy before each launch), so the graph follows a learning-rate
+    array by it (``Add``/``Sub``'s ``alpha``, ``Mul``, ``Div``, ``backend.add_scaled_``),
+    the kernel reads a 0-d device array (a slot of :attr:`GraphReplay.dscal`, rewritten by
+    one host-to-device copy before each launch), so the graph follows a learning-rate
     schedule. Comparisons read the host value (the capture recorded guards on them, checked
     at every call). Any other use (``float()``, Python arithmetic, another dtype) bakes the
     value into the graph: the slot is then compared at every call, and a call with another
@@ -184,6 +207,12 @@ class _DeviceScalar:
         self.owner, self.slot, self.value = owner, slot, value
 
     def on_device(self, dtype):
+        """The number as an operand beside an array of ``dtype``, as eager passes it: a
+        Python number in ``dtype`` (weak), a NumPy scalar in its own dtype (strong)."""
+        return self.in_dtype(_DEVICE_NUMBERS.get(type(self.value)) or dtype)
+
+    def in_dtype(self, dtype):
+        """The number converted to ``dtype`` (as ``backend.add_scaled_`` takes any number)."""
         views = self.owner.dscal_views.get(getattr(dtype, "name", str(dtype)))
         if views is None:
             return self._bake()
@@ -238,6 +267,27 @@ _DeviceScalar.__pow__ = lambda self, other: self._bake() ** other
 _DeviceScalar.__rpow__ = lambda self, other: other ** self._bake()
 
 
+class _Handout:
+    """An array a graph launch hands to the caller in the graph's own memory: a leaf's new
+    ``.grad``, or the new array of a rebound tensor. ``array`` is a base-less array of its
+    own over those bytes (made once per capture), so whatever the caller makes from the
+    tensor (the tensor itself, a view of it, a detached tensor, the raw array or pointer)
+    holds a reference to it or to its pointer; ``refs`` are their reference counts while
+    only the graph holds them. ``tensors``: the tensors the last launch handed it in."""
+
+    __slots__ = ("array", "refs", "tensors", "category")
+
+    def __init__(self, array, category: str):
+        self.array, self.category, self.tensors, self.refs = array, category, [], None
+
+
+def _refs(array) -> tuple:
+    """The reference counts that tell whether anything besides the graph holds ``array``:
+    the array's (views and tensors sharing it hold it) and its pointer's. Always called
+    the same way, so the counts compare."""
+    return sys.getrefcount(array), sys.getrefcount(array.data)
+
+
 class GraphReplay:
     """The CUDA-graph replay of one executor (a program on a GPU).
 
@@ -247,6 +297,9 @@ class GraphReplay:
             first try).
         captures: how many captures were tried; ``launches``: calls replayed by the graph;
         ``uncaptured``: calls that ran uncaptured after a graph existed (scalars changed).
+        kept_copies: arrays the caller still held in a tensor at a later call, copied out
+            of the graph's memory before it was written again (:meth:`release`);
+        arenas_left: arenas left to a caller who held graph memory some other way.
     """
 
     def __init__(self, executor):
@@ -275,6 +328,10 @@ class GraphReplay:
         self.dscal = None
         self.dscal_views: dict = {}  # dtype name -> [0-d view per slot]
         self.baked: set = set()  # slots whose value the graph baked in (compared at each call)
+        # what the last launch handed to the caller in the graph's memory (gradients, rebound
+        # arrays): released before anything writes that memory again (release())
+        self.handed: list = []
+        self.kept_copies = self.arenas_left = 0
 
     # --- calling -----------------------------------------------------------------------
     def run(self, scal) -> bool:
@@ -305,6 +362,50 @@ class GraphReplay:
                 return False
         self._launch()
         return True
+
+    def release(self) -> None:
+        """Before the graph's memory is written again (a launch, or a replay node by node on
+        the graph's layout): what the last launch handed to the caller must stay as the
+        caller left it, as after an eager step. A tensor the caller still holds (a kept
+        ``.grad``) gets a copy of its values (one copy each) and the graph its memory back.
+        Anything else still holding those bytes (a view of the tensor, a tensor sharing its
+        array, the raw array or pointer) cannot be pointed elsewhere: the arena is left to
+        it (freed when it lets go) and the step takes a new one, captured again (as PyTorch's
+        CUDA graph trees record again when a live tensor would be overwritten)."""
+        if not self.handed:
+            return
+        handed, self.handed = self.handed, []
+        pinned = False
+        with backend.device_context(self.device):
+            for h in handed:
+                for ref in h.tensors:
+                    t = ref()
+                    if t is not None and t._data is h.array:
+                        t._data = memory.track(h.array.copy(), h.category)
+                        self.kept_copies += 1
+                h.tensors = []
+                pinned = pinned or _refs(h.array) != h.refs
+        self.handed = handed
+        if pinned:
+            self._leave_arena()
+
+    def _leave_arena(self) -> None:
+        """The arena is held by the caller: a new one, and the graph captured again on it."""
+        self.handed = []
+        self.arenas_left += 1
+        self.graph = None
+        if self.captures > RECAPTURES:
+            self.failed = True
+            self.reason = f"the caller held the graph's memory past {self.arenas_left} calls; the graph was given up"
+            self._put_back()  # binds a new arena too
+        else:
+            self.executor.rebuild()
+
+    def handed_out(self, given: dict) -> None:
+        """After a launch's write-backs: ``given`` maps each handed value to the tensors
+        that now hold it (see :meth:`release`)."""
+        for h in self.handed:
+            h.tensors = [weakref.ref(t) for t in given.get(id(h.array), ())]
 
     def wants_recording(self) -> bool:
         """Whether the uncaptured replay about to run should be recorded (:meth:`recording`)."""
@@ -351,6 +452,7 @@ class GraphReplay:
             sum(vals[vid].nbytes for vid in self.args)  # the static input slots
             + 12 * len(ex.scal)  # the device scalars (float64 and float32 slots)
             + sum(vals[vid].nbytes for vid in program.output_refs())  # the copies out
+            + 8 * len(ex.flags)  # the checks' flags (a loss's target range)
         )
         self._uncaptured_layout = plan.layout()
         plan.hold_kernel_allocations(values, nbytes, allocations, extra)
@@ -359,6 +461,7 @@ class GraphReplay:
 
     def _put_back(self) -> None:
         """No graph after all: the plan's layout as it was (kernels allocate again)."""
+        self.handed = []  # the arena they live in is left to their holders (rebuild binds a new one)
         if self._uncaptured_layout is not None:
             self.executor.plan.set_layout(self._uncaptured_layout)
             self.executor.rebuild()
@@ -370,7 +473,7 @@ class GraphReplay:
             for vid, slot in self.slots.items():
                 xp.copyto(slot, env[vid])  # copy-in: the graph reads the slot
             if self._uploads():
-                values = [v if type(v) in (int, float) else 0 for v in self.executor.scal]  # others: baked
+                values = [v if type(v) in _DEVICE_NUMBERS else 0 for v in self.executor.scal]  # others: baked
                 n = len(values)
                 host = np.empty(12 * n, dtype=np.uint8)
                 host[: 8 * n].view(np.float64)[:] = values
@@ -387,7 +490,8 @@ class GraphReplay:
         return self.dscal is not None and len(self.baked) < len(self.executor.scal)
 
     def _device_scalars(self, scal) -> list:
-        """The traced scalars as :class:`_DeviceScalar` (numbers only; others stay, baked)."""
+        """The traced scalars as :class:`_DeviceScalar` (numbers only: Python's, NumPy's
+        float32 and float64; others stay, baked)."""
         xp, n = self.xp, len(scal)
         if self.dscal is None or self.dscal.nbytes != 12 * n:
             self.dscal = memory.track(xp.empty(12 * n, dtype=xp.uint8), "workspace")
@@ -395,7 +499,7 @@ class GraphReplay:
             self.dscal_views = {"float64": [f64[i] for i in range(n)], "float32": [f32[i] for i in range(n)]}
         out = []
         for i, v in enumerate(scal):
-            if type(v) in (int, float):
+            if type(v) in _DEVICE_NUMBERS:
                 out.append(_DeviceScalar(self, i, v))
             else:
                 self.baked.add(i)
@@ -470,8 +574,28 @@ class GraphReplay:
             wb.value for wb in program.writebacks if wb.value is not None and wb.how not in ("scalar", "const")
         ]
         self.outputs = {vid: env[vid] for vid in sinks if env[vid] is not None}
+        self.handed = self._handouts(program)
+        for h in self.handed:  # only the graph holds them now (outputs and handed)
+            h.refs = _refs(h.array)
         self.reason = None
         return True
+
+    def _handouts(self, program) -> list:
+        """A :class:`_Handout` for each array a launch hands to the caller in the arena (a
+        gradient, a rebound tensor's array), its array in :attr:`outputs` replaced by the
+        handout's."""
+        arena = self.executor.arena
+        mem = arena.data.mem if arena is not None else None
+        out = []
+        for wb in program.writebacks:
+            arr = self.outputs.get(wb.value) if wb.how in ("grad", "rebind") else None
+            # in the arena (an input's own buffer updated in place, e.g. a gradient
+            # accumulated into ``.grad``, stays the input's: eager updates it in place too)
+            if arr is not None and arr.data.mem is mem and not any(h.array is arr for h in out):
+                own = type(arr)(arr.shape, arr.dtype, memptr=arr.data + 0, strides=arr.strides)
+                self.outputs[wb.value] = own
+                out.append(_Handout(own, _CATEGORY.get(wb.source.kind, _OTHER)))
+        return out
 
     def _give_up(self, reason: str) -> bool:
         self.failed = True

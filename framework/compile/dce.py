@@ -4,7 +4,8 @@ A node is kept when it has an effect or something needs what it made:
 
 - an effect: it draws random numbers (dropout, ``normal_``, ``fw.randn``: removing it
   would shift the generator for every later draw), it writes into a program input's
-  buffer (an optimizer update, a running statistic), or it talks to other processes;
+  buffer (an optimizer update, a running statistic), it talks to other processes, or it
+  checks values (a loss's target range);
 - a need: a value it produced (an output, a side output, or a new version of a buffer
   it wrote) is read by a kept node, returned, or written back; reading a view or a
   version of a buffer needs the node that made the buffer; a kept backward node needs
@@ -35,6 +36,8 @@ def _has_effect(node, program, classes) -> bool:
         return False
     if kind == "create":
         return node.info.get("label") not in _PURE_CREATE
+    if kind == "check":  # raises, or keeps what it found for check_targets()
+        return True
     if kind == "grad_sum" and node.inplace:
         return program.values[classes.of[node.outputs[0]]].source is not None
     return False

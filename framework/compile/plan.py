@@ -7,8 +7,8 @@ value the step returns or writes back is live to the end. Each class gets a *pla
 ``external``  a program input's buffer (a parameter, a batch, optimizer state): not planned
 ``arena``     an offset in the one arena (the kernel writes through ``out=``)
 ``kernel``    the kernel allocates it at replay (ops that cannot write into a given buffer,
-              side outputs, values returned to the caller or handed to persistent state);
-              it is freed after its last use, as eager would
+              side outputs, values returned to the caller, handed to persistent state or
+              to a leaf's ``.grad``); it is freed after its last use, as eager would
 
 Arena classes are placed greedy by size, largest first, each at the lowest offset (16-byte
 aligned) that no already placed class with an overlapping interval occupies: TFLite's
@@ -128,11 +128,18 @@ def _handed_over(program, classes) -> set:
     return {classes.of[wb.value] for wb in program.writebacks if wb.how == "rebind" and wb.value is not None}
 
 
+def _gradients(program, classes) -> set:
+    """Classes whose array becomes a leaf's ``.grad``: the caller may keep it past the next
+    call (as after an eager step), so no later buffer may share its bytes."""
+    return {classes.of[wb.value] for wb in program.writebacks if wb.how == "grad" and wb.value is not None}
+
+
 def place(program, classes: AliasClasses) -> tuple[dict, dict]:
     """The placement of every class and, for those not in the arena, why."""
     placement, why = {}, {}
     returned = _returned_classes(program, classes)
     handed = _handed_over(program, classes)
+    grads = _gradients(program, classes)
     values, nodes = program.values, program.nodes
     for c in classes.members:
         owner = values[c]
@@ -148,6 +155,8 @@ def place(program, classes: AliasClasses) -> tuple[dict, dict]:
             reason = "returned to the caller"
         elif c in handed:
             reason = "becomes persistent state"
+        elif c in grads:
+            reason = "handed to the caller as a gradient"
         elif not owner.dense:
             reason = "strided output"
         elif producer is None or owner.id not in producer.outputs:

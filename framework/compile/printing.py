@@ -82,7 +82,8 @@ def format_node(program, n) -> str:
     site = _site(n.site)
     if site:
         notes.append(site)
-    line = f"{_vals(program, n.outputs, n.info.get('grad'))} = {body}"
+    outs = _vals(program, n.outputs, n.info.get("grad"))
+    line = f"{outs} = {body}" if outs else body  # a check makes nothing
     return f"{line:<72}  # {', '.join(notes)}" if notes else line
 
 

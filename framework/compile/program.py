@@ -146,6 +146,7 @@ class Node:
     #       result_copied (an inplace kernel that returned another array: replay copies back)
     # backward: fwd (forward node index), reuse_grad, grad (value id of the incoming gradient)
     # create: recipe (callable (xp, shape, dtype) -> array), device
+    # check: check (callable (array, *args, flag=None), see loss.TargetRangeCheck), args
     # fill: fill_value
     info: dict = field(default_factory=dict)
     reinplaced: bool = False  # made inplace by the re-inplace pass (not by the step itself)
@@ -160,8 +161,8 @@ class Node:
             return op.__name__
         if self.kind == "backward":
             return self.info.get("label") or self.op.node_name
-        if self.kind == "create":
-            return self.info.get("label", "create")
+        if self.kind in ("create", "check"):
+            return self.info.get("label", self.kind)
         return self.kind
 
     def value_refs(self) -> list[int]:

@@ -77,6 +77,8 @@ class Executor:
         self.ctxs: dict = {}
         self.arena = None
         self.replay_copy_bytes = 0  # bytes inplace kernels returned elsewhere and replay copied back
+        # on a GPU, each check node's device flag: node index -> (check, flag, args) (_check)
+        self.flags: dict = {}
         self._bind_arena()
         self._build()
 
@@ -156,7 +158,22 @@ class Executor:
             return self._generic_backward(node)
         if kind == "create":
             return self._create(node)
+        if kind == "check":
+            return self._check(node)
         raise RuntimeError(f"fw.compile: no instruction for node kind {kind!r}")
+
+    def _check(self, node):
+        """A check of a tensor's values (``cross_entropy``'s target range), run again. On a GPU
+        it keeps what it finds in a device flag of its own (made once), registered after each
+        call (:meth:`run`): nothing is read back inside the step, or its CUDA graph."""
+        check, args, env, vid = node.info["check"], node.info["args"], self.env, node.inputs[0].id
+        dev = self.program.device
+        if dev is None or dev.type != "cuda":
+            return lambda: check(env[vid], *args)
+        if node.index not in self.flags:
+            self.flags[node.index] = (check, check.new_flag(dev), args)
+        flag = self.flags[node.index][1]
+        return lambda: check(env[vid], *args, flag=flag)
 
     def _create(self, node):
         """A creation recipe (fw.zeros, fw.randn, ...) called again: random draws stay in step."""
@@ -314,9 +331,11 @@ class Executor:
         self.scal[:] = evaluate(program.scalars, scalar_inputs) if program.scalars else ()
         for leaf in program.cleared_grads:  # the step's zero_grad(set_to_none=True)
             leaf._grad = None
+        graph = self.cuda_graph
+        if graph is not None:  # what the last launch handed out stays the caller's
+            graph.release()
         self.bind_inputs(args)
         env = self.env
-        graph = self.cuda_graph
         graphed = graph is not None and graph.run(self.scal)
         g = self.globals  # after graph.run: laying out the graph's arena rebuilds the function
         if not graphed:
@@ -328,7 +347,11 @@ class Executor:
             else:
                 self._replay()
         result = self._outputs(program.outputs, graphed)
-        self._write_back(args)
+        given = self._write_back(args)
+        if graphed:
+            graph.handed_out(given)
+        for check, flag, check_args in self.flags.values():  # read later (check_targets), as eager
+            check.defer(flag, *check_args)
         self.ctxs.clear()
         for vid in self.leftovers:  # what the caller got is theirs now; the batch is not kept
             env[vid] = None
@@ -350,8 +373,11 @@ class Executor:
             return {k: self._outputs(t, copy) for k, t in template.items()}
         return template
 
-    def _write_back(self, args) -> None:
+    def _write_back(self, args) -> dict:
+        """Puts the step's results where eager leaves them; returns ``{id(array): [tensors]}``
+        for the arrays it handed to gradients and rebound tensors."""
         env = self.env
+        given: dict = {}
         for wb in self.program.writebacks:
             src, how = wb.source, wb.how
             if how == "scalar":
@@ -363,22 +389,27 @@ class Executor:
             if how == "grad":
                 leaf = args[src.key] if src.kind == "arggrad" else src.obj
                 leaf._grad = None if wb.value is None else _wrap(env[wb.value])
+                if leaf._grad is not None:
+                    given.setdefault(id(leaf._grad._data), []).append(leaf._grad)
                 continue
             arr = env[wb.value]
             t = src.tensor(args) if src.kind != "state" else src.obj[0].state.get(src.obj[1], {}).get(src.key)
             if how == "rebind":
                 if src.kind == "state" and t is None:
                     opt, p = src.obj
-                    opt.state.setdefault(p, {})[src.key] = _wrap(arr)
+                    t = opt.state.setdefault(p, {})[src.key] = _wrap(arr)
                     memory.retag(arr, "optimizer_state")
+                    given.setdefault(id(arr), []).append(t)
                     continue
                 t._data = arr
+                given.setdefault(id(arr), []).append(t)
                 if src.kind == "param":
                     memory.retag(arr, "parameters")
                 elif src.kind == "state":
                     memory.retag(arr, "optimizer_state")
             if t is not None:
                 t._vc.bump("compiled step", ("<compiled step>", 0))
+        return given
 
 
 def _set_scalar(src, value) -> None:

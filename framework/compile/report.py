@@ -59,24 +59,29 @@ def _replay_mode(entry) -> dict:
     ``replay_launches`` (the launches of one graph replay: the graph, its input copies and
     its copies out; None when it does not replay as a graph), ``graph_captures``,
     ``arena_kernel_allocations`` (how many of the kernels' own allocations the plan's
-    arena holds: all of them once the step is laid out for a graph, else 0)."""
+    arena holds: all of them once the step is laid out for a graph, else 0),
+    ``kept_copies`` (arrays the caller still held in a tensor when the graph's memory was
+    to be written again, copied out first) and ``arenas_left`` (arenas left to a caller who
+    held graph memory otherwise: a view, a detached tensor)."""
     ex = entry.executor
     graph = ex.cuda_graph if ex is not None else None
     dev = entry.program.device
+    none = {"graph_captures": 0, "arena_kernel_allocations": 0, "kept_copies": 0, "arenas_left": 0}
     if dev is None or dev.type == "cpu":
-        return {"replay_mode": "cpu", "replay_launches": None, "graph_captures": 0, "arena_kernel_allocations": 0}
+        return {"replay_mode": "cpu", "replay_launches": None, **none}
     if graph is None:
         return {
             "replay_mode": "uncaptured: CUDA graphs off (fw.compile(cuda_graph=False))",
             "replay_launches": None,
-            "graph_captures": 0,
-            "arena_kernel_allocations": 0,
+            **none,
         }
     return {
         "replay_mode": graph.mode(),
         "replay_launches": graph.launches_per_replay(),
         "graph_captures": graph.captures,
         "arena_kernel_allocations": len(entry.plan.kernel_allocations),
+        "kept_copies": graph.kept_copies,
+        "arenas_left": graph.arenas_left,
     }
 
 

@@ -2,8 +2,9 @@
 
 A captured step bakes every Python number an op receives into its attributes, except
 the ones that are expected to change between calls: the optimizer's hyperparameters
-(``lr`` under a schedule), Python numbers in optimizer state (Adam's ``step``) and the
-number arguments of the step. During capture those are :class:`Sym` objects: they behave
+(``lr`` under a schedule), numbers in optimizer state (Adam's ``step``) and the number
+arguments of the step, Python's and NumPy's scalars alike (a NumPy scalar keeps its type
+through the recorded operations, as in eager). During capture those are :class:`Sym` objects: they behave
 like the number they hold, and every arithmetic operation on them returns a new ``Sym``
 that remembers the operation. At replay the recorded operations run again, on the new
 inputs, with the same Python operators, so the scalars are bitwise what eager computes.
@@ -21,7 +22,10 @@ asking, so a silent use could never be detected.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
+
+import numpy as np
 
 _BINARY = {
     "add": operator.add,
@@ -32,7 +36,7 @@ _BINARY = {
     "mod": operator.mod,
     "pow": operator.pow,
 }
-_UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": abs, "sqrt": math.sqrt}
+_UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": abs, "sqrt": math.sqrt, "item": lambda v: v.item()}
 _COMPARE = {
     "eq": operator.eq,
     "ne": operator.ne,
@@ -102,6 +106,8 @@ class Sym:
     """A traced Python number (see the module docstring)."""
 
     __slots__ = ("_tape", "_slot", "_value")
+    # NumPy scalars on the left (``np.float32(2) * lr``) defer to the Sym's reflected methods
+    __array_ufunc__ = None
 
     def __init__(self, tape: Tape, slot: int, value):
         self._tape, self._slot, self._value = tape, slot, value
@@ -115,7 +121,7 @@ class Sym:
 
     # --- arithmetic: a new Sym that remembers the operation ---------------------------
     def _binary(self, name, other, reflected=False):
-        if not isinstance(other, (Sym, int, float)):
+        if not isinstance(other, (Sym, numbers.Real)):
             return NotImplemented
         tape = self._tape
         a, av = _operand(tape, self)
@@ -182,9 +188,14 @@ class Sym:
         """``math.sqrt`` of the number, kept symbolic."""
         return self._unary("sqrt")
 
+    def as_python(self) -> Sym:
+        """The number as an op's operand takes it (PyTorch's rule: a NumPy scalar is a Python
+        number, ``item()``), kept symbolic; a Python number is itself."""
+        return self._unary("item") if isinstance(self._value, np.generic) else self
+
     # --- control flow and conversions: guards ---------------------------------------------
     def _compare(self, name, other):
-        if not isinstance(other, (Sym, int, float)):
+        if not isinstance(other, (Sym, numbers.Real)):
             return NotImplemented
         tape = self._tape
         b, bv = _operand(tape, other)

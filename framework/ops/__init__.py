@@ -57,7 +57,7 @@ def _as_type(v, dtype, opmath=False):
     round the result once: it becomes a float32 scalar, which :func:`_opmath` sees.
     """
     if dtype is None or v is None:  # a traced number (see promotion.result_type), no bound
-        return v
+        return v.as_python() if hasattr(v, "as_python") else v
     if isinstance(v, Tensor):
         return v if v._data.dtype == dtype else cast(v, dtype)
     if dtype.kind == "V":  # NumPy would take a Python float with bfloat16 as float32
@@ -102,8 +102,8 @@ def _inplace_operand(x, other, floating=False, opmath=False):
     elif x._data.dtype.kind in _KEEPS_KIND.get(other.__class__, "") and not floating:
         return other
     r = _promotion.result_type(x, other)
-    if r is None:  # a traced number
-        return other
+    if r is None:  # a traced number: as a Python number, as a NumPy scalar becomes one below
+        return other.as_python() if hasattr(other, "as_python") else other
     if floating and _promotion.kind_rank(r) < 2:
         r = _DEFAULT_FLOAT
     _promotion.check_cast(r, x._data.dtype)

@@ -15,11 +15,14 @@ out-of-range target is NaN at once, and :func:`check_targets` raises the IndexEr
 reading every pending check in one transfer. The trainer calls it at each log point
 and before it reports a non-finite loss; it also runs by itself every
 :data:`CHECK_EVERY` loss calls. On the CPU the check raises in the call, as before.
+A compiled step runs the check again at every call, replayed or launched as a CUDA graph
+(:class:`TargetRangeCheck`).
 """
 
 from __future__ import annotations
 
 from .. import backend, memory
+from ..autograd import node as _node
 from ..autograd.function import Function
 from ..backend import get_array_module
 from ..tensor import Tensor
@@ -45,9 +48,12 @@ def check_targets() -> None:
     _pending.clear()
     found = {}
     for dev in dict.fromkeys(backend.device_of(bad) for _, _, bad in pending):  # one transfer per device
-        flags = [bad for _, _, bad in pending if backend.device_of(bad) == dev]
+        flags = list({id(bad): bad for _, _, bad in pending if backend.device_of(bad) == dev}.values())
         with backend.device_context(dev):
             values = backend.to_numpy(get_array_module(flags[0]).stack(flags))
+            for flag, value in zip(flags, values):
+                if value != 0:  # a compiled step's flag is read again after its next calls: cleared
+                    flag.fill(0)
         found.update(zip(map(id, flags), values))
     for fn, c, bad in pending:
         if found[id(bad)] != 0:
@@ -56,13 +62,61 @@ def check_targets() -> None:
             )
 
 
-def _defer_target_check(fn, t, c) -> None:
-    """The GPU's target check: one reduction kernel, read back later by :func:`check_targets`."""
-    if c == 0:  # every target is out of range (and 0 could not mark one): no device read needed
-        raise IndexError(f"{fn}: every target is out of bounds: the input has 0 classes")
-    _pending.append((fn, c, K.bad_target(t, c)))
+def _defer(fn, c, bad) -> None:
+    """Registers a device flag (a bad target, or 0) for :func:`check_targets`."""
+    _pending.append((fn, c, bad))
     if len(_pending) >= CHECK_EVERY:
         check_targets()
+
+
+class TargetRangeCheck:
+    """The range check of class-index targets, ``[0, C)``: one place for an eager loss call
+    and for a compiled step, which records it (it is not an op) and runs it again at every
+    call (a ``check`` node of framework/compile).
+
+    On the CPU it raises the IndexError in the call (one host read). On a GPU nothing is
+    read back inside the step: one reduction kernel finds a bad target (or 0), and the
+    check is deferred to :func:`check_targets`. A compiled step on a GPU keeps a device
+    flag of its own per check (:meth:`new_flag`, passed as ``flag``): each call keeps the
+    first bad target it has seen in it, inside the step's kernels (its CUDA graph), and
+    the step registers the flag after each call (:meth:`defer`); check_targets clears a
+    flag it read as bad.
+    """
+
+    label = "target_check"
+
+    def __call__(self, t, fn, c, flag=None) -> None:
+        """Checks the targets ``t`` (an array) of loss ``fn`` against ``c`` classes."""
+        if not t.shape[0]:
+            return
+        if on_gpu(t):
+            if c == 0:  # every target is out of range (and 0 could not mark one): no device read needed
+                raise IndexError(f"{fn}: every target is out of bounds: the input has 0 classes")
+            bad = K.bad_target(t, c)
+            if flag is None:
+                _defer(fn, c, bad)
+            else:  # kept while the flag holds none (0): the first bad target since it was read
+                get_array_module(t).copyto(flag, bad, where=flag == 0)
+            return
+        xp = get_array_module(t)
+        lo, hi = (int(v) for v in backend.to_numpy(xp.stack((xp.min(t), xp.max(t)))))
+        if lo < 0 or hi >= c:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"{fn}: Target {bad} is out of bounds: class indices must be in [0, {c - 1}]")
+
+    @staticmethod
+    def new_flag(device):
+        """A compiled step's flag for one check on ``device``: a 0-d int64 device array, 0."""
+        with backend.device_context(device):
+            return memory.track(backend.xp_for(device).zeros((), dtype="int64"), "workspace")
+
+    @staticmethod
+    def defer(flag, fn, c) -> None:
+        """After a compiled step's call: its flag, registered for :func:`check_targets`."""
+        _defer(fn, c, flag)
+
+
+target_range_check = TargetRangeCheck()
 
 
 def _check_reduction(reduction):
@@ -106,17 +160,13 @@ def _check_class_inputs(fn, x, target, log_probs_name):
         )
     if target.shape[0] and target.device != x.device:
         raise RuntimeError(f"{fn}: input is on {x.device} but target is on {target.device}")
-    if target.shape[0] and on_gpu(target._data):
-        # Needed on a GPU too (CuPy wraps an out-of-range index around), but not read back
-        # inside the step: deferred to check_targets().
-        _defer_target_check(fn, target._data, x.shape[1])
-    elif target.shape[0]:
-        xp, t = target.xp, target._data
-        lo, hi = (int(v) for v in backend.to_numpy(xp.stack((xp.min(t), xp.max(t)))))
-        c = x.shape[1]
-        if lo < 0 or hi >= c:
-            bad = lo if lo < 0 else hi
-            raise IndexError(f"{fn}: Target {bad} is out of bounds: class indices must be in [0, {c - 1}]")
+    # Needed on a GPU too (CuPy wraps an out-of-range index around); a step being compiled
+    # records it, to run it again at every call
+    capture = _node.capture
+    if capture is not None:
+        capture.check(target_range_check, target, fn, x.shape[1])
+    else:
+        target_range_check(target._data, fn, x.shape[1])
 
 
 class CrossEntropy(Function):

@@ -109,7 +109,10 @@ def _from_host(host: numpy.ndarray) -> ndarray:
 
 def _h2d(host: numpy.ndarray) -> ndarray:
     """A host-to-device copy (``cupy.asarray`` of a NumPy array): one transfer, counted as
-    a launch of kind ``"h2d"`` (CuPy queues it on the stream; the host does not wait)."""
+    a launch of kind ``"h2d"`` (CuPy queues it on the stream; the host does not wait).
+    Refused with CuPy's RuntimeError while the current stream captures."""
+    if _graph._captures and _graph.current_capture() is not None:
+        raise RuntimeError(_graph.H2D_MESSAGE)
     res = _from_host(host)
     _launch("h2d", res.nbytes)
     return res
@@ -592,9 +595,8 @@ class ndarray:
             raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
         if not (self._a.flags.c_contiguous or self._a.flags.f_contiguous):
             raise RuntimeError("Cannot set to non-contiguous array")
-        capture = _graph.current_capture()
-        if capture is not None:  # a host-to-device copy during capture, refused before any write
-            raise _graph.fail(capture)
+        if _graph.current_capture() is not None:  # CuPy checks the stream before CUDA: the capture goes on
+            raise RuntimeError(_graph.H2D_MESSAGE)
         numpy.copyto(self._a, arr)
         _launch("h2d", self.nbytes)
 

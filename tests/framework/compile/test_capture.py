@@ -168,7 +168,9 @@ def test_policy_and_grad_mode_are_guarded():
     assert f.captures == n + 1
 
 
-def test_a_traced_learning_rate_needs_no_capture_and_gives_eager_numbers():
+@pytest.mark.parametrize("number", [float, np.float32, np.float64], ids=["float", "np.float32", "np.float64"])
+def test_a_traced_learning_rate_needs_no_capture_and_gives_eager_numbers(number):
+    # NumPy scalars are traced as Python numbers are (not baked as constants of the step)
     results = []
     for compiled in (False, True):
         model, opt = _setup()
@@ -179,7 +181,7 @@ def test_a_traced_learning_rate_needs_no_capture_and_gives_eager_numbers():
             return step(x, y)
 
         f = fw.compile(scheduled) if compiled else scheduled
-        losses = [f(x, y, 0.1 / (k + 1)).item() for k, (x, y) in enumerate(batches("mlp", 5))]
+        losses = [f(x, y, number(0.1 / (k + 1))).item() for k, (x, y) in enumerate(batches("mlp", 5))]
         results.append((losses, [p.detach().numpy().copy() for p in model.parameters()]))
         if compiled:
             assert f.captures == 2
@@ -337,3 +339,25 @@ def test_a_step_that_accumulates_gradients_reads_them_and_keyword_arguments_work
             assert any(v.source.kind == "grad" for v in (f.program.values[i] for i in f.program.inputs))
     assert results[0][0] == results[1][0]
     assert all(a.tobytes() == b.tobytes() for a, b in zip(results[0][1], results[1][1]))
+
+
+@pytest.mark.parametrize("number", [float, np.float32, np.float64], ids=["float", "np.float32", "np.float64"])
+def test_a_traced_number_is_an_operand_as_eager_takes_it(number):
+    # An op takes a NumPy scalar as a Python number (PyTorch's promotion): w.mul_(a) with a
+    # np.float64 multiplies in float32, as eager does; w.add_(v, alpha=a) passes alpha on as is
+    def step(w, v, a):
+        with fw.no_grad():
+            w.mul_(a)
+            w.add_(v, alpha=a)
+
+    got = []
+    for compiled in (False, True):
+        rng = np.random.default_rng(0)
+        w, v = (fw.from_numpy(rng.standard_normal(64).astype(np.float32)) for _ in range(2))
+        f = fw.compile(step, modules=[], optimizers=[]) if compiled else step
+        for a in (0.5, 1 / 3, 0.1, 0.7, 1 / 3):
+            f(w, v, number(a))
+        got.append(w.detach().numpy().copy())
+        if compiled:
+            assert f.captures == 1
+    assert got[0].tobytes() == got[1].tobytes()

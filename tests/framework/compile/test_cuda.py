@@ -85,7 +85,8 @@ def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind,
     assert len(graph.graph) > 50  # the whole step, in one graph
     # ONE arena holds the planned buffers and every allocation of the kernels (outputs,
     # temporaries, cuDNN workspaces): the graph's kernels touch it, the step's own inputs,
-    # the graph's slots and the pooling's per-geometry constants, nothing else
+    # the graph's slots, the target check's flag and the pooling's per-geometry constants,
+    # nothing else
     from framework.ops.conv_algorithms import pooling
 
     ex, plan = f._current().executor, f.plan
@@ -94,6 +95,8 @@ def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind,
     used = {ref() for _, _, blocks in graph.graph._nodes for ref in blocks}
     own = {ex.arena.data.mem, graph.dscal.data.mem}
     own |= {a.data.mem for a in graph.slots.values()} | {a.data.mem for a in graph.bound.values() if a is not None}
+    own |= {flag.data.mem for _, flag, _ in ex.flags.values()}
+    assert len(ex.flags) == 1  # cross_entropy's target check
     own |= {a.data.mem for cache in (pooling._window_positions, pooling._offset_ranges) for a in cache.values()}
     assert ex.arena.data.mem in used and used <= own
     # the step sets the gradients to None first and updates its state in place: nothing it
@@ -106,6 +109,7 @@ def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind,
         sum(values[v].nbytes for v in graph.slots)
         + 12 * len(ex.scal)
         + sum(values[v].nbytes for v in f.program.output_refs())
+        + 8 * len(ex.flags)
     )
     assert plan.planned_peak_bytes == plan.persistent_bytes + plan.arena_bytes + extra
     text = f.explain(draw=str(tmp_path / "plan.png"), file=io.StringIO())
@@ -115,14 +119,24 @@ def test_a_replayed_training_step_is_the_input_copies_and_one_graph_launch(kind,
     assert (tmp_path / "plan.png").stat().st_size > 0
 
 
-def test_the_mlp_has_dropout_and_its_replays_draw_new_masks():
-    # make_model("mlp") has dropout 0.1: equal to eager over 100 steps (above) means each
-    # replay drew the masks eager drew, from the device generator, not the capture's again
-    losses, _, compiled = run("mlp", "off", True, 6, device="cuda")
-    assert any(n.name == "Dropout" for n in compiled.program.nodes)
-    fw.manual_seed(0)
-    again, _, _ = run("mlp", "off", True, 6, device="cuda")
-    assert [x.tobytes() for x in again] == [x.tobytes() for x in losses]
+def test_each_replay_of_the_graph_draws_a_new_dropout_mask():
+    # The mask comes from the device generator inside the graph: each launch must draw the
+    # next one, as each eager call does, never the one drawn at capture again
+    import framework.nn.functional as F
+
+    def step(x):
+        return F.dropout(x, p=0.5, training=True)
+
+    x = fw.ones(4096).to("cuda")
+    runs = []
+    for compiled in (False, True):
+        fw.manual_seed(0)
+        f = fw.compile(step, modules=[], optimizers=[]) if compiled else step
+        runs.append([f(x).cpu().numpy() != 0 for _ in range(8)])
+    assert f.report()["replay_mode"] == "cuda graph" and f._current().executor.cuda_graph.launches == 6
+    masks = runs[1]
+    assert all((masks[i] != masks[j]).any() for i in range(len(masks)) for j in range(i))
+    assert [m.tobytes() for m in masks] == [m.tobytes() for m in runs[0]]  # eager's masks, in order
 
 
 @pytest.fixture
@@ -244,8 +258,11 @@ def test_a_legal_step_is_bitwise_equal_to_eager_over_100_steps():
     assert f.report()["replay_mode"] == "cuda graph"
 
 
-def test_a_changed_traced_scalar_is_read_from_the_device():
-    a_values = [0.5, 0.5, 0.5, 0.25, 0.5, 0.75]
+@pytest.mark.parametrize("number", [float, np.float32, np.float64], ids=["float", "np.float32", "np.float64"])
+def test_a_changed_traced_scalar_is_read_from_the_device(number):
+    # 1/3 rounds differently in float32 and float64: w.mul_(a) multiplies in float32 for a
+    # Python float, in float64 for a np.float64 (strongly typed), as eager does
+    a_values = [number(v) for v in (0.5, 0.5, 0.5, 1 / 3, 0.5, 0.75)]
     eager, _ = _train_legal("cuda", False, a_values)
     compiled, f = _train_legal("cuda", True, a_values)
     assert _same(eager, compiled)
@@ -447,3 +464,110 @@ def test_inputs_rebound_at_every_call_give_the_graph_up_and_the_plan_is_put_back
     arena = f._current().executor.arena
     assert (0 if arena is None else arena.nbytes) == f.plan.arena_bytes
     assert _no_capture_left()
+
+
+# --- the capture's allocator is the capturing thread's own ---------------------------------------
+
+
+def _mlp_run(compiled, batches):
+    """The MLP trained on ``batches`` eagerly or compiled: (losses, the step callable)."""
+    from .helpers import make_model, train_step
+
+    fw.inplace.set_policy("off")
+    model = make_model("mlp").to("cuda")
+    opt = fw.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = train_step(model, opt)
+    f = fw.compile(step) if compiled else step
+    return f, (f(x.to("cuda"), y.to("cuda")).detach().cpu().numpy().copy() for x, y in batches)
+
+
+def test_a_step_captures_inside_a_callers_using_allocator_block():
+    # CuPy refuses set_allocator inside using_allocator (ValueError): the capture's own
+    # allocator is thread-local too, and the caller's is back after it
+    from .helpers import batches
+
+    cp = backend.cupy_module()
+    calls = []
+
+    class CallersPool(cp.cuda.MemoryPool):  # the caller's allocator (RMM, managed memory, ...)
+        def malloc(self, size):
+            calls.append(size)
+            return super().malloc(size)
+
+    data = batches("mlp", 8)
+    eager = list(_mlp_run(False, data)[1])
+    allocator = CallersPool().malloc
+    with cp.cuda.using_allocator(allocator):
+        f, losses = _mlp_run(True, data)
+        got = list(losses)
+        assert cp.cuda.get_allocator() == allocator
+    assert [x.tobytes() for x in got] == [x.tobytes() for x in eager]
+    assert f.report()["replay_mode"] == "cuda graph" and calls  # the caller's allocator served the rest
+
+
+def test_another_thread_allocating_during_the_capture_is_served_by_its_own_allocator():
+    # A loader thread prefetching to the GPU while the graph is captured: its memory does
+    # not come from the graph's arena, and it does not break the capture
+    import threading
+
+    from .helpers import batches
+
+    cp = backend.cupy_module()
+    data = batches("mlp", 8)
+    eager = list(_mlp_run(False, data)[1])
+    f, losses = _mlp_run(True, data)
+    got = [next(losses) for _ in range(3)]  # two captures and the recorded replay: the next call captures
+    ex, seen = f._current().executor, {}
+
+    def loader():
+        with cp.cuda.Device(0):
+            batch = cp.arange(4096, dtype=cp.float32) * 2  # allocates (a new block) and computes
+            seen.update(ptr=batch.data.ptr, last=float(batch[-1]))
+
+    def with_a_loader(replay):
+        def replay_with_a_loader():
+            if cp.cuda.get_current_stream().is_capturing():
+                t = threading.Thread(target=loader)
+                t.start()
+                t.join()
+                seen["arena"] = (ex.arena.data.ptr, ex.arena.nbytes)
+            replay()
+
+        return replay_with_a_loader
+
+    rebuild = ex.rebuild
+
+    def rebuild_with_a_loader():  # the graph's layout generates the replay function again
+        rebuild()
+        ex._replay = with_a_loader(ex._replay)
+
+    ex.rebuild = rebuild_with_a_loader
+    got += list(losses)
+    lo, n = seen["arena"]
+    assert seen["last"] == 8190.0 and not lo <= seen["ptr"] < lo + n
+    assert f.report()["replay_mode"] == "cuda graph" and ex.cuda_graph.captures == 1
+    assert [x.tobytes() for x in got] == [x.tobytes() for x in eager]
+
+
+@pytest.mark.parametrize("number", [np.float32, np.float64], ids=["np.float32", "np.float64"])
+def test_a_numpy_learning_rate_that_changes_every_step_is_a_device_scalar(number):
+    # A NumPy scalar is strongly typed (its own dtype beside an array, as CuPy and NumPy
+    # promote it): its slot is of its dtype, read by the graph's kernels, never baked
+    from .helpers import batches, make_model, snapshot, train_step
+
+    runs = []
+    for compiled in (False, True):
+        fw.inplace.set_policy("off")
+        model = make_model("mlp").to("cuda")
+        opt = fw.optim.SGD(model.parameters(), lr=number(0.05), momentum=0.9, weight_decay=1e-4)
+        f = fw.compile(train_step(model, opt)) if compiled else train_step(model, opt)
+        out = []
+        for k, (x, y) in enumerate(batches("mlp", 10)):
+            opt.param_groups[0]["lr"] = number(0.05 * 0.97**k)
+            out.append((f(x.to("cuda"), y.to("cuda")).detach().cpu().numpy().copy(), snapshot(model, opt)))
+        runs.append(out)
+    for k, ((loss, state), (want_loss, want_state)) in enumerate(zip(runs[1], runs[0])):
+        assert loss.tobytes() == want_loss.tobytes() and bitwise_equal(state, want_state), f"step {k} differs"
+    graph = f._current().executor.cuda_graph
+    assert f.captures == 2 and f.report()["replay_mode"] == "cuda graph"
+    assert not graph.baked and graph.uncaptured == 0 and graph.launches == 7

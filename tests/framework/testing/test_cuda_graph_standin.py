@@ -5,14 +5,18 @@ fix the API and the errors: ``Stream.begin_capture``/``end_capture``/``is_captur
 ``Graph.launch``; a stream synchronization during capture is
 ``cudaErrorStreamCaptureUnsupported`` and invalidates the capture (``end_capture`` then
 raises ``cudaErrorStreamCaptureInvalidated`` and leaves capture mode); a host
-synchronization CuPy makes itself raises RuntimeError ("is capturing") and a cuBLAS call
-NotImplementedError, both before anything reaches CUDA, so the capture goes on. A failed
-capture leaves the stream capturing until ``end_capture``, as measured on an H200.
+synchronization or a host-to-device copy CuPy makes itself raises RuntimeError ("is
+capturing") and a cuBLAS call NotImplementedError, all before anything reaches CUDA, so
+the capture goes on. A failed capture leaves the stream capturing until ``end_capture``,
+as measured on an H200. Captures are in relaxed mode (CuPy's default): another thread
+allocates as usual; an allocation by the capturing thread, which CUDA would bake into the
+graph, is refused by name (the stand-in's one stricter rule).
 """
 
 from __future__ import annotations
 
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -126,8 +130,8 @@ def test_a_graph_launched_into_a_capture_is_a_child_graph(stream):
 
 
 def test_capture_state_errors(stream):
-    with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
-        cp.cuda.Stream.null.begin_capture()  # the legacy stream cannot be captured
+    with pytest.raises(RuntimeError, match=r"cannot capture on the default \(legacy\) stream"):
+        cp.cuda.Stream.null.begin_capture()  # CuPy refuses it before CUDA
     with pytest.raises(CUDARuntimeError, match="cudaErrorIllegalState"):
         stream.end_capture()  # not capturing
     stream.begin_capture()
@@ -142,35 +146,122 @@ def test_capture_state_errors(stream):
 # --- what a capture refuses --------------------------------------------------------------------
 
 
-def test_a_pool_allocation_is_refused_and_invalidates_the_capture(stream):
+BAKED = "while the current stream captures a CUDA graph. CUDA lets it through in relaxed capture mode"
+
+
+@pytest.mark.parametrize(
+    "allocate,source",
+    [
+        (lambda x: x + 1, "CuPy's memory pool allocated 512 bytes"),  # a new result
+        (lambda x: cp.empty(300, dtype=cp.float32), "CuPy's memory pool allocated 1,536 bytes"),
+        (lambda x: cp.empty(3, dtype=cp.float32), "CuPy's memory pool allocated 512 bytes"),  # a cached block
+    ],
+    ids=["result", "new-block", "cached-block"],
+)
+def test_an_allocation_in_the_capture_is_refused_by_name_and_invalidates_it(stream, allocate, source):
+    # CUDA's relaxed mode (CuPy's default) would let it through and bake its address into
+    # the graph; the pool hands the block out again afterwards: the stand-in names it
     x = _f32(1, 2)
     with stream:
         stream.begin_capture()
-        with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
-            x + 1  # a new result: a pool allocation
+        with pytest.raises(RuntimeError, match=f"{source} on device 0 {BAKED}") as e:
+            allocate(x)
+        assert not isinstance(e.value, CUDARuntimeError)
         assert stream.is_capturing()  # a failed capture stays capturing ...
-        with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
-            cp.empty(3, dtype=cp.float32)  # ... and the next call fails again
+        with pytest.raises(RuntimeError, match=BAKED):
+            cp.empty(3, dtype=cp.float32)  # ... and the next allocation fails again
         with pytest.raises(CUDARuntimeError, match=INVALIDATED):
-            stream.end_capture()  # which ends it
+            stream.end_capture()  # a graph with a baked allocation is never handed out
     assert not stream.is_capturing()
     np.testing.assert_array_equal((x + 1).get(), [2, 3])  # and allows normal work after
 
 
-def test_an_allocation_on_another_stream_of_the_device_is_refused_too(stream):
+def test_a_raw_allocation_in_the_capture_is_refused_by_name(stream):
+    with stream, cp.cuda.using_allocator(None):  # no pool: cudaMalloc itself
+        stream.begin_capture()
+        with pytest.raises(
+            RuntimeError, match=f"a raw allocation \\(cudaMalloc\\) allocated 8 bytes on device 0 {BAKED}"
+        ):
+            cp.empty(2, dtype=cp.float32)
+        with pytest.raises(CUDARuntimeError, match=INVALIDATED):
+            stream.end_capture()
+
+
+def test_a_relaxed_capture_lets_the_thread_allocate_on_another_stream(stream):
+    # Relaxed mode forbids no cudaMalloc; work on a stream that is not capturing is not recorded
     other = cp.cuda.Stream(non_blocking=True)
-    stream.begin_capture()
+    out = _f32(0, 0)
+    with stream:
+        stream.begin_capture()
+        with other:
+            z = cp.zeros(1000, dtype=cp.float32)  # a new block, on a stream that does not capture
+        cp.add(out, 1, out=out)
+        graph = stream.end_capture()
+    assert z.get().sum() == 0 and not out.get().any()
+    graph.launch()
+    np.testing.assert_array_equal(out.get(), [1, 1])
+
+
+@pytest.mark.parametrize("mode", ["global", "thread-local"])
+def test_a_strict_capture_forbids_its_thread_cudamalloc_on_any_stream(stream, mode):
+    other = cp.cuda.Stream(non_blocking=True)
+    modes = {
+        "global": cp.cuda.runtime.streamCaptureModeGlobal,
+        "thread-local": cp.cuda.runtime.streamCaptureModeThreadLocal,
+    }
+    cp.get_default_memory_pool().free_all_blocks()  # no cached block to serve it
+    stream.begin_capture(modes[mode])
     with other, pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
-        cp.zeros(2, dtype=cp.float32)  # cudaMalloc during a capture of the device
+        cp.zeros(1000, dtype=cp.float32)  # cudaMalloc: a new block
     with pytest.raises(CUDARuntimeError, match=INVALIDATED):
         stream.end_capture()
-    with cp.cuda.Device(1):  # another device's pool is not affected
+    with cp.cuda.Device(1):  # another device's captures do not forbid anything on device 0
         stream1 = cp.cuda.Stream(non_blocking=True)
-        stream1.begin_capture()
+        stream1.begin_capture(cp.cuda.runtime.streamCaptureModeGlobal)
     with cp.cuda.Device(0):
-        assert cp.zeros(2, dtype=cp.float32).get().sum() == 0
+        assert cp.zeros(1000, dtype=cp.float32).get().sum() == 0
     with cp.cuda.Device(1):
         stream1.end_capture()
+
+
+def _in_thread(fn):
+    """Runs ``fn`` in another thread (its own current stream: the legacy one); returns its
+    result or raises its error."""
+    out = {}
+
+    def run():
+        try:
+            out["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
+def test_another_thread_allocates_and_computes_during_a_relaxed_capture(stream):
+    out = _f32(0, 0)
+    with stream:
+        stream.begin_capture()
+        y = _in_thread(lambda: cp.arange(1000, dtype=cp.float32) * 2)  # a cudaMalloc and kernels
+        cp.add(out, 1, out=out)
+        graph = stream.end_capture()  # not invalidated, and the thread's kernels are not in it
+    assert len(graph) == 1 and y.get()[-1] == 1998
+    graph.launch()
+    np.testing.assert_array_equal(out.get(), [1, 1])
+
+
+def test_another_thread_cannot_cudamalloc_during_a_global_capture(stream):
+    cp.get_default_memory_pool().free_all_blocks()  # no cached block to serve it
+    stream.begin_capture(cp.cuda.runtime.streamCaptureModeGlobal)
+    with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
+        _in_thread(lambda: cp.empty(4096, dtype=cp.float32))
+    with pytest.raises(CUDARuntimeError, match=INVALIDATED):
+        stream.end_capture()
 
 
 @pytest.mark.parametrize(
@@ -233,15 +324,18 @@ def test_querying_a_capturing_stream_invalidates_the_capture(stream):
     [lambda a: a.set(np.ones(2, np.float32)), lambda a: cp.asarray(np.ones(2, np.float32)), lambda a: a[[0, 1]]],
     ids=["set", "asarray", "host-index"],
 )
-def test_a_host_transfer_is_refused_and_invalidates_the_capture(stream, transfer):
-    a = _f32(1, 2)
+def test_a_host_transfer_is_refused_by_cupy_and_the_capture_goes_on(stream, transfer):
+    a, out = _f32(1, 2), _f32(0, 0)
     with stream:
         stream.begin_capture()
-        with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
+        with pytest.raises(RuntimeError, match="the current stream is capturing, so H2D transfers are disallowed") as e:
             transfer(a)
-        with pytest.raises(CUDARuntimeError, match=INVALIDATED):
-            stream.end_capture()
+        assert not isinstance(e.value, CUDARuntimeError)
+        cp.add(a, a, out=out)
+        graph = stream.end_capture()  # CuPy refused before calling CUDA: the capture is valid
     np.testing.assert_array_equal(a.get(), [1, 2])
+    graph.launch()
+    np.testing.assert_array_equal(out.get(), [2, 4])
 
 
 @pytest.mark.parametrize(
@@ -345,7 +439,7 @@ def test_random_draws_that_allocate_are_refused(stream):
     gen = cp.random.default_rng(1)
     with stream:
         stream.begin_capture()
-        with pytest.raises(CUDARuntimeError, match=UNSUPPORTED):
+        with pytest.raises(RuntimeError, match=BAKED):
             gen.random(4, dtype=cp.float32)
         with pytest.raises(CUDARuntimeError, match=INVALIDATED):
             stream.end_capture()

@@ -1,7 +1,8 @@
 """CuPy's odd behaviours, one table, checked on the stand-in and on real CuPy alike.
 
 Each row is something real CuPy does that NumPy does not (measured on CuPy 14.2 with an
-H200, see docs/GPU.md); the stand-in must do the same. The rows run on
+H200, see docs/GPU.md; the stream-capture rows read from CuPy 14.2's source and its own
+tests, not yet run on a GPU); the stand-in must do the same. The rows run on
 :mod:`framework.testing.cupy_standin` everywhere, and on real CuPy wherever it sees a GPU
 (skipped with the reason elsewhere), so a difference shows on the first GPU run.
 """
@@ -51,6 +52,118 @@ def _nccl_error(xp, status):
         pytest.skip(f"{xp.__name__}.cuda.nccl is not available here")
     e = nccl.NcclError(status)
     return e.status, str(e)
+
+
+def _raised(fn, *args) -> str | None:
+    """What ``fn(*args)`` raised, as ``"Type: first line"`` (a CUDA error by its name only),
+    or None."""
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - the row compares what was raised
+        text = str(e).splitlines()[0] if str(e) else ""
+        if type(e).__name__ == "CUDARuntimeError":
+            text = text.split(":")[0]
+        return f"{type(e).__name__}: {text}"
+    return None
+
+
+def _captured(xp, body):
+    """``body(stream)`` run while a new non-blocking stream captures (relaxed mode, CuPy's
+    default); returns ``(what body returned, how the capture ended)``: ``"graph"`` or the
+    CUDA error ``end_capture`` raised."""
+    s = xp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        try:
+            got = body(s)
+        finally:
+            ended = _raised(s.end_capture) or "graph"
+    return got, ended
+
+
+def _set_refused(xp):
+    a = xp.zeros(2, dtype=xp.float32)
+    return _captured(xp, lambda s: _raised(a.set, np.ones(2, np.float32)))
+
+
+def _matmul_refused(xp):
+    a = xp.ones((2, 2), dtype=xp.float32)
+    out = xp.zeros((2, 2), dtype=xp.float32)
+    return _captured(xp, lambda s: _raised(lambda: xp.matmul(a, a, out=out)))
+
+
+def _recorded_then_replayed(xp):
+    """A kernel into an existing array: not run at capture, run again at each launch."""
+    a = xp.zeros(2, dtype=xp.float32)
+    s = xp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        xp.add(a, 1, out=a)
+        g = s.end_capture()
+    seen = [a.get().tolist()]
+    for _ in range(2):
+        g.launch(stream=s)
+        s.synchronize()
+        seen.append(a.get().tolist())
+    return seen
+
+
+def _other_thread_during_capture(xp):
+    """Another thread allocates (a cudaMalloc) and computes while a relaxed capture goes on:
+    relaxed mode forbids it nothing, and its work is not in the graph."""
+    import threading
+
+    out = {}
+
+    def work():
+        with xp.cuda.Device(0):
+            y = xp.arange(300000, dtype=xp.float32) * 2
+            out["last"] = float(y[-1])
+
+    def body(s):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        return out.get("last")
+
+    return _captured(xp, body)
+
+
+def _set_allocator_inside_using_allocator(xp):
+    with xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
+        return _raised(xp.cuda.set_allocator, None)
+
+
+def _using_allocator_is_thread_local(xp):
+    import threading
+
+    mine = xp.cuda.MemoryPool().malloc
+    seen = {}
+    with xp.cuda.using_allocator(mine):
+        t = threading.Thread(target=lambda: seen.update(other=xp.cuda.get_allocator() == mine))
+        t.start()
+        t.join()
+        here = xp.cuda.get_allocator() == mine
+    return here, seen["other"], xp.cuda.get_allocator() == mine
+
+
+def _served_from_existing_memory(xp):
+    """Inside a capture, an allocator handing out memory that already exists (no pool, no
+    cudaMalloc): a kernel's new result is recorded and replayed in it."""
+    slab = xp.zeros(1024, dtype=xp.uint8)
+    x = xp.ones(4, dtype=xp.float32)
+
+    def malloc(size):
+        return slab.data
+
+    s = xp.cuda.Stream(non_blocking=True)
+    with s, xp.cuda.using_allocator(malloc):
+        s.begin_capture()
+        y = x + 1
+        g = s.end_capture()
+    g.launch(stream=s)
+    s.synchronize()
+    return y.get().tolist(), y.data.ptr == slab.data.ptr
 
 
 def _axis_error(axis, ndim):
@@ -107,6 +220,48 @@ ROWS = [
     ("sum(axis=2) of 2-d", lambda xp: xp.zeros((2, 3)).sum(axis=2), _axis_error(2, 2)),
     ("sum(axis=()) of 0-d", lambda xp: float(xp.asarray(2.5).sum(axis=())), 2.5),
     ("sum(axis=None, keepdims) of 0-d", lambda xp: xp.asarray(2.5).sum(keepdims=True).shape, ()),
+    # Stream capture (CuPy's tests/cupy_tests/cuda_tests/test_graph.py, cupy/cuda/stream.pyx,
+    # memory.pyx): CuPy refuses some calls itself, before CUDA (the capture goes on); CUDA
+    # refuses others and invalidates the capture. Relaxed mode (CuPy's default) forbids other
+    # threads nothing.
+    (
+        "capture: begin_capture on the legacy stream",
+        lambda xp: _raised(xp.cuda.Stream.null.begin_capture),
+        "RuntimeError: cannot capture on the default (legacy) stream",
+    ),
+    (
+        "capture: ndarray.set (a host-to-device copy), refused by CuPy",
+        _set_refused,
+        ("RuntimeError: the current stream is capturing, so H2D transfers are disallowed", "graph"),
+    ),
+    (
+        "capture: Stream.synchronize, refused by CUDA",
+        lambda xp: _captured(xp, lambda s: _raised(s.synchronize)),
+        ("CUDARuntimeError: cudaErrorStreamCaptureUnsupported", "CUDARuntimeError: cudaErrorStreamCaptureInvalidated"),
+    ),
+    (
+        "capture: Stream.done (a query), invalidates",
+        lambda xp: _captured(xp, lambda s: s.done)[1],
+        "CUDARuntimeError: cudaErrorStreamCaptureInvalidated",
+    ),
+    (
+        "capture: cuBLAS (matmul), refused by CuPy",
+        _matmul_refused,
+        ("NotImplementedError: calling cuBLAS API during stream capture is currently unsupported", "graph"),
+    ),
+    (
+        "capture: a kernel is recorded, not run; each launch runs it",
+        _recorded_then_replayed,
+        [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]],
+    ),
+    ("capture: another thread allocates and computes meanwhile", _other_thread_during_capture, (599998.0, "graph")),
+    ("capture: an allocator serving existing memory", _served_from_existing_memory, ([2.0, 2.0, 2.0, 2.0], True)),
+    (
+        "using_allocator: set_allocator inside it",
+        _set_allocator_inside_using_allocator,
+        "ValueError: Can't change the global allocator inside `using_allocator` context manager",
+    ),
+    ("using_allocator: the calling thread's only", _using_allocator_is_thread_local, (True, False, False)),
     # NCCL errors: NcclError(status), the message CuPy's name and NCCL's string.
     (
         "NcclError(5)",

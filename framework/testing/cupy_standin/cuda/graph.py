@@ -7,38 +7,49 @@ buffers: one launch of kind ``"graph"`` (:mod:`..counting`). A kernel's scalar a
 are baked into the graph at capture, its arrays are addresses: a replay reads what those
 buffers hold at the time.
 
-What CUDA and CuPy refuse while a stream captures, the stand-in refuses the same way:
+A capture is in CUDA's relaxed mode unless ``begin_capture(mode)`` says otherwise (CuPy's
+default), and belongs to the stream, so to the thread whose current stream it is. What
+CUDA and CuPy refuse while a stream captures, the stand-in refuses the same way:
 
 - a host synchronization from an array (``get``, ``float``, ``bool``, ``item``,
   ``tolist``, a mask's count, ...): CuPy checks first and raises ``RuntimeError`` (the
   message says the stream "is capturing"); the capture goes on;
+- a host-to-device copy onto the capturing stream (``ndarray.set``, ``asarray`` of a host
+  array, a host index): CuPy checks first and raises its own ``RuntimeError`` ("the
+  current stream is capturing, so H2D transfers are disallowed"); the capture goes on;
 - ``Stream.synchronize()``, ``Event.synchronize()`` of an event recorded in the capture,
-  ``Device.synchronize()`` / ``runtime.deviceSynchronize()``, a host-to-device copy and a
-  pool allocation reach CUDA, which answers ``CUDARuntimeError``
-  ``cudaErrorStreamCaptureUnsupported`` and invalidates the capture: ``end_capture``
-  then raises ``cudaErrorStreamCaptureInvalidated`` (and leaves capture mode);
+  ``Device.synchronize()`` / ``runtime.deviceSynchronize()`` reach CUDA, which answers
+  ``CUDARuntimeError`` ``cudaErrorStreamCaptureUnsupported`` and invalidates the capture:
+  ``end_capture`` then raises ``cudaErrorStreamCaptureInvalidated`` (and leaves capture
+  mode); so does a ``cudaMalloc`` (a new block of the pool, a raw allocation) from a
+  thread a capture of the device forbids it to: its own capture in global or thread-local
+  mode, another thread's in global mode; a relaxed capture forbids no other thread
+  anything, so another thread allocates and launches on its own streams as usual;
 - a cuBLAS call (``matmul``, ``dot``, ``tensordot``, ``einsum``, ...) and a cuRAND one:
   CuPy raises ``NotImplementedError("calling cuBLAS API during stream capture is
   currently unsupported")`` before calling the library; the capture goes on.
 
 A stream whose capture failed stays capturing until ``end_capture`` is called, as on a
-GPU. The stand-in is stricter than CuPy in one place, on purpose: CuPy (whose
-``begin_capture`` defaults to relaxed mode) serves a pool allocation during capture, and
-the block's address is baked into the graph while the pool hands the block out again
-after the capture; the stand-in refuses every pool allocation during capture, so code
-that passes here allocates nothing from the pool inside a graph. Memory an allocator set
-with ``cupy.cuda.set_allocator`` hands out of an allocation that already exists (a
-plan's arena) is not an allocation CUDA sees, and is served. And it records only
-the launches it knows how to replay (ufuncs and kernels writing into ``out=``, ``copyto``,
-``fill``, assignment into a view, ``ElementwiseKernel``/``ReductionKernel`` with their
-outputs given, ``Generator`` draws, the cuDNN stand-in's ``execute``, NCCL's allreduce,
-and, their outputs allocated by the current allocator: ufuncs and the routines that
-compute through NumPy, reductions and argmax/argmin, ``zeros`` (a memset), scatters);
-any other launch during capture raises ``NotImplementedError`` naming it.
+GPU. The stand-in is stricter than CUDA in one place, on purpose: an allocation from the
+pool (or a raw one) by the thread whose current stream captures. In relaxed mode CUDA
+lets it through, and its address is baked into the graph, while the pool hands the block
+out again once the array is freed: on a GPU the graph's later launches write memory
+something else owns, silently. The stand-in raises a ``RuntimeError`` that names it (and
+invalidates the capture), so code that captures here allocates nothing from the pool
+inside a graph. Memory an allocator (``cupy.cuda.using_allocator`` or ``set_allocator``)
+hands out of an allocation that already exists (a plan's arena) is not an allocation CUDA
+sees, and is served. And it records only the launches it knows how to replay (ufuncs and
+kernels writing into ``out=``, ``copyto``, ``fill``, assignment into a view,
+``ElementwiseKernel``/``ReductionKernel`` with their outputs given, ``Generator`` draws,
+the cuDNN stand-in's ``execute``, NCCL's allreduce, and, their outputs allocated by the
+current allocator: ufuncs and the routines that compute through NumPy, reductions and
+argmax/argmin, ``zeros`` (a memset), scatters); any other launch during capture raises
+``NotImplementedError`` naming it.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 from .. import counting
@@ -53,6 +64,7 @@ _MESSAGES = {
     _ILLEGAL_STATE: "cudaErrorIllegalState: the operation cannot be performed in the present state",
 }
 CUBLAS_MESSAGE = "calling cuBLAS API during stream capture is currently unsupported"
+H2D_MESSAGE = "the current stream is capturing, so H2D transfers are disallowed"  # CuPy's, memory.pyx
 CURAND_MESSAGE = "calling cuRAND API during stream capture is currently unsupported"
 
 
@@ -63,11 +75,12 @@ def cuda_error(status: int) -> runtime.CUDARuntimeError:
 class _Capture:
     """The state of one stream's capture: the recorded kernels, and whether it failed."""
 
-    __slots__ = ("stream", "mode", "nodes", "invalidated")
+    __slots__ = ("stream", "mode", "thread", "nodes", "invalidated")
 
     def __init__(self, stream, mode: int):
         self.stream = stream
         self.mode = mode
+        self.thread = threading.get_ident()  # the thread that began it
         self.nodes: list = []  # (kind, fn)
         self.invalidated = False
 
@@ -85,8 +98,8 @@ def _begin(stream, mode) -> None:
         runtime.streamCaptureModeRelaxed,
     ):
         raise runtime.CUDARuntimeError(1, "cudaErrorInvalidValue: invalid argument")
-    if stream.ptr == 0:  # the legacy default stream cannot be captured
-        raise cuda_error(_UNSUPPORTED)
+    if stream.ptr == 0:  # CuPy refuses the legacy default stream itself, before CUDA
+        raise RuntimeError("cannot capture on the default (legacy) stream")
     if stream.ptr in _captures:
         raise cuda_error(_ILLEGAL_STATE)
     _captures[stream.ptr] = _Capture(stream, mode)
@@ -130,11 +143,30 @@ def fail(capture: _Capture) -> runtime.CUDARuntimeError:
     return cuda_error(_UNSUPPORTED)
 
 
-def check_allocation(device_id: int) -> None:
-    """A pool allocation on ``device_id``: refused while a stream of it captures."""
-    capture = any_capture(device_id)
-    if capture is not None:
-        raise fail(capture)
+def check_allocation(device_id: int, nbytes: int, new_block: bool, source: str) -> None:
+    """An allocation of ``nbytes`` on ``device_id`` while some stream captures (``new_block``:
+    it calls cudaMalloc; ``source``: who allocates, for the message). By the thread whose
+    current stream captures: baked into the graph, refused by name (see the module
+    docstring). A cudaMalloc a capture forbids (its own thread's in global or thread-local
+    mode, any thread's in global mode): CUDA's error, the capture invalidated."""
+    capture = current_capture()
+    if capture is not None and capture.stream.device_id == device_id:
+        capture.invalidated = True
+        raise RuntimeError(
+            f"cupy stand-in: {source} allocated {nbytes:,} bytes on device {device_id} while the current stream "
+            "captures a CUDA graph. CUDA lets it through in relaxed capture mode and bakes its address into the "
+            "graph, but the memory goes back to the pool (or to cudaFree) when the array is freed, and the "
+            "graph's later launches write memory something else owns: a silent corruption on a GPU. Allocate "
+            "before the capture, or serve the capture from memory the graph owns (cupy.cuda.using_allocator)."
+        )
+    if not new_block:
+        return
+    thread = threading.get_ident()
+    for other in _captures.values():
+        if other.stream.device_id != device_id or other.mode == runtime.streamCaptureModeRelaxed:
+            continue
+        if other.mode == runtime.streamCaptureModeGlobal or other.thread == thread:
+            raise fail(other)
 
 
 def check_library(message: str) -> None:
@@ -210,8 +242,8 @@ def _guard(event: str, kind: str) -> None:
                 f"the current stream is capturing: a host synchronization ({kind}) is not allowed during stream capture"
             )
         raise fail(capture)
-    if kind == "h2d":
-        raise fail(capture)
+    if kind == "h2d":  # CuPy checks the stream before calling CUDA: the capture goes on
+        raise RuntimeError(H2D_MESSAGE)
     raise NotImplementedError(
         f"cupy stand-in: a {kind!r} launch during stream capture is not one it can record "
         f"(only kernels writing into given outputs are)"

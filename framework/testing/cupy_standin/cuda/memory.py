@@ -15,8 +15,9 @@ CuPy's where this project depends on it:
   ``free_preprocess``/``free_postprocess(device_id, mem_size, mem_ptr, pmem_id)``:
   keyword arguments only, as ``cupy/cuda/memory.pyx`` calls them;
 - a block goes back to the pool when the last array using it is garbage collected;
-- while a stream of the device captures a graph, every allocation is refused
-  (``cudaErrorStreamCaptureUnsupported``; see :mod:`.graph`);
+- while a stream captures a graph, an allocation by the thread whose current stream it
+  is raises an error that names it (CUDA's relaxed mode would bake it into the graph),
+  and a cudaMalloc the capture's mode forbids fails as CUDA fails it (see :mod:`.graph`);
 - ``set_limit(size=None, fraction=None)`` caps what the pool holds (in use and cached,
   as ``total_bytes()``), as CuPy's: a new block that would pass the cap first frees the
   cached blocks, then raises :class:`OutOfMemoryError` with CuPy's message, so a step too
@@ -198,8 +199,10 @@ class SingleDeviceMemoryPool:
     def malloc(self, size: int) -> MemoryPointer:
         size = int(size)
         rounded = _round_size(size)
-        if rounded and graph._captures:
-            graph.check_allocation(self._device_id)  # refused during stream capture
+        if rounded and graph._captures:  # during stream capture: see graph.check_allocation
+            with self._lock:
+                cached = bool(self._free_blocks.get(rounded))
+            graph.check_allocation(self._device_id, rounded, not cached, "CuPy's memory pool")
         hooks = _hooks()
         if not hooks:
             return self._malloc(rounded)
@@ -320,28 +323,44 @@ class MemoryPool:
 
 def _malloc(size: int) -> MemoryPointer:
     """The raw allocator (no pool, no hooks): what ``set_allocator(None)`` selects."""
-    if size and graph._captures:
-        graph.check_allocation(runtime.getDevice())  # cudaMalloc during stream capture
+    if size and graph._captures:  # cudaMalloc during stream capture: see graph.check_allocation
+        graph.check_allocation(runtime.getDevice(), int(size), True, "a raw allocation (cudaMalloc)")
     return MemoryPointer(Memory(int(size)), 0)
 
 
 _default_pool = MemoryPool()
 _current_allocator = _default_pool.malloc
+_thread_local = threading.local()  # .allocator: the calling thread's (cupy.cuda.using_allocator)
+
+
+def _get_thread_local_allocator():
+    return getattr(_thread_local, "allocator", None)
+
+
+def _set_thread_local_allocator(allocator) -> None:
+    _thread_local.allocator = allocator
 
 
 def alloc(size: int) -> MemoryPointer:
     """Allocates ``size`` bytes on the current device with the current allocator."""
-    return _current_allocator(size)
+    return get_allocator()(size)
 
 
 def get_allocator():
-    return _current_allocator
+    """The calling thread's allocator (``using_allocator``), else the process-wide one."""
+    allocator = getattr(_thread_local, "allocator", None)
+    return _current_allocator if allocator is None else allocator
 
 
 def set_allocator(allocator=None) -> None:
-    """Sets the allocator (``None``: raw allocations, no pool, as in CuPy)."""
+    """Sets the process-wide allocator (``None``: raw allocations, no pool, as in CuPy);
+    refused inside a ``using_allocator`` block, with CuPy's ValueError."""
     global _current_allocator
-    _current_allocator = _malloc if allocator is None else allocator
+    if allocator is None:
+        allocator = _malloc
+    if getattr(_thread_local, "allocator", None) is not None:
+        raise ValueError("Can't change the global allocator inside `using_allocator` context manager")
+    _current_allocator = allocator
 
 
 def _block_at(ptr: int, nbytes: int):

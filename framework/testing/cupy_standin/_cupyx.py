@@ -1,4 +1,5 @@
-"""``cupyx`` of the stand-in: the scatter routine this project uses."""
+"""``cupyx`` of the stand-in: the scatter routine this project uses (a private module, so
+the stand-in's namespace holds only names real CuPy has: ``cupyx`` is no part of ``cupy``)."""
 
 from __future__ import annotations
 
