@@ -113,14 +113,21 @@ def _inplace_operand(x, other, floating=False, opmath=False):
 # --- elementwise ---------------------------------------------------------------------
 
 
+def _alpha(alpha):
+    """``add``/``sub``'s multiplier as a number that promotes nothing: a NumPy scalar becomes
+    a Python number, as PyTorch takes it (``alpha=np.float64(0.1)`` keeps a float32 tensor
+    float32)."""
+    return alpha.item() if isinstance(alpha, np.generic) else alpha
+
+
 def add(x, other, alpha=1):
     x, other = _operand(x, other)
-    return E.Add.apply(x, other, alpha=alpha)
+    return E.Add.apply(x, other, alpha=_alpha(alpha))
 
 
 def sub(x, other, alpha=1):
     x, other = _operand(x, other)
-    return E.Sub.apply(x, other, alpha=alpha)
+    return E.Sub.apply(x, other, alpha=_alpha(alpha))
 
 
 def mul(x, other):
@@ -223,11 +230,11 @@ def to_device(x, device):
 
 
 def add_(x, other, alpha=1):
-    return E.Add.apply_(x, _inplace_operand(x, other), alpha=alpha)
+    return E.Add.apply_(x, _inplace_operand(x, other), alpha=_alpha(alpha))
 
 
 def sub_(x, other, alpha=1):
-    return E.Sub.apply_(x, _inplace_operand(x, other), alpha=alpha)
+    return E.Sub.apply_(x, _inplace_operand(x, other), alpha=_alpha(alpha))
 
 
 def mul_(x, other):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import creation, memory
 from ..tensor import _wrap
 from . import kernels as K
@@ -108,7 +110,7 @@ class Adam(Optimizer):
 def _sqrt(x):
     """``math.sqrt(x)``; a traced number (framework.compile) keeps it symbolic, so that a
     compiled step recomputes it from the step counter at every call."""
-    return math.sqrt(x) if isinstance(x, (int, float)) else x.sqrt()
+    return math.sqrt(x) if isinstance(x, (int, float, np.generic)) else x.sqrt()
 
 
 class AdamW(Adam):

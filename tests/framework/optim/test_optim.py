@@ -63,18 +63,18 @@ ADAM_CASES = [
 ]
 
 
-def run_manual(opt_cls, kwargs, policy, steps=6):
-    """Runs ``steps`` updates of two float64 parameters with given gradients."""
+def run_manual(opt_cls, kwargs, policy, steps=6, dtype=fw.float64):
+    """Runs ``steps`` updates of two parameters (float64) with given gradients."""
     fw.inplace.set_policy(policy)
     rng = np.random.default_rng(1)
     p0 = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
     grads = [[rng.standard_normal(a.shape) for _ in range(steps)] for a in p0]
-    params = [nn.Parameter(fw.tensor(a, dtype=fw.float64)) for a in p0]
+    params = [nn.Parameter(fw.tensor(a, dtype=dtype)) for a in p0]
     opt = opt_cls(params, **kwargs)
     history = [[] for _ in params]
     for k in range(steps):
         for p, g in zip(params, grads):
-            p.grad = fw.tensor(g[k], dtype=fw.float64)
+            p.grad = fw.tensor(g[k], dtype=dtype)
         opt.step()
         for h, p in zip(history, params):
             h.append(p.detach().numpy().copy())
@@ -109,6 +109,44 @@ def test_on_and_off_updates_are_bitwise_identical(cls, kwargs):
     for h_on, h_off in zip(on, off):
         for a, b in zip(h_on, h_off):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs",
+    [
+        (
+            optim.SGD,
+            dict(
+                lr=np.float64(0.1), momentum=np.float32(0.9), dampening=np.float64(0.1), weight_decay=np.float64(5e-4)
+            ),
+        ),
+        (
+            optim.Adam,
+            dict(
+                lr=np.float32(1e-2),
+                betas=(np.float64(0.9), np.float32(0.99)),
+                eps=np.float64(1e-8),
+                weight_decay=np.float32(1e-3),
+            ),
+        ),
+        (optim.AdamW, dict(lr=np.float64(1e-2), weight_decay=np.float64(0.05))),
+    ],
+)
+def test_numpy_hyperparameters_are_numbers(cls, kwargs):
+    # As in PyTorch, a NumPy scalar hyperparameter promotes nothing: float32 parameters stay
+    # float32 under every policy, every policy gives the same bits, and the numbers are those
+    # of the same Python floats up to the host's arithmetic (Adam's 1 - beta2**t is float32
+    # arithmetic for a float32 beta2, in PyTorch too).
+    as_python = {k: tuple(map(float, v)) if isinstance(v, tuple) else float(v) for k, v in kwargs.items()}
+    floats = run_manual(cls, as_python, "off", dtype=fw.float32)[2]
+    off = run_manual(cls, kwargs, "off", dtype=fw.float32)[2]
+    for policy in ("on", "auto"):
+        got = run_manual(cls, kwargs, policy, dtype=fw.float32)[2]
+        for h_got, h_off, h_floats in zip(got, off, floats):
+            for a, b, c in zip(h_got, h_off, h_floats):
+                assert a.dtype == b.dtype == np.float32
+                np.testing.assert_array_equal(a, b)
+                np.testing.assert_allclose(b, c, rtol=1e-5, atol=1e-6)
 
 
 # --- on and off: the same training run ------------------------------------------------------------
