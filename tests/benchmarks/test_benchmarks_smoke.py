@@ -300,3 +300,16 @@ def test_stop_signal_quick(tmp_path):
     saved = json.loads(path.read_text())
     assert set(saved["results"]["extra_us_per_step"]) == {"blocking", "nonblocking"}
     assert saved["params"]["ranks"] == 2
+
+
+def test_add_scaled_quick(capsys, tmp_path):
+    from benchmarks import bench_add_scaled
+
+    path = tmp_path / "add_scaled.json"
+    bench_add_scaled.main(["--quick", "--json", str(path)])
+    rows = _table_rows(capsys.readouterr().out)
+    assert rows[0][:3] == ["parameters", "elements", "axpy ms (min)"]
+    saved = json.loads(path.read_text())
+    (r,) = saved["results"]
+    assert r["elements"] == bench_add_scaled.QUICK_SIZES[0][1] and r["axpy_s"] > 0 and r["add_scaled_s"] > 0
+    assert r["add_scaled_bits_moved"] == 0  # two roundings: an element's bits do not depend on its place
