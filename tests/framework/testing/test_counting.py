@@ -10,8 +10,8 @@ import pytest
 
 import framework as fw
 import framework.testing.cupy_standin as cp
+from framework.testing import cupyx_standin as cpx
 from framework.testing.cupy_standin import counting
-from framework.testing.cupy_standin import cupyx as cpx
 from tests.conftest import requires_gpu
 from tests.framework.ops import harness
 
