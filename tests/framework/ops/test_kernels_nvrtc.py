@@ -11,7 +11,7 @@ lookup (and the module load, which needs a driver): CuPy's options, the kernel's
 The table is generated from the kernels' declarations (:class:`framework.ops.kernels.Takes`,
 read from their call sites and held to them on the stand-in): every kernel of
 :data:`framework.ops.kernels.KERNELS` x every binding of its type letters (its dtypes) x
-every layout of its arrays (and that layout with 64-bit indexing, for arrays past 2**31
+every layout of its arrays (and one with 64-bit indexing, for arrays past 2**31
 elements) x each kind of its parameters (the ``either`` ones all arrays, then all
 scalars; a parameter's kind changes only its own line of the source, ``const T &w =
 _raw_w[...]`` or ``const T w``) x Python and NumPy scalars (CuPy types both by the
@@ -60,9 +60,10 @@ for _m in pkgutil.walk_packages(framework.__path__, "framework."):  # every kern
 
 
 def _layouts(kernel) -> list:
-    """(layout, 32-bit indexing) pairs a kernel is compiled in."""
+    """(layout, 32-bit indexing) pairs a kernel is compiled in: each layout, and the first
+    with 64-bit indexing (arrays past 2**31 elements; the index type is CuPy's templates')."""
     declared = kernel.takes.layouts if kernel.cls == "ElementwiseKernel" else ("contiguous", "strided")
-    return [(lay, i32) for lay in declared for i32 in ((True,) if lay == "0-d" else (True, False))]
+    return [(lay, True) for lay in declared] + [(next(lay for lay in declared if lay != "0-d"), False)]
 
 
 def rows(kernel) -> list:
