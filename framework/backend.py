@@ -34,7 +34,7 @@ CUPY_ENV = "INPLACE_LAB_CUPY"
 # What each choice loads: (the module used as ``cupy``, the one used as ``cupyx``).
 _CUPY_MODULES = {
     "cupy": ("cupy", "cupyx"),
-    "standin": ("framework.testing.cupy_standin", "framework.testing.cupy_standin._cupyx"),
+    "standin": ("framework.testing.cupy_standin", "framework.testing.cupyx_standin"),
     "none": None,
 }
 _cupy = None  # the module once imported; False when the import failed

@@ -24,7 +24,6 @@ from ..backend import add_scaled_, get_array_module
 from ..tensor import Tensor
 from . import kernels as K
 from .broadcast import astype, shape_of, sum_to
-from .kernels import on_gpu
 
 
 def _xp(*arrays):
@@ -398,13 +397,13 @@ class Tanh(Function):
     saves = ("result",)
 
     def forward(ctx, x):
-        if on_gpu(x):
+        if K.tanh.fits(x):
             return K.launch(K.tanh, x, out=ctx.out)
         return _xp(x).tanh(x, out=ctx.out)
 
     def backward(ctx, g):
         y = ctx.result
-        if on_gpu(g):
+        if K.tanh_backward.fits(g):
             return K.launch(K.tanh_backward, g, y, out=_into(ctx, g))
         xp = _xp(g)
         d = xp.multiply(y, y, out=xp.empty_like(y))  # y * y would be a scalar for 0-d y
@@ -418,7 +417,7 @@ class Sigmoid(Function):
     saves = ("result",)
 
     def forward(ctx, x):
-        if on_gpu(x):
+        if K.sigmoid.fits(x):
             return K.launch(K.sigmoid, x, out=ctx.out)
         xp = _xp(x)
         # 1 / (1 + exp(-x)) written through one buffer: the inplace form allocates nothing.
@@ -430,7 +429,7 @@ class Sigmoid(Function):
 
     def backward(ctx, g):
         y = ctx.result
-        if on_gpu(g):
+        if K.sigmoid_backward.fits(g):
             return K.launch(K.sigmoid_backward, g, y, out=_into(ctx, g))
         xp = _xp(g)
         d = xp.subtract(1, y, out=xp.empty_like(y))  # 1 - y would be a scalar for 0-d y
@@ -444,12 +443,12 @@ class Relu(Function):
     saves = ("result",)
 
     def forward(ctx, x):
-        if on_gpu(x):
+        if K.relu.fits(x):
             return K.launch(K.relu, x, out=ctx.out)
         return _xp(x).maximum(x, 0, out=ctx.out)
 
     def backward(ctx, g):
-        if on_gpu(g):
+        if K.relu_backward.fits(g):
             return K.launch(K.relu_backward, g, ctx.result, out=_into(ctx, g))
         y = ctx.result
         return mask_grad(g, y > 0, y, out=_into(ctx, g))
@@ -467,7 +466,7 @@ class LeakyRelu(Function):
 
     def forward(ctx, x, negative_slope=0.01):
         ctx.slope = negative_slope
-        if on_gpu(x):
+        if K.leaky_relu.fits(x):
             return K.launch(K.leaky_relu, x, negative_slope, out=ctx.out)
         xp = _xp(x)
         # y = max(x, slope*x) for slope <= 1 (min for slope > 1): one counted temporary,
@@ -503,7 +502,7 @@ class LeakyReluInplace(LeakyRelu):
 def _leaky_relu_backward(ctx, g, source):
     """``g`` times leaky_relu's slope at each element, read from ``source`` (the input, or
     the result of the inplace form: both are > 0 at the same elements for a slope >= 0)."""
-    if on_gpu(g):
+    if K.leaky_relu_backward.fits(g):
         return K.launch(K.leaky_relu_backward, g, source, ctx.slope, out=_into(ctx, g))
     if ctx.reuse_grad or g.__class__ is Tensor:  # Tensor: create_graph (the zero edge)
         sd = getattr(source, "_data", source)  # the scale: a function of the data alone

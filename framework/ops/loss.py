@@ -27,7 +27,9 @@ from ..autograd.function import Function
 from ..backend import get_array_module
 from ..tensor import Tensor
 from . import kernels as K
-from .kernels import on_gpu
+from .broadcast import astype
+from .kernels import on_gpu, opmath_dtype
+from .promotion import is_floating
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -125,10 +127,13 @@ def _check_reduction(reduction):
 
 
 def _reduce(loss, reduction, xp):
+    """The per-sample losses reduced, summed in opmath (float32 for half types) and rounded
+    once to their dtype."""
+    acc = opmath_dtype(loss.dtype)
     if reduction == "mean":
-        return xp.asarray(loss.mean())
+        return xp.asarray(loss.mean(dtype=acc)).astype(loss.dtype, copy=False)
     if reduction == "sum":
-        return xp.asarray(loss.sum())
+        return xp.asarray(loss.sum(dtype=acc)).astype(loss.dtype, copy=False)
     return loss
 
 
@@ -146,7 +151,7 @@ def _check_class_inputs(fn, x, target, log_probs_name):
         raise TypeError(f"{fn}: input and target must be tensors, got {type(x).__name__} and {type(target).__name__}")
     if x.ndim != 2:
         raise ValueError(f"{fn}: expected {log_probs_name} of shape (N, C), got shape {tuple(x.shape)}")
-    if x.dtype.kind != "f":
+    if not is_floating(x.dtype):
         raise TypeError(f"{fn}: expected floating {log_probs_name}, got {x.dtype}")
     if target.dtype.kind not in "iu":
         raise TypeError(
@@ -170,7 +175,13 @@ def _check_class_inputs(fn, x, target, log_probs_name):
 
 
 class CrossEntropy(Function):
-    """Fused log-softmax + NLL over (N, C) logits with int targets; optional label smoothing."""
+    """Fused log-softmax + NLL over (N, C) logits with int targets; optional label smoothing.
+
+    Half-precision logits (float16, bfloat16) are computed with in float32, as PyTorch
+    does, on every device: a row's max, sum of exponentials and log-sum-exp (kept for
+    backward in float32), the losses rounded once to the logits' dtype; a float16 sum of
+    the exponentials would pass 65504 (inf) past 65504 classes and lose digits long before.
+    """
 
     node_name = "NllLossBackward0"  # PyTorch's cross_entropy ends in nll_loss
 
@@ -180,13 +191,14 @@ class CrossEntropy(Function):
         xp = get_array_module(x)
         n, c = x.shape
         ctx.reduction, ctx.eps = reduction, label_smoothing
+        acc = opmath_dtype(x.dtype)
         if on_gpu(x):
-            loss, lse = memory.empty((n,), x.dtype, xp), memory.empty((n,), x.dtype, xp)
+            loss, lse = memory.empty((n,), x.dtype, xp), memory.empty((n,), acc, xp)
             K.cross_entropy(x, target, c, label_smoothing, loss, lse)
             ctx.keep(lse=lse)
             return _reduce(loss, reduction, xp)
-        shifted = memory.empty((n, c), x.dtype, xp, "workspace")
-        xp.subtract(x, x.max(axis=1, keepdims=True), out=shifted)
+        shifted = memory.empty((n, c), acc, xp, "workspace")
+        xp.subtract(x, x.max(axis=1, keepdims=True), out=shifted, dtype=acc)
         rows = xp.arange(n)
         loss = -shifted[rows, target]  # -(x[target] - max); the logsumexp is added below
         if label_smoothing:
@@ -195,7 +207,7 @@ class CrossEntropy(Function):
             loss -= label_smoothing * smooth
         xp.exp(shifted, out=shifted)  # the same workspace, now exp(x - max)
         loss += xp.log(shifted.sum(axis=1))
-        return _reduce(loss, reduction, xp)
+        return _reduce(loss.astype(x.dtype, copy=False), reduction, xp)
 
     def backward(ctx, g):
         if not ctx.needs_input_grad[0]:
@@ -203,8 +215,8 @@ class CrossEntropy(Function):
         x, target = ctx.x, ctx.target
         xp = get_array_module(g)
         n, c = x.shape
-        p = memory.empty((n, c), x.dtype, xp, "gradients")
         if on_gpu(g):
+            p = memory.empty((n, c), x.dtype, xp, "gradients")
             gs, inv_n = (
                 (g.reshape(-1, 1), 1.0) if ctx.reduction == "none" else (g, 1.0 / n if ctx.reduction == "mean" else 1.0)
             )
@@ -213,6 +225,11 @@ class CrossEntropy(Function):
             return p, None
         # Written through out= and the values returned: in place on arrays; under
         # create_graph (tensors) each step is a new tensor, as the ones before are saved.
+        # Half types: computed in float32 (a workspace), rounded once into the gradient.
+        dtype = x.dtype
+        acc = opmath_dtype(dtype)
+        p = memory.empty((n, c), acc, xp, "gradients" if acc == dtype else "workspace")
+        x, g = astype(x, acc), astype(g, acc)
         p = xp.subtract(x, xp.amax(x, axis=1, keepdims=True), out=p)
         p = xp.exp(p, out=p)
         p = xp.true_divide(p, p.sum(axis=1, keepdims=True), out=p)
@@ -225,7 +242,12 @@ class CrossEntropy(Function):
             p[xp.arange(n), target] -= 1.0 - eps
         if eps:
             p = xp.subtract(p, eps / c, out=p)
-        return xp.multiply(p, _grad_scale(g, ctx.reduction, n), out=p), None
+        gx = xp.multiply(p, _grad_scale(g, ctx.reduction, n), out=p)
+        if acc != dtype:
+            gx = astype(gx, dtype)
+            if not hasattr(gx, "_grad_fn"):
+                memory.track(gx, "gradients")
+        return gx, None
 
 
 class NllLoss(Function):

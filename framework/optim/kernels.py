@@ -12,14 +12,18 @@ stand-in runs in its place (:func:`framework.ops.kernels.elementwise`). Both do 
 per-parameter rule's operations in its order and dtype (``Optimizer._update``: the
 hyperparameters cast to the parameters' dtype, one rounding per operation), and the
 source is compiled with ``--fmad=false`` so that CUDA contracts no multiply and add into
-one FMA: the kernel rounds as the reference does.
+one FMA: on a GPU the kernel gives the rule run op by op (CuPy's ufuncs) bit for bit.
+Not NumPy's, in one case: CuPy compiles every kernel, its ufuncs included, with
+``-ftz=true``, so a float32 value below 2**-126 (subnormal) is flushed to zero on the GPU
+where NumPy (the CPU, and this reference on the stand-in) keeps it; float64 is not
+flushed.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..ops.kernels import elementwise
+from ..ops.kernels import Takes, each, elementwise
 
 __all__ = ["sgd", "sgd_momentum", "adam", "FUSED_DTYPES"]
 
@@ -28,6 +32,12 @@ FUSED_DTYPES = frozenset(np.dtype(t) for t in ("float32", "float64"))
 
 # One rounding per operation, as the reference: no FMA contraction.
 _OPTIONS = ("--fmad=false",)
+
+
+def _takes(*scalars):
+    """The call sites: a slice of the flat buffers (1-D, contiguous), the hyperparameters
+    as Python numbers."""
+    return Takes(each(T=sorted(t.name for t in FUSED_DTYPES)), layouts=("contiguous",), scalars=scalars)
 
 
 def _reads(*arrays):
@@ -53,6 +63,7 @@ sgd = elementwise(
     "T d = g; if (wd != (T)0) d = g + p * wd; p_out = p + d * nlr;",
     "fused_sgd",
     _sgd,
+    _takes("wd", "nlr"),
     options=_OPTIONS,
 )
 
@@ -75,6 +86,7 @@ sgd_momentum = elementwise(
     " b_out = bv; p_out = p + d * nlr;",
     "fused_sgd_momentum",
     _sgd_momentum,
+    _takes("wd", "momentum", "damp", "nlr", "first", "nesterov"),
     options=_OPTIONS,
 )
 
@@ -109,5 +121,6 @@ adam = elementwise(
     " p_out = pv + (mv / (sqrt(vv) / sqrt_bc2 + eps)) * nstep;",
     "fused_adam",
     _adam,
+    _takes("decay", "wd", "beta1", "c1", "beta2", "c2", "sqrt_bc2", "eps", "nstep", "decoupled"),
     options=_OPTIONS,
 )

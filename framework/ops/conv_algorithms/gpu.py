@@ -15,10 +15,12 @@ mode, so only the first call of a geometry builds one. The plan's workspace is a
 per call through :mod:`framework.memory` (category ``workspace``) from CuPy's pool. A pass
 cuDNN has no engine for (its build raises ``cudnnGraphNotSupportedError``) is computed by
 ``im2col_gpu`` instead, with a warning naming it, once per geometry.
-Math: ``cudnn`` deselects the engines with ``numerical_note.TENSOR_CORE`` for float32, so
+Math: ``cudnn`` deselects the engines with ``numerical_note.TENSOR_CORE`` for float32 only, so
 float32 convolutions run in full float32 (cuDNN would otherwise take TF32 tensor-core
 engines on Ampere and later GPUs: inputs rounded to 10 mantissa bits, errors of ~1e-3);
-``cudnn_tf32`` keeps them (chosen with ``conv.set_math_mode("tf32")``). Engines that
+``cudnn_tf32`` keeps them (chosen with ``conv.set_math_mode("tf32")``). float16 keeps its
+tensor-core engines, its fastest (they take float16 as it is and accumulate in float32),
+and so does float64 (its tensor cores, where a GPU has them, are full float64). Engines that
 down-convert their inputs (``DOWN_CONVERT_INPUTS``, e.g. float32 to float16) are never
 taken. The environment variable ``NVIDIA_TF32_OVERRIDE=1`` of NVIDIA's libraries would
 force TF32 whatever is chosen here.
@@ -91,6 +93,16 @@ def _row_major(shape):
     return out[::-1]
 
 
+def deselected_notes(cudnn, dtype, tf32) -> list:
+    """The numerical notes of the engines a plan must not take: inputs down-converted, and
+    for float32 (unless ``tf32``) tensor cores, whose float32 math is TF32 (see the module
+    docstring); float16's tensor cores keep its precision, float64's are full float64."""
+    notes = [cudnn.numerical_note.DOWN_CONVERT_INPUTS]
+    if dtype.name == "float32" and not tf32:
+        notes.append(cudnn.numerical_note.TENSOR_CORE)
+    return notes
+
+
 def _build(cudnn, op, geom, dtype, tf32, handle) -> _Plan:
     types = {"float32": cudnn.data_type.FLOAT, "float64": cudnn.data_type.DOUBLE, "float16": cudnn.data_type.HALF}
     io = types[dtype.name]
@@ -116,10 +128,7 @@ def _build(cudnn, op, geom, dtype, tf32, handle) -> _Plan:
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    notes = [cudnn.numerical_note.DOWN_CONVERT_INPUTS]
-    if not tf32:
-        notes.append(cudnn.numerical_note.TENSOR_CORE)
-    graph.deselect_numeric_notes(notes)
+    graph.deselect_numeric_notes(deselected_notes(cudnn, dtype, tf32))
     graph.check_support()
     graph.build_plans()
     return _Plan(graph, operands + (out,), graph.get_workspace_size())

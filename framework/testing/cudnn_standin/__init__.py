@@ -24,6 +24,8 @@ silently or crash on:
 - the plans: for float32 input and output, heuristics rank a tensor-core engine first
   (TF32 math: inputs rounded to 10 mantissa bits, as cuDNN does on Ampere and later GPUs
   unless the graph deselects ``numerical_note.TENSOR_CORE``), then a full-precision one;
+  for float16 a tensor-core engine first too (float16 inputs as they are, accumulated in
+  float32: the same values as the full-precision one here), then a full-precision one;
   other types get a full-precision engine only;
 - each ``execute`` counts ONE kernel launch of kind ``"cudnn"``
   (:func:`framework.testing.cupy_standin.counting.launch`) and no host synchronization;
@@ -174,6 +176,7 @@ class _Engine:
 
 
 _TENSOR_CORE = _Engine("tensor_core_tf32", {numerical_note.TENSOR_CORE}, tf32=True)
+_TENSOR_CORE_HALF = _Engine("tensor_core_fp16", {numerical_note.TENSOR_CORE}, tf32=False)  # float16 as it is
 _FULL = _Engine("full_precision", (), tf32=False)
 
 # op -> (its tensor ports in positional order, its output port)
@@ -344,8 +347,9 @@ class pygraph:  # noqa: N801
             raise TypeError(f"cudnn: heuristics must be heur_mode values, got {modes!r}")
         plans = []
         tf32_possible = self._io == data_type.FLOAT and self._nodes[0][4] == data_type.FLOAT
+        tensor_core = _TENSOR_CORE if tf32_possible else _TENSOR_CORE_HALF if self._io == data_type.HALF else None
         for mode in modes:
-            ranked = [_TENSOR_CORE, _FULL] if mode is not heur_mode.FALLBACK and tf32_possible else [_FULL]
+            ranked = [tensor_core, _FULL] if mode is not heur_mode.FALLBACK and tensor_core else [_FULL]
             plans += [e for e in ranked if e not in plans]
         self._plans, self._barred, self._plan = plans, set(), None
 

@@ -23,14 +23,28 @@ NotImplementedError. The reference gets the host arrays:
   post-mapped identity); the stand-in casts them into the output.
 
 Every call counts one launch of kind ``"kernel"`` (none for an empty loop, as CuPy).
+
+What real CuPy refuses at the call without compiling, the stand-in refuses too: a type
+placeholder bound to two dtypes, a scalar its parameter's dtype cannot hold (CuPy packs
+scalars by assignment: a Python int out of range, NaN for an integer), and the CUDA C that
+CuPy's CUB path would make uncompilable. A one-input, one-output reduction takes that
+path for a C- or F-contiguous input whose reduced axes are its last (C) or first (F) ones,
+at least 128 values per output; CuPy then renames the input to ``in0`` and the output to
+``out0`` with ``str.replace`` over the map and post-map expressions, so a name that occurs
+inside another identifier (``x`` in ``complex``) breaks the source: NVRTC's
+``CompileException`` on a GPU, the same exception here.
 """
 
 from __future__ import annotations
+
+import math
+import re
 
 import numpy
 
 from ._core import _PY_SCALARS, _check_current, _from_host, _peer_error, ndarray
 from .cuda import graph as _graph
+from .cuda.compiler import CompileException
 
 __all__ = ["ElementwiseKernel", "ReductionKernel"]
 
@@ -120,6 +134,15 @@ def _broadcast_shape(args, params, use_size: bool) -> tuple:
     return numpy.broadcast_shapes(*(a.shape for a in arrays))
 
 
+def _pack(value, dtype):
+    """A scalar argument in its parameter's dtype, by assignment as CuPy packs it
+    (``PyArray_Pack``): OverflowError for a Python int out of range, ValueError for NaN
+    into an integer."""
+    out = numpy.empty((), dtype)
+    out[()] = value
+    return out[()]
+
+
 def _host_inputs(args, params, dtypes, shape):
     """The reference's inputs: broadcast views, raw arrays, scalars in their dtype."""
     host = []
@@ -127,8 +150,47 @@ def _host_inputs(args, params, dtypes, shape):
         if isinstance(a, ndarray):
             host.append(a._a if p.raw else numpy.broadcast_to(a._a, shape))
         else:
-            host.append(numpy.asarray(a).astype(dt, casting="unsafe")[()])
+            host.append(_pack(a, dt))
     return host
+
+
+_CUB_REDUCE_SIZE_THRESHOLD = 128  # CuPy's: a smaller reduction runs its generic kernel
+
+
+def _takes_cub(ins, outs, reduce_axes) -> bool:
+    """Whether CuPy's ReductionKernel takes its CUB path (``_can_use_cub_block_reduction``)."""
+    if len(ins) != 1 or len(outs) != 1 or not isinstance(ins[0], ndarray) or not reduce_axes:
+        return False
+    a = ins[0]
+    axes = tuple(range(a.ndim))
+    out_axes = tuple(i for i in axes if i not in reduce_axes)
+    if a.flags.f_contiguous:
+        fits = reduce_axes + out_axes == axes
+    elif a.flags.c_contiguous:
+        fits = out_axes + reduce_axes == axes
+    else:
+        return False
+    return fits and math.prod(a.shape[i] for i in reduce_axes) >= _CUB_REDUCE_SIZE_THRESHOLD
+
+
+def _cub_rename_error(kernel):
+    """The CompileException NVRTC gives for the source of CuPy's CUB path, or None."""
+    old_in, old_out = kernel.in_params[0].name, kernel.out_params[0].name
+    renames = ((kernel.map_expr, old_in, "in0"), (kernel.post_map_expr, old_out, "out0"))
+    if old_in == "in0" and old_out == "out0":
+        return None  # CuPy renames nothing
+    for expr, old, new in renames:
+        renamed = expr.replace(old, new)
+        if renamed != re.sub(rf"\b{re.escape(old)}\b", new, expr):
+            bad = sorted(set(re.findall(r"\w+", renamed)) - set(re.findall(r"\w+", expr)) - {new})
+            return CompileException(
+                f'identifier "{bad[0]}" is undefined: CuPy\'s CUB reduction renamed {old} to {new} '
+                f"with str.replace, inside other identifiers too ({expr!r} became {renamed!r})",
+                renamed,
+                kernel.name,
+                (),
+            )
+    return None
 
 
 def _missing_reference(kind: str, name: str):
@@ -292,6 +354,8 @@ class ReductionKernel:
             return ret
         if self.identity == "" and 0 in shape:
             raise ValueError(f"zero-size array to reduction operation {self.name} which has no identity")
+        if _takes_cub(ins, out_args, reduce_axes) and (error := _cub_rename_error(self)) is not None:
+            raise error
         if self.reference is None:
             raise _missing_reference("ReductionKernel", self.name)
         reference, host_in, host_out = self.reference, _host_inputs(ins, self.in_params, in_types, shape), ret._a

@@ -229,6 +229,31 @@ def test_float32_is_full_float32_unless_tf32_is_chosen(cudnn_frontend):
     np.testing.assert_allclose(to_numpy(y._data), expected, rtol=1e-12, atol=1e-12 * scale)
 
 
+def test_tensor_core_engines_are_deselected_for_float32_only(cudnn_frontend, monkeypatch):
+    """float32 runs in full float32 (unless tf32 is chosen); float16 keeps its tensor-core
+    engines, cuDNN's fastest for it (float16 inputs as they are, float32 accumulation)."""
+    cudnn = fw_backend.cudnn_module()
+    barred = {
+        (t, tf32): cudnn.numerical_note.TENSOR_CORE in gpu.deselected_notes(cudnn, np.dtype(t), tf32)
+        for t in ("float16", "float32", "float64")
+        for tf32 in (False, True)
+    }
+    assert barred == {
+        ("float16", False): False,
+        ("float16", True): False,
+        ("float32", False): True,
+        ("float32", True): False,
+        ("float64", False): False,
+        ("float64", True): False,
+    }
+    if cudnn.__name__.endswith("cudnn_standin"):  # the engines the stand-in's heuristics pick
+        monkeypatch.setattr(gpu, "_plans", {})
+        for dtype in (np.float16, np.float32, np.float64):
+            conv2d(_cuda(_rand((2, 4, 6, 6), 20, dtype)), _cuda(_rand((3, 4, 3, 3), 21, dtype)), None, 1, 1)
+        engines = {key[6]: plan.graph._plan.name for key, plan in gpu._plans.items()}
+        assert engines == {"float16": "tensor_core_fp16", "float32": "full_precision", "float64": "full_precision"}
+
+
 def test_the_math_mode_of_the_forward_call_applies_to_its_backward(cudnn_frontend):
     x32, w32 = _rand((2, 16, 8, 8), 14, np.float32), _rand((8, 16, 3, 3), 15, np.float32)
     grads = {}

@@ -112,6 +112,27 @@ def test_cross_entropy_is_stable_for_large_logits(backend):
     assert np.all(np.isfinite(xt.grad.numpy()))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_half_precision_cross_entropy_sums_in_float32(dtype, reduction, backend):
+    """Half-precision logits (bfloat16 too, as PyTorch) are computed with in float32 on
+    every device: the losses and gradients are those of float64 on the same (rounded)
+    logits, to the half type's rounding; the loss and the gradient keep the logits' dtype."""
+    _t = _on(backend)
+    dt = fw.float16 if dtype == "float16" else fw.bfloat16
+    x = _logits(6, 9, seed=4, scale=4.0).astype(dt)
+    xt = _t(x, True)
+    loss = cross_entropy(xt, _t(np.array([0, 8, 1, 2, 3, 4])), reduction=reduction, label_smoothing=0.1)
+    loss.sum().backward()
+    x64 = _t(x.astype(np.float64), True)
+    want = cross_entropy(x64, _t(np.array([0, 8, 1, 2, 3, 4])), reduction=reduction, label_smoothing=0.1)
+    want.sum().backward()
+    tol = 2.0**-8 if dtype == "float16" else 2.0**-5  # a few units of the half type's last place
+    assert loss.dtype == dt and xt.grad.dtype == dt
+    assert_close(loss.detach().float(), want.detach(), rtol=tol, atol=tol)
+    assert_close(xt.grad.float(), x64.grad, rtol=tol, atol=tol * 0.1)
+
+
 def test_cross_entropy_equals_nll_of_log_softmax(backend):
     _t = _on(backend)
     x = _logits(seed=2)

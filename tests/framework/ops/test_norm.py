@@ -242,6 +242,18 @@ def test_batch_norm_partial_gradients_match_full(training, backend):
         assert_close(part[k].grad, full[k].grad, rtol=1e-12, atol=1e-12)
 
 
+def test_batch_norm_of_a_transposed_batch_of_128_or_more(backend):
+    """(N, C) as the transpose of a (C, N) tensor, N >= 128: F-contiguous, so on a GPU
+    CuPy sums its statistics on its CUB path, which renames the kernel's input inside its
+    map expression (the stand-in raises CuPy's CompileException where that would break)."""
+    x = np.random.default_rng(0).standard_normal((3, 200)) * 2 + 0.5
+    xt = _on(backend)(x, True).t()
+    out = batch_norm(xt, None, None, None, None, training=True)
+    mean, var, _ = ref_batch_stats(x.T)
+    assert_close(out, ref_bn(x.T, mean, var, None, None), rtol=1e-12, atol=1e-12)
+    out.sum().backward()  # its gradient's sums take more inputs: never CUB's one-input path
+
+
 def test_batch_norm_non_contiguous_input():
     x, w, b = _data((3, 4, 2, 5))
     xt = _t(x).permute(0, 3, 2, 1)  # (3, 5, 2, 4): channels = 5, a strided view

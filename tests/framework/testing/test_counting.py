@@ -10,7 +10,7 @@ import pytest
 
 import framework as fw
 import framework.testing.cupy_standin as cp
-from framework.testing.cupy_standin import _cupyx as cpx
+from framework.testing import cupyx_standin as cpx
 from framework.testing.cupy_standin import counting
 from tests.conftest import requires_gpu
 from tests.framework.ops import harness

@@ -170,6 +170,34 @@ def _axis_error(axis, ndim):
     return AxisErrorRow(f"axis {axis} is out of bounds for array of dimension {ndim}")
 
 
+_MOMENT = "__device__ complex<double> moment(double v) { return complex<double>(v, v * v); }"
+
+
+def _cub_moments(xp, map_expr, order, preamble=""):
+    """A one-input ReductionKernel over the 256 rows of a (256, 2) input in ``order``: its
+    result's first value, or the name of the exception it raises. CuPy takes its CUB path
+    for the F-ordered input (the reduced axis first), where it renames ``x`` to ``in0`` with
+    str.replace over the map expression."""
+    k = xp.ReductionKernel(
+        "T x",
+        "complex128 s",
+        map_expr,
+        "a + b",
+        "s = a",
+        "0",
+        "behaviour_moments",
+        reduce_type="complex<double>",
+        preamble=preamble,
+    )
+    if hasattr(xp, "counting"):  # the stand-in runs a NumPy reference in place of CUDA
+        k.reference = lambda x, axis: x.astype(np.float64).sum(axis) + 1j * (x.astype(np.float64) ** 2).sum(axis)
+    a = xp.ones((256, 2), dtype=xp.float32, order=order)
+    try:
+        return complex(k(a, axis=0)[0].get())
+    except Exception as e:  # noqa: BLE001 - the row is which exception
+        return type(e).__name__
+
+
 class AxisErrorRow:
     """An expected ``numpy.exceptions.AxisError`` with this message."""
 
@@ -262,6 +290,22 @@ ROWS = [
         "ValueError: Can't change the global allocator inside `using_allocator` context manager",
     ),
     ("using_allocator: the calling thread's only", _using_allocator_is_thread_local, (True, False, False)),
+    # ReductionKernel: CuPy's CUB path renames the input inside other identifiers too.
+    (
+        "ReductionKernel, CUB path: x inside complex renamed",
+        lambda xp: _cub_moments(xp, "complex<double>(x, (double)x * x)", "F"),
+        "CompileException",
+    ),
+    (
+        "ReductionKernel, no CUB path (C order)",
+        lambda xp: _cub_moments(xp, "complex<double>(x, (double)x * x)", "C"),
+        256 + 256j,
+    ),
+    (
+        "ReductionKernel, CUB path: x alone",
+        lambda xp: _cub_moments(xp, "moment((double)x)", "F", _MOMENT),
+        256 + 256j,
+    ),
     # NCCL errors: NcclError(status), the message CuPy's name and NCCL's string.
     (
         "NcclError(5)",

@@ -20,7 +20,7 @@ import pytest
 import framework as fw
 import framework.testing.cupy_standin as cp
 from framework import backend, memory
-from framework.testing.cupy_standin import _cupyx as cupyx
+from framework.testing import cupyx_standin as cupyx
 from framework.testing.cupy_standin.cuda import memory as cmem
 from framework.testing.cupy_standin.cuda import memory_hook, nccl
 

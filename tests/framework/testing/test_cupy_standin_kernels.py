@@ -161,3 +161,50 @@ def test_reduction_reduce_type_and_fixed_output_dtype():
     y = k(x)
     assert y.dtype == np.float64 and float(y) == np.full(4, 0.1, np.float32).astype(np.float64).sum()
     assert k.reduce_type == "double" and _sum_sq().reduce_type == "T"
+
+
+def test_scalars_are_packed_into_their_parameter_as_cupy_packs_them():
+    k = cp.ElementwiseKernel("T x, int8 k", "T y", "y = x + k;", "add_int8")
+    k.reference = lambda x, k_, y: y.__setitem__(..., x + k_)
+    x = cp.zeros(3, dtype=cp.float32)
+    assert k(x, 5).get().tolist() == [5.0, 5.0, 5.0]
+    with pytest.raises(OverflowError, match="300 out of bounds for int8"):
+        k(x, 300)  # CuPy packs by assignment (PyArray_Pack), NumPy 2's rule for a Python int
+    with pytest.raises(ValueError, match="NaN"):
+        k(x, float("nan"))
+
+
+_MOMENT = "__device__ complex<double> moment(double v) { return complex<double>(v, v * v); }"
+
+
+def _moments(map_expr, preamble=""):
+    k = cp.ReductionKernel(
+        "T x",
+        "complex128 s",
+        map_expr,
+        "a + b",
+        "s = a",
+        "0",
+        "moments",
+        reduce_type="complex<double>",
+        preamble=preamble,
+    )
+    k.reference = lambda x, axis: x.astype(np.float64).sum(axis) + 1j * (x.astype(np.float64) ** 2).sum(axis)
+    return k
+
+
+def test_a_reduction_cupys_cub_path_would_break_raises_its_compile_exception():
+    """CuPy's CUB path renames the input (x) to in0 with str.replace, inside ``complex``
+    too; it takes that path for a C- or F-contiguous input reduced over its last (C) or
+    first (F) axes, 128 values or more per output."""
+    broken = _moments("complex<double>(x, (double)x * x)")
+    f_order = cp.ones((256, 2), dtype=cp.float32, order="F")
+    with pytest.raises(cp.cuda.compiler.CompileException, match='identifier "complein0" is undefined'):
+        broken(f_order, axis=0)
+    with pytest.raises(cp.cuda.compiler.CompileException):
+        broken(cp.ones((2, 256), dtype=cp.float32), axis=1)  # C order, the last axis
+    assert complex(broken(cp.ones((256, 2), dtype=cp.float32), axis=0)[0].get()) == 256 + 256j  # C order, axis 0
+    assert complex(broken(cp.ones((127, 2), dtype=cp.float32, order="F"), axis=0)[0].get()) == 127 + 127j  # < 128
+    assert complex(broken(f_order[::2], axis=0)[0].get()) == 128 + 128j  # not contiguous
+    fixed = _moments("moment((double)x)", _MOMENT)
+    assert complex(fixed(f_order, axis=0)[0].get()) == 256 + 256j

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
-from . import device, graph, memory, memory_hook, runtime, stream  # noqa: F401
+from . import compiler, device, graph, memory, memory_hook, runtime, stream  # noqa: F401
 from .device import Device, get_device_id  # noqa: F401
 from .graph import Graph  # noqa: F401
 from .memory import (  # noqa: F401

@@ -1,11 +1,12 @@
-"""``cupyx`` of the stand-in: the scatter routine this project uses (a private module, so
-the stand-in's namespace holds only names real CuPy has: ``cupyx`` is no part of ``cupy``)."""
+"""``cupyx`` of the CuPy stand-in (:mod:`framework.testing.cupy_standin`): the scatter
+routine this project uses. A module of its own, as CuPy's ``cupyx`` is a package beside
+``cupy`` and no attribute of it."""
 
 from __future__ import annotations
 
 import numpy
 
-from ._core import _scatter
+from .cupy_standin._core import _scatter
 
 
 def scatter_add(a, slices, value) -> None:

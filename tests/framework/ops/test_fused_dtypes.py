@@ -1,0 +1,332 @@
+"""Every fused GPU kernel in every dtype it takes, against a float64 reference.
+
+Each case runs an op (forward and backward) on the gpu leg in one dtype, where the fused
+kernels of :mod:`framework.ops.kernels` and :mod:`framework.optim.kernels` run, and
+compares its values and gradients with the same op run on the CPU in float64 on the same
+(rounded) inputs, with that dtype's tolerance; it also records which kernels ran and in
+which dtypes (:meth:`framework.ops.kernels._Kernel.binding`), and holds them to the
+case's list. :func:`test_the_cases_run_every_kernel_in_every_dtype_it_takes` then checks
+that the cases together run every kernel of :data:`framework.ops.kernels.KERNELS` with
+every binding of its type letters that it declares.
+
+On the CuPy stand-in the kernels run their NumPy references, which compute as the CUDA
+source does (half types in float32, rounded where the source rounds); on a GPU, the CUDA.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import framework as fw
+from framework.ops import kernels as K
+from framework.ops import norm
+from framework.ops.loss import check_targets, cross_entropy
+from framework.optim import SGD, Adam
+from framework.optim import kernels as optim_kernels
+from framework.testing import to_numpy
+from tests.conftest import requires_gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+# A dtype's tolerance: relative to each value and, for values near zero, to the largest
+# magnitude of the reference (gradients of normalizations cancel). A few units in the last
+# place of the dtype: float16's is 2**-10, bfloat16's 2**-7, float32's 2**-23.
+TOL = {"float16": 8e-3, "bfloat16": 6e-2, "float32": 2e-5, "float64": 1e-11}
+
+
+def _cases():
+    """(case name, binding of the type letters, kernels it must launch)"""
+    out = []
+    for t in K.FLOATS:
+        for act in ("relu", "leaky_relu", "sigmoid", "tanh"):
+            out.append((act, {"T": t}, (f"fused_{act}", f"fused_{act}_backward")))
+        for s in K.INTEGERS:
+            ce = ("fused_cross_entropy", "fused_cross_entropy_backward")
+            out.append(("cross_entropy", {"T": t, "S": s}, ce))
+            out.append(("bad_target", {"T": s}, ("fused_bad_target",)))
+        for u in K.FLOATS:
+            out.append(("running_stat_update", {"T": t, "U": u}, ("fused_running_stat_update",)))
+        out.append(("running_stat_from_moments", {"T": t}, ("fused_running_stat_from_moments", "fused_bn_eval_stats")))
+    for t in K.IEEE_FLOATS:
+        bn = ("fused_bn_moments", "fused_bn_forward", "fused_bn_grad_sums", "fused_bn_backward_affine")
+        out.append(("batch_norm", {"T": t}, bn))
+        out.append(("batch_norm weight without grad", {"T": t}, ("fused_bn_backward",)))
+        out.append(("batch_norm eval", {"T": t}, ("fused_bn_eval_stats", "fused_bn_forward", "fused_bn_scale")))
+        for batch in (True, False):
+            for dz in (True, False):
+                for gw in (True, False):
+                    name = (
+                        f"fused_abn_backward_{'batch' if batch else 'given'}{'_dz' if dz else ''}{'_gw' if gw else ''}"
+                    )
+                    out.append((f"inplace_abn {batch} {dz} {gw}", {"T": t}, ("fused_abn_forward", name)))
+        out.append(
+            (
+                "inplace_abn without x's gradient",
+                {"T": t},
+                ("fused_abn_grad_sums", "fused_abn_dz", "fused_abn_weight_grad"),
+            )
+        )
+    for t in sorted(d.name for d in optim_kernels.FUSED_DTYPES):
+        out.append(("sgd", {"T": t}, ("fused_sgd",)))
+        out.append(("sgd momentum", {"T": t}, ("fused_sgd_momentum",)))
+        out.append(("adam", {"T": t}, ("fused_adam",)))
+    return out
+
+
+CASES = _cases()
+
+
+def _table(*first_words):
+    """The cases whose name starts with one of ``first_words``, as pytest parameters."""
+    return [
+        pytest.param(case, b, names, id=f"{case}-{'-'.join(b.values())}")
+        for case, b, names in CASES
+        if case.split()[0] in first_words
+    ]
+
+
+def _agrees(b: dict, binding: dict) -> bool:
+    """Whether a kernel's binding ``b`` is the case's on the letters both have (the others,
+    such as C for the complex sums, follow from T)."""
+    return all(b[letter] == v for letter, v in binding.items() if letter in b)
+
+
+def test_the_cases_run_every_kernel_in_every_dtype_it_takes():
+    declared = {(name, tuple(sorted(b.items()))) for name, k in K.KERNELS.items() for b in k.takes.types}
+    covered = {
+        (name, tuple(sorted(b.items())))
+        for _, binding, names in CASES
+        for name in names
+        for b in K.KERNELS[name].takes.types
+        if _agrees(b, binding)
+    }
+    assert sorted(declared - covered) == []
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The (kernel name, binding) of every fused kernel launched in the test."""
+    calls = []
+    call = K._Kernel.__call__
+
+    def record(self, *args, **kwargs):
+        calls.append((self.name, self.binding(args + ((kwargs["out"],) if "out" in kwargs else ()))))
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(K._Kernel, "__call__", record)
+    return calls
+
+
+def _dtype(name):
+    return K.dtype_of(name)
+
+
+def _rounded(a, dtype):
+    """float64 values that ``dtype`` holds exactly: the inputs of both runs."""
+    return np.asarray(a, np.float64).astype(_dtype(dtype)).astype(np.float64)
+
+
+def _close(got, want, dtype, what):
+    got = np.asarray(to_numpy(got)).astype(np.float64)
+    want = np.asarray(to_numpy(want)).astype(np.float64)
+    assert got.shape == want.shape, what
+    tol = TOL[dtype]
+    scale = np.abs(want).max() if want.size else 0.0
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale, err_msg=f"{what} in {dtype}")
+
+
+def _run(fn, arrays, dtype, device, grads=True):
+    """``fn(*tensors)`` on ``device`` in ``dtype`` and its gradients (backward of a fixed weighting)."""
+    ts = [fw.tensor(a.astype(_dtype(dtype)), device=device, requires_grad=grads) for a in arrays]
+    out = fn(*ts)
+    if not grads:
+        return [out]
+    w = np.random.default_rng(7).standard_normal(out.shape).astype(_dtype(dtype))
+    (out * fw.tensor(w, device=device)).sum().backward()
+    return [out] + [t.grad for t in ts]
+
+
+def _check(fn, arrays, dtype, what, grads=True):
+    got = _run(fn, arrays, dtype, "cuda", grads)
+    want = _run(fn, arrays, "float64", "cpu", grads)
+    for i, (g, w) in enumerate(zip(got, want)):
+        _close(g, w, dtype, f"{what}: {'output' if i == 0 else f'gradient {i}'}")
+
+
+def _ran(launched, names, binding):
+    missing = [n for n in names if not any(m == n and _agrees(b, binding) for m, b in launched)]
+    assert missing == [], f"not launched in {binding}: {missing}; launched {launched}"
+
+
+def _normal(shape, seed, dtype, scale=1.0, shift=0.0):
+    return _rounded(np.random.default_rng(seed).standard_normal(shape) * scale + shift, dtype)
+
+
+ACTIVATIONS = {
+    "relu": fw.relu,
+    "leaky_relu": lambda x: fw.leaky_relu(x, 0.1),
+    "sigmoid": fw.sigmoid,
+    "tanh": fw.tanh,
+}
+
+
+@pytest.mark.parametrize("case,binding,names", _table(*ACTIVATIONS))
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "0-d"])
+def test_activation(launched, case, binding, names, layout):
+    dtype, fn = binding["T"], ACTIVATIONS[case]
+    x = _normal(() if layout == "0-d" else (4, 6), 0, dtype, 2.0)
+    op = (lambda t: fn(t.t())) if layout == "transposed" else fn
+    _check(op, [x], dtype, f"{case} ({layout})")
+    _ran(launched, names, binding)
+
+
+def _bn_data(dtype, shape=(6, 3, 2, 2)):
+    c = shape[1]
+    return _normal(shape, 1, dtype, 2.0, 0.5), _normal((c,), 2, dtype, 1.0, 1.0), _normal((c,), 3, dtype)
+
+
+@pytest.mark.parametrize("case,binding,names", _table("batch_norm"))
+def test_batch_norm(launched, case, binding, names):
+    dtype = binding["T"]
+    x, w, b = _bn_data(dtype)
+    c = x.shape[1]
+    mean, var = _normal((c,), 4, dtype, 0.3), _rounded(np.linspace(0.5, 2.0, c), dtype)
+
+    def stats(device):
+        return [fw.tensor(a.astype(_dtype(dtype)), device=device) for a in (mean, var)]
+
+    if case == "batch_norm eval":
+        _check(
+            lambda x_, w_, b_: norm.batch_norm(x_, *stats(x_.device), w_, b_, training=False), [x, w, b], dtype, case
+        )
+    elif case == "batch_norm weight without grad":
+
+        def op(x_):
+            wt = fw.tensor(w.astype(_dtype(dtype)), device=x_.device)
+            return norm.batch_norm(x_, None, None, wt, None, training=True)
+
+        _check(op, [x], dtype, case)
+    else:
+        _check(lambda x_, w_, b_: norm.batch_norm(x_, None, None, w_, b_, training=True), [x, w, b], dtype, case)
+    _ran(launched, names, binding)
+
+
+@pytest.mark.parametrize("case,binding,names", _table("inplace_abn"))
+def test_inplace_abn(launched, case, binding, names):
+    dtype = binding["T"]
+    x, w, b = _bn_data(dtype)
+    r = _normal(x.shape, 5, dtype)
+    c = x.shape[1]
+    mean, var = _normal((c,), 4, dtype, 0.3), _rounded(np.linspace(0.5, 2.0, c), dtype)
+    if case == "inplace_abn without x's gradient":
+        batch, need_r, affine, need_x = True, True, True, False
+    else:
+        batch, need_r, affine = (word == "True" for word in case.split()[1:])
+        need_x = True
+
+    def run(device, dt):
+        t = _dtype(dt)
+        xt = fw.tensor(x.astype(t), device=device, requires_grad=need_x)
+        wt = fw.tensor(w.astype(t), device=device, requires_grad=affine)
+        bt = fw.tensor(b.astype(t), device=device, requires_grad=affine)
+        rt = fw.tensor(r.astype(t), device=device, requires_grad=need_r)
+        stats = (None, None) if batch else tuple(fw.tensor(a.astype(t), device=device) for a in (mean, var))
+        h = xt * 1 if need_x else xt.clone()
+        y = norm.inplace_abn(h, *stats, wt, bt, training=batch, negative_slope=0.1, residual=rt)
+        g = np.random.default_rng(7).standard_normal(y.shape).astype(t)
+        out = y.detach().clone()
+        (y * fw.tensor(g, device=device)).sum().backward()
+        return [out] + [v.grad for v, needed in ((xt, need_x), (wt, affine), (bt, affine), (rt, need_r)) if needed]
+
+    for i, (got, want) in enumerate(zip(run("cuda", dtype), run("cpu", "float64"))):
+        _close(got, want, dtype, f"{case}: {'output' if i == 0 else f'gradient {i}'}")
+    _ran(launched, names, binding)
+
+
+@pytest.mark.parametrize("case,binding,names", _table("running_stat_update", "running_stat_from_moments"))
+def test_running_statistics(launched, case, binding, names):
+    t = _dtype(binding["T"])
+    r = _rounded([0.5, -1.0, 2.0], binding["T"])
+    if case == "running_stat_update":
+        batch = _rounded([1.5, 0.25, -3.0], binding["U"])
+        dev = fw.tensor(r.astype(t), device="cuda")
+        norm.RunningStatUpdate.apply_(dev, fw.tensor(batch.astype(_dtype(binding["U"])), device="cuda"), momentum=0.3)
+        _close(dev, 0.7 * r + 0.3 * batch, binding["T"], case)
+    else:  # training updates the running statistics from the batch's sums; eval reads them
+        x = _normal((8, 3), 1, "float32", 2.0, 0.5)
+        rm, rv = fw.tensor(r.astype(t), device="cuda"), fw.tensor(np.abs(r).astype(t), device="cuda")
+        norm.batch_norm(fw.tensor(x.astype(np.float32), device="cuda"), rm, rv, training=True, momentum=0.3)
+        m = x.shape[0]
+        want_m, want_v = 0.7 * r + 0.3 * x.mean(0), 0.7 * np.abs(r) + 0.3 * x.var(0) * m / (m - 1)
+        _close(rm, want_m, binding["T"], case + " mean")
+        _close(rv, want_v, binding["T"], case + " var")
+        y = norm.batch_norm(fw.tensor(x.astype(np.float32), device="cuda"), rm, rv, training=False)
+        stored_m, stored_v = (to_numpy(a).astype(np.float64) for a in (rm, rv))
+        _close(y, (x - stored_m) / np.sqrt(stored_v + 1e-5), "float32", case + " eval")
+    _ran(launched, names, binding)
+
+
+@pytest.mark.parametrize("case,binding,names", _table("cross_entropy", "bad_target"))
+def test_cross_entropy(launched, case, binding, names):
+    if case == "bad_target":
+        t = np.array([0, 3, 1, 2]).astype(_dtype(binding["T"]))
+        x = _normal((4, 3), 0, "float32")
+        cross_entropy(fw.tensor(x.astype(np.float32), device="cuda"), fw.tensor(t, device="cuda"))
+        with pytest.raises(IndexError, match="Target 3 is out of bounds"):
+            check_targets()
+    else:
+        dtype = binding["T"]
+        t = np.array([0, 3, 1, 2, 4]).astype(_dtype(binding["S"]))
+        x = _normal((5, 6), 0, dtype, 3.0)
+        for reduction in ("mean", "none"):
+
+            def op(x_, reduction=reduction):
+                return cross_entropy(x_, fw.tensor(t, device=x_.device), reduction=reduction, label_smoothing=0.1)
+
+            _check(lambda x_: op(x_).reshape(-1), [x], dtype, f"{case} {reduction}")
+    _ran(launched, names, binding)
+
+
+def test_half_cross_entropy_sums_past_65504_classes():
+    """A row's sum of exponentials passes float16's largest finite value (65504) with more
+    classes than that: summed in float32, the loss is log(C) (equal logits), not inf."""
+    c = 70_000
+    for device in ("cuda", "cpu"):
+        x = fw.zeros(2, c, dtype=fw.float16, device=device, requires_grad=True)
+        loss = cross_entropy(x, fw.tensor(np.array([0, c - 1]), device=device))
+        assert abs(float(loss.item()) - np.log(c)) < 1e-2, device
+        loss.backward()
+        g = to_numpy(x.grad).astype(np.float64)
+        assert np.isfinite(g).all() and abs(g.sum()) < 1e-2, device
+
+
+@pytest.mark.parametrize("case,binding,names", _table("sgd", "adam"))
+def test_optimizer(launched, case, binding, names):
+    dtype = binding["T"]
+    p0, g0 = _normal((5,), 0, dtype), _normal((5,), 1, dtype)
+
+    def step(device, dt):
+        p = fw.tensor(p0.astype(_dtype(dt)), device=device, requires_grad=True)
+        opt = {
+            "sgd": lambda: SGD([p], lr=0.1, weight_decay=0.01),
+            "sgd momentum": lambda: SGD([p], lr=0.1, momentum=0.9, nesterov=True),
+            "adam": lambda: Adam([p], lr=0.1, weight_decay=0.01),
+        }[case]()
+        for _ in range(2):
+            p.grad = fw.tensor(g0.astype(_dtype(dt)), device=device)
+            opt.step()
+        return p
+
+    _close(step("cuda", dtype), step("cpu", "float64"), dtype, case)
+    _ran(launched, names, binding)
+
+
+@pytest.mark.parametrize("act", ["relu", "tanh"])
+def test_integer_tensors_run_their_activations_as_on_the_cpu(launched, act):
+    """The kernels take floating dtypes only: an integer tensor's activation runs as CuPy's
+    ufuncs, with NumPy's result on the CPU (relu keeps int64, tanh gives float64)."""
+    x = np.array([1, -2, 3])
+    got, want = getattr(fw, act)(fw.tensor(x, device="cuda")), getattr(fw, act)(fw.tensor(x))
+    assert got.dtype == want.dtype and launched == []
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=1e-6)
