@@ -116,8 +116,10 @@ def _inplace_operand(x, other, floating=False, opmath=False):
 def _alpha(alpha):
     """``add``/``sub``'s multiplier as a number that promotes nothing: a NumPy scalar becomes
     a Python number, as PyTorch takes it (``alpha=np.float64(0.1)`` keeps a float32 tensor
-    float32)."""
-    return alpha.item() if isinstance(alpha, np.generic) else alpha
+    float32); a traced number (a compiled step's) is converted the same way, kept symbolic."""
+    if isinstance(alpha, np.generic):
+        return alpha.item()
+    return alpha.as_python() if hasattr(alpha, "as_python") else alpha
 
 
 def add(x, other, alpha=1):

@@ -344,7 +344,7 @@ def test_a_step_that_accumulates_gradients_reads_them_and_keyword_arguments_work
 @pytest.mark.parametrize("number", [float, np.float32, np.float64], ids=["float", "np.float32", "np.float64"])
 def test_a_traced_number_is_an_operand_as_eager_takes_it(number):
     # An op takes a NumPy scalar as a Python number (PyTorch's promotion): w.mul_(a) with a
-    # np.float64 multiplies in float32, as eager does; w.add_(v, alpha=a) passes alpha on as is
+    # np.float64 multiplies in float32, as eager does, and so does w.add_(v, alpha=a)
     def step(w, v, a):
         with fw.no_grad():
             w.mul_(a)
