@@ -176,8 +176,7 @@ def test_learning_rate_schedules(tmp_path):
     )
 
 
-def test_multistep_divides_the_learning_rate_at_each_milestone_as_pytorch_does(tmp_path):
-    torch = pytest.importorskip("torch")
+def test_multistep_divides_the_learning_rate_at_each_milestone_as_pytorch_does(tmp_path, torch):
     milestones = ("schedule.name=multistep", "schedule.milestones=[3, 5]", "schedule.gamma=0.1")
     cfg = tiny_config(tmp_path, *milestones, "schedule.warmup_steps=0")
     ours = [learning_rate(cfg, s, 8) for s in range(8)]
