@@ -30,7 +30,7 @@ REDUCTIONS = ("mean", "sum", "none")
 
 #: The deferred target checks of the GPU path are read back at least this often (loss calls).
 CHECK_EVERY = 256
-_pending: list = []  # (loss name, number of classes, device array: a bad target or 0)
+_pending: list = []  # (op name, number of classes, device array: a bad target or 0, "Target" or "Index")
 
 
 def check_targets() -> None:
@@ -44,23 +44,26 @@ def check_targets() -> None:
     pending = list(_pending)
     _pending.clear()
     found = {}
-    for dev in dict.fromkeys(backend.device_of(bad) for _, _, bad in pending):  # one transfer per device
-        flags = [bad for _, _, bad in pending if backend.device_of(bad) == dev]
+    for dev in dict.fromkeys(backend.device_of(bad) for _, _, bad, _ in pending):  # one transfer per device
+        flags = [bad for _, _, bad, _ in pending if backend.device_of(bad) == dev]
         with backend.device_context(dev):
             values = backend.to_numpy(get_array_module(flags[0]).stack(flags))
         found.update(zip(map(id, flags), values))
-    for fn, c, bad in pending:
+    for fn, c, bad, what in pending:
         if found[id(bad)] != 0:
             raise IndexError(
-                f"{fn}: Target {int(found[id(bad)])} is out of bounds: class indices must be in [0, {c - 1}]"
+                f"{fn}: {what} {int(found[id(bad)])} is out of bounds: {what.lower()} values must be in [0, {c - 1}]"
+                if what != "Target"
+                else f"{fn}: Target {int(found[id(bad)])} is out of bounds: class indices must be in [0, {c - 1}]"
             )
 
 
-def _defer_target_check(fn, t, c) -> None:
-    """The GPU's target check: one reduction kernel, read back later by :func:`check_targets`."""
+def _defer_target_check(fn, t, c, what="Target") -> None:
+    """The GPU's target check: one reduction kernel, read back later by :func:`check_targets`
+    (``what``: what the message calls a value, e.g. ``"Index"`` for embedding's indices)."""
     if c == 0:  # every target is out of range (and 0 could not mark one): no device read needed
-        raise IndexError(f"{fn}: every target is out of bounds: the input has 0 classes")
-    _pending.append((fn, c, K.bad_target(t, c)))
+        raise IndexError(f"{fn}: every {what.lower()} is out of bounds: the input has 0 classes")
+    _pending.append((fn, c, K.bad_target(t, c), what))
     if len(_pending) >= CHECK_EVERY:
         check_targets()
 

@@ -131,6 +131,7 @@ def _softmax_axis(dim, ndim):
 class Softmax(Function):
     inplace_name = "softmax_"
     saves = ("result",)
+    auto_inplace = True  # backward reads the result only: policy auto may write over a dead input
 
     def forward(ctx, x, dim=-1):
         xp = get_array_module(x)
@@ -151,6 +152,7 @@ class Softmax(Function):
 class LogSoftmax(Function):
     inplace_name = "log_softmax_"
     saves = ("result",)
+    auto_inplace = True
 
     def forward(ctx, x, dim=-1):
         xp = get_array_module(x)
