@@ -54,6 +54,8 @@ def _train(args):
 
     cfg = load_config(args.config, args.overrides)
     trainer = Trainer(cfg, resume=args.resume)
+    if trainer.comm.is_main and trainer.describe_data():
+        print(trainer.describe_data())
     result = trainer.fit()
     if not trainer.comm.is_main:
         return 0
@@ -65,6 +67,13 @@ def _train(args):
         )
         return 0
     print(summary_table([result]))
+    sample = trainer.sample_text()
+    if sample is not None:
+        baseline = trainer.train_set.unigram_loss
+        print(
+            f"validation loss {result.eval_metric:.3f} nats/token; the unigram baseline (training token "
+            f"frequencies) {baseline:.3f}\nsample:\n{sample}"
+        )
     experiment = os.path.dirname(result.run_dir)
     print(f"TensorBoard logs: {result.run_dir}  (tensorboard --logdir {experiment}, then open {DASHBOARD_URL})")
     return 0

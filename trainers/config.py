@@ -139,7 +139,9 @@ SCHEMA: dict[str, Any] = {
         min=0,
     ),
     "data": {
-        "name": Field("str", "digits", "Dataset", choices=("digits", "synthetic_images", "synthetic_regression")),
+        "name": Field(
+            "str", "digits", "Dataset", choices=("digits", "synthetic_images", "synthetic_regression", "text")
+        ),
         "batch_size": Field("int", 64, "Training batch size per process", min=1),
         "eval_batch_size": Field("int", 512, "Evaluation batch size per process", min=1),
         "drop_last": Field("bool", True, "Drop the last incomplete training batch of an epoch"),
@@ -152,6 +154,21 @@ SCHEMA: dict[str, Any] = {
         "in_features": Field("int", 32, "Input features (synthetic_regression)", min=1),
         "out_features": Field("int", 1, "Output features (synthetic_regression)", min=1),
         "test_fraction": Field("float", 0.2, "Fraction of digits held out for evaluation", gt=0, lt=1),
+        # text: any UTF-8 file, for a language model (trainers/text_data.py)
+        "path": Field(
+            "str?",
+            None,
+            "The text file (text); a relative path in a config file is relative to that file's folder, "
+            "one given with --set to the current directory",
+        ),
+        "vocab": Field(
+            "str",
+            "char",
+            "Tokens of the text: `char` (its distinct characters) or `byte` (256)",
+            choices=("char", "byte"),
+        ),
+        "block_size": Field("int", 64, "Tokens per sample: the context of a language model (text)", min=1),
+        "val_fraction": Field("float", 0.1, "The text's last fraction held out for validation (text)", gt=0, lt=1),
     },
     "model": {
         "name": Field("str", "mlp", "Model name in the model registry (`models.build_model` checks it)"),
@@ -171,6 +188,13 @@ SCHEMA: dict[str, Any] = {
         "dampening": Field("float", 0.0, "SGD dampening", min=0),
         "nesterov": Field("bool", False, "SGD Nesterov momentum"),
         "weight_decay": Field("float", 0.0, "Weight decay (decoupled for adamw)", min=0),
+        "decay": Field(
+            "str",
+            "all",
+            "Which parameters weight decay applies to: `all`, or `matrices` (those of 2 or more dims: linear "
+            "and embedding weights; biases and LayerNorm weights get none: nanoGPT's two parameter groups)",
+            choices=("all", "matrices"),
+        ),
         "betas": Field("floats2", [0.9, 0.999], "Adam coefficients of the running averages", min=0, lt=1),
         "eps": Field("float", 1e-8, "Adam denominator epsilon", min=0),
     },
@@ -180,6 +204,14 @@ SCHEMA: dict[str, Any] = {
         "step_size": Field("int", 1000, "Steps between learning-rate decays (step)", min=1),
         "gamma": Field("float", 0.1, "Decay factor per step_size steps (step)", min=0),
         "min_lr": Field("float", 0.0, "Final learning rate (cosine)", min=0),
+    },
+    "sample": {
+        "tokens": Field(
+            "int", 0, "Tokens a language model writes after training, printed with the summary (0: none)", min=0
+        ),
+        "prompt": Field("str", "", "Text the sample continues (empty: the validation text's first token)"),
+        "temperature": Field("float", 1.0, "Sampling temperature (logits are divided by it)", gt=0),
+        "top_k": Field("int?", None, "Sample among the k most likely tokens only (1: greedy); null: all", min=1),
     },
     "train": {
         "epochs": Field("int", 1, "Training epochs", min=1),
@@ -647,6 +679,7 @@ def _load_file(path: str, chain: tuple[tuple[str, str], ...], named_by: str | No
     raw = dict(raw)
     base = raw.pop("base", None)
     tree = _check_tree(raw, SCHEMA, path)
+    _resolve_paths(tree, path)
     if base is None:
         return tree
     if not isinstance(base, str) or not base:
@@ -654,6 +687,18 @@ def _load_file(path: str, chain: tuple[tuple[str, str], ...], named_by: str | No
     base_path = os.path.normpath(os.path.join(os.path.dirname(path), os.path.expanduser(base)))
     parent = _load_file(base_path, chain + ((real, path),), named_by=path)
     return _merge_config(parent, tree)
+
+
+# Keys that name a file: a relative path in a config file is relative to that file's folder
+# (as ``base:`` is), so a config runs from any directory; one given with --set stays as given.
+_PATH_KEYS = (("data", "path"),)
+
+
+def _resolve_paths(tree: dict, path: str) -> None:
+    for section, key in _PATH_KEYS:
+        value = tree.get(section, {}).get(key)
+        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
+            tree[section][key] = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), value))
 
 
 def _parse_override(text: str) -> dict:

@@ -27,6 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import text_data
+
 __all__ = [
     "ArrayDataset",
     "DATASETS",
@@ -237,7 +239,7 @@ def _load_synthetic_regression(
 
 
 #: name -> (loader, its option names).
-DATASETS: dict[str, tuple[Callable[..., tuple[ArrayDataset, ArrayDataset]], tuple[str, ...]]] = {
+DATASETS: dict[str, tuple[Callable[..., tuple[Any, Any]], tuple[str, ...]]] = {
     "digits": (_load_digits, ("test_fraction",)),
     "synthetic_images": (
         _load_synthetic_images,
@@ -247,6 +249,7 @@ DATASETS: dict[str, tuple[Callable[..., tuple[ArrayDataset, ArrayDataset]], tupl
         _load_synthetic_regression,
         ("num_train", "num_test", "in_features", "out_features", "noise"),
     ),
+    "text": (text_data.load_text, text_data.OPTIONS),  # any UTF-8 file (trainers/text_data.py)
 }
 
 
