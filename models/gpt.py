@@ -24,6 +24,7 @@ sum over the branch's output), and under ``auto`` the ordinary ops whose input i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -122,9 +123,20 @@ class Block(nn.Module):
         return x
 
 
-class _Config:
-    def __init__(self, **kwargs):
-        self.__dict__.update(kwargs)
+@dataclasses.dataclass
+class GPTConfig:
+    """nanoGPT's ``GPTConfig`` (its defaults are GPT-2's) and the memory knobs; what the
+    blocks are built from (``GPT`` checks the values)."""
+
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+    attention: str = "math"
+    layer_norm: str = "standard"
 
 
 @register_model("gpt")
@@ -169,7 +181,7 @@ class GPT(nn.Module):
             raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
         check_choice("attention", attention, ATTENTIONS)
         check_choice("layer_norm", layer_norm, LAYER_NORMS)
-        cfg = self.config = _Config(
+        cfg = self.config = GPTConfig(
             vocab_size=vocab_size,
             block_size=block_size,
             n_layer=n_layer,
