@@ -200,6 +200,9 @@ class GPT(nn.Module):
             ln_f=_layer_norm(cfg),
         )
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        # the positions 0 .. block_size - 1, made once (nanoGPT makes them every forward): a
+        # compiled step reads them as the model's state instead of creating them
+        self.register_buffer("pos", fw.arange(0, block_size, dtype=fw.int64), persistent=False)
         if tie_weights:
             self.transformer.wte.weight = self.lm_head.weight
         for module in self.modules():
@@ -222,7 +225,7 @@ class GPT(nn.Module):
         b, t = idx.shape
         if t > self.config.block_size:
             raise ValueError(f"Cannot forward sequence of length {t}, block size is only {self.config.block_size}")
-        pos = fw.arange(0, t, dtype=fw.int64, device=idx.device)
+        pos = self.pos[:t]
         tok_emb = self.transformer.wte(idx)  # (B, T, n_embd)
         pos_emb = self.transformer.wpe(pos)  # (T, n_embd)
         x = self.transformer.drop(tok_emb + pos_emb)

@@ -660,7 +660,8 @@ class Trainer:
             # A step that captured (and planned) is left out of memory/peak_mb, which shows the
             # replayed steps; what capturing held is logged as memory/capture_peak_mb.
             memory.reset_peak()
-        correct = (fw.argmax(out, dim=1) == per_token(out, y)[1]).sum()._data if self.classification else None
+        # the step returned the per-token logits (see _step_body): the targets, flattened alike
+        correct = (fw.argmax(out, dim=1) == y.reshape(-1)).sum()._data if self.classification else None
         if self.losses_on_device:  # a copy: the next replay may write over the program's output
             return loss._data.copy(), correct, None
         loss_value = float(loss.item())

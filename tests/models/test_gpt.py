@@ -56,8 +56,9 @@ def test_parameter_and_buffer_names_are_nanogpt_s():
     assert names == want  # the tied head weight is the token embedding's: listed once
     assert model.lm_head.weight is model.transformer.wte.weight
     assert "lm_head.weight" in model.state_dict()
-    assert [n for n, _ in model.named_buffers()] == [f"transformer.h.{i}.attn.bias" for i in range(2)]
-    assert not list(GPT(**SMALL, attention="fused").named_buffers())  # no mask buffer: is_causal
+    assert [n for n, _ in model.named_buffers()] == ["pos"] + [f"transformer.h.{i}.attn.bias" for i in range(2)]
+    assert [n for n, _ in GPT(**SMALL, attention="fused").named_buffers()] == ["pos"]  # no mask: is_causal
+    assert "pos" not in model.state_dict()  # the positions are not state (non-persistent)
     assert "lm_head.weight" in dict(GPT(**SMALL, tie_weights=False).named_parameters())
 
 
