@@ -66,8 +66,9 @@ def _no_seed(xp):
     return xp.empty((1,), np.float64)
 
 
-def _scores(q, k, mask, scale, causal, xp):
-    """``q @ k^T * scale + mask`` with the causal mask: on arrays (a new buffer) or tensors."""
+def _scores(q, k, mask, scale, causal, xp, row0=0):
+    """``q @ k^T * scale + mask`` with the causal mask (``q``'s first row is row ``row0``):
+    on arrays (a new buffer) or tensors."""
     s = xp.matmul(q, _transpose(k, xp)) * scale
     if mask is not None:
         if getattr(mask, "dtype", None) == np.bool_:
@@ -75,7 +76,7 @@ def _scores(q, k, mask, scale, causal, xp):
         else:
             s = s + mask
     if causal:
-        s = xp.where(KT.causal_allowed(s.shape, get_array_module(getattr(q, "_data", q))), s, -math.inf)
+        s = xp.where(KT.causal_allowed(s.shape, get_array_module(getattr(q, "_data", q)), row0), s, -math.inf)
     return s
 
 
@@ -111,40 +112,52 @@ class ScaledDotProductAttention(Function):
     def backward(ctx, g):
         if on_gpu(g):
             return ctx.gpu_backward(g)
-        return ctx.formula_backward(g)
+        if g.__class__ is Tensor or ctx.needs_input_grad[3]:
+            return ctx.formula_backward(g)
+        return ctx.cpu_backward(g)
 
     def formula_backward(ctx, g):
-        """The backward formula, on arrays (the CPU) or tensors (create_graph, any device)."""
+        """The backward formula in one piece, on tensors (create_graph, any device) or, for
+        a float mask's gradient (a sum over every sample and head), on arrays."""
         need_q, need_k, need_v, need_m = ctx.needs_input_grad
-        q, k, v = ctx.q, ctx.k, ctx.v
+        useed = ctx.useed if ctx.p > 0 else None
+        gq, gk, gv, ds = _attention_grads(ctx, ctx.q, ctx.k, ctx.v, g, ctx.lse, ctx.attn_mask, useed)
+        gm = sum_to(ds, ctx.mask_shape) if need_m else None
+        return gq if need_q else None, gk if need_k else None, gv if need_v else None, gm
+
+    def cpu_backward(ctx, g):
+        """The formula chunk by chunk of samples (``_cpu_chunks``): the scores and
+        probabilities of one chunk at a time, each counted as workspace."""
+        need_q, need_k, need_v, _ = ctx.needs_input_grad
+        q, k, v, lse, mask = ctx.q, ctx.k, ctx.v, ctx.lse, ctx.attn_mask
+        useed = ctx.useed if ctx.p > 0 else None
         xp = get_array_module(g)
-        mask = ctx.attn_mask
-        s = _scores(q, k, mask, ctx.scale, ctx.causal, xp)
-        lse = ctx.lse
-        probs = xp.exp(s - xp.expand_dims(lse, -1))
-        keep = None
-        if ctx.p > 0:
-            arr = getattr(q, "_data", q)
-            keep = KT.keep_mask(getattr(ctx.useed, "_data", ctx.useed), s.shape, ctx.p, get_array_module(arr))
-            ks = KT.dropout_scale(ctx.p)
-            dropped = xp.where(keep, probs, 0) * ks
-        else:
-            dropped = probs
-        gq = gk = gv = gm = None
-        if need_v:
-            gv = astype(xp.matmul(_transpose(dropped, xp), g), g.dtype)
-        if need_q or need_k or need_m:
-            dp = xp.matmul(g, _transpose(v, xp))
-            if keep is not None:
-                dp = xp.where(keep, dp, 0) * ks
-            ds = probs * (dp - xp.sum(probs * dp, axis=-1, keepdims=True))
-            if need_m:
-                gm = sum_to(ds, ctx.mask_shape)
+        # dK and dV sum over the rows: summed chunk by chunk (zeros first)
+        gq = memory.empty(q.shape, g.dtype, xp) if need_q else None
+        gk = memory.zeros(k.shape, g.dtype, xp) if need_k else None
+        gv = memory.zeros(v.shape, g.dtype, xp) if need_v else None
+        full = q.shape[:-1] + k.shape[-2:-1]
+        for index, rows, ids in _cpu_chunks(full, xp):
+            m = _mask_chunk(mask, full, index, rows, xp)
+            dq, dk, dv, _ = _attention_grads(
+                ctx,
+                _rows_of(q, index, rows),
+                k[index],
+                v[index],
+                _rows_of(g, index, rows),
+                lse[index + (rows,)],
+                m,
+                useed,
+                ids,
+                rows.start or 0,
+            )
             if need_q:
-                gq = astype(xp.matmul(ds, k) * ctx.scale, g.dtype)
+                _rows_of(gq, index, rows)[...] = dq
             if need_k:
-                gk = astype(xp.matmul(_transpose(ds, xp), q) * ctx.scale, g.dtype)
-        return gq, gk, gv, gm
+                gk[index] += dk
+            if need_v:
+                gv[index] += dv
+        return gq, gk, gv, None
 
     def gpu_backward(ctx, g):
         """cuDNN's SDPA backward where it runs (one execute), else eight launches: the scores,
@@ -203,11 +216,89 @@ class ScaledDotProductAttention(Function):
         return kept
 
 
+# The scores of one chunk on the CPU: what attention holds while it runs is bounded by this,
+# whatever the batch and the sequence (FlashAttention tiles for the same reason).
+CHUNK_SCORES_BYTES = 2 << 20
+
+
+def _cpu_chunks(scores_shape, xp):
+    """The chunks of the scores ``(..., L, S)``: ``(index, rows, ids)`` with ``index`` the
+    chunk's part of the leading dims and rows (samples along the first dim, all rows when a
+    whole sample fits, else a block of one sample's rows), ``rows`` its row slice, ``ids``
+    the C-order indices of its scores in the whole (the dropout mask's counter)."""
+    lead, n_rows, n_cols = scores_shape[:-2], scores_shape[-2], scores_shape[-1]
+    rest = math.prod(lead[1:])
+    per_sample = rest * n_rows * n_cols * 4
+    if not lead:
+        yield (Ellipsis,), slice(None), None
+        return
+    samples = max(1, CHUNK_SCORES_BYTES // max(per_sample, 1))
+    rows = (
+        n_rows if samples > 1 or per_sample <= CHUNK_SCORES_BYTES else max(1, CHUNK_SCORES_BYTES // (rest * n_cols * 4))
+    )
+    cols = xp.arange(n_cols, dtype=xp.uint64)
+    for b0 in range(0, lead[0], samples):
+        b1 = min(b0 + samples, lead[0])
+        heads = xp.arange(b0 * rest, b1 * rest, dtype=xp.uint64).reshape((b1 - b0,) + lead[1:] + (1, 1))
+        for r0 in range(0, n_rows, rows):
+            r1 = min(r0 + rows, n_rows)
+            row_ids = xp.arange(r0, r1, dtype=xp.uint64).reshape(-1, 1)
+            ids = (heads * xp.uint64(n_rows) + row_ids) * xp.uint64(n_cols) + cols
+            yield (slice(b0, b1), Ellipsis), slice(r0, r1), ids
+
+
+def _rows_of(a, index, rows):
+    """The chunk of an operand with a row dim (q, the output, dO): its samples and rows."""
+    return a[index + (rows, slice(None))]
+
+
+def _mask_chunk(mask, scores_shape, index, rows, xp):
+    return None if mask is None else xp.broadcast_to(mask, scores_shape)[index + (rows, slice(None))]
+
+
+def _attention_grads(ctx, q, k, v, g, lse, mask, useed, ids=None, row0=0):
+    """(dQ, dK, dV, dS) of one chunk (rows of ``q``, ``g`` and ``lse`` from ``row0``; the
+    scores' indices ``ids`` in the whole) or of the whole op, dS before the scale (the float
+    mask's gradient): on arrays or tensors alike."""
+    need_q, need_k, need_v, need_m = ctx.needs_input_grad
+    xp = get_array_module(g)
+    s = _scores(q, k, mask, ctx.scale, ctx.causal, xp, row0)
+    probs = xp.exp(s - xp.expand_dims(lse, -1))
+    del s
+    keep = None
+    if ctx.p > 0:
+        data = getattr(useed, "_data", useed)
+        keep = KT.keep_mask(data, probs.shape, ctx.p, get_array_module(data), index=ids)
+        ks = KT.dropout_scale(ctx.p)
+    gq = gk = gv = ds = None
+    if need_v:
+        dropped = probs if keep is None else xp.where(keep, probs, 0) * ks
+        gv = astype(xp.matmul(_transpose(dropped, xp), g), g.dtype)
+        del dropped
+    if need_q or need_k or need_m:
+        dp = xp.matmul(g, _transpose(v, xp))
+        if keep is not None:
+            dp = xp.where(keep, dp, 0) * ks
+        ds = probs * (dp - xp.sum(probs * dp, axis=-1, keepdims=True))
+        if need_q:
+            gq = astype(xp.matmul(ds, k) * ctx.scale, g.dtype)
+        if need_k:
+            gk = astype(xp.matmul(_transpose(ds, xp), q) * ctx.scale, g.dtype)
+    return gq, gk, gv, ds
+
+
 def _cpu_forward(q, k, v, mask, scale, causal, p, useed, out, xp):
-    s = _scores(q, k, mask, scale, causal, xp)
-    memory.track(s, "workspace")
-    probs, lse = KT.attention_probs_reference(s, 1.0, False, p, useed)
-    xp.matmul(probs.astype(q.dtype, copy=False), v, out=out)
+    full = q.shape[:-1] + k.shape[-2:-1]
+    lse = memory.empty(full[:-1], KT.acc_dtype(q.dtype), xp)  # kept for backward: not a workspace
+    for index, rows, ids in _cpu_chunks(full, xp):
+        m = _mask_chunk(mask, full, index, rows, xp)
+        s = memory.track(
+            _scores(_rows_of(q, index, rows), k[index], m, scale, causal, xp, rows.start or 0), "workspace"
+        )
+        probs, lse[index + (rows,)] = KT.attention_probs_reference(s, 1.0, False, p, useed, index=ids)
+        del s
+        probs = memory.track(probs.astype(q.dtype, copy=False), "workspace")
+        xp.matmul(probs, v[index], out=_rows_of(out, index, rows))
     return lse
 
 

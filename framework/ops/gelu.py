@@ -57,8 +57,7 @@ def gelu_grad(g, x, approximate, out=None):
     """``g * gelu'(x)`` on arrays (one kernel on a GPU)."""
     if on_gpu(g):
         return launch(KT.gelu_backward[approximate], g, x, out=out)
-    d = KT.gelu_derivative_reference(x, approximate)
-    gx = g.astype(d.dtype, copy=False) * d
+    gx = KT.gelu_derivative_reference(x, approximate, g)
     if out is None:
         return gx.astype(g.dtype, copy=False)
     out[...] = gx

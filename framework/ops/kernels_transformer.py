@@ -58,29 +58,74 @@ _SQRT_2_PI = 0.7978845608028654  # sqrt(2 / pi)
 _KAPPA = 0.044715
 
 
-def _erf(v):
+def _erf_(v):
+    """``erf`` in place on a float32/float64 array (the accumulation types)."""
     from scipy.special import erf  # noqa: PLC0415  (SciPy's import is slow: loaded when GELU first runs)
 
-    return erf(v).astype(v.dtype, copy=False)
+    return erf(v, out=v)
+
+
+def _tanh_inner(v, out):
+    """``tanh(sqrt(2/pi) (v + 0.044715 v^3))`` into ``out``, as the kernel orders it."""
+    np.multiply(v, _KAPPA, out=out)
+    out *= v
+    out *= v
+    out += v
+    out *= _SQRT_2_PI
+    return np.tanh(out, out=out)
 
 
 def gelu_reference(x, approximate: str):
-    """GELU of ``x`` in its accumulation type (what the kernels compute, before the cast)."""
+    """GELU of ``x`` in its accumulation type (what the kernels compute, before the cast):
+    one new array, written in place (a GELU input is 4 times a block's width: temporaries
+    count). ``0.5 v (1 + f)`` is taken as ``v (1 + f) 0.5``: scaling by 0.5 is exact."""
     v = x.astype(acc_dtype(x.dtype), copy=False)
+    out = np.empty_like(v)
     if approximate == "tanh":
-        inner = _SQRT_2_PI * (v + _KAPPA * v * v * v)
-        return 0.5 * v * (1 + np.tanh(inner))
-    return 0.5 * v * (1 + _erf(v * _SQRT1_2))
+        _tanh_inner(v, out)
+    else:
+        np.multiply(v, _SQRT1_2, out=out)
+        _erf_(out)
+    out += 1
+    out *= v
+    out *= 0.5
+    return out
 
 
-def gelu_derivative_reference(x, approximate: str):
-    """d GELU / dx in the accumulation type."""
+def gelu_derivative_reference(x, approximate: str, g=None):
+    """d GELU / dx in the accumulation type (times ``g`` when given), in two new arrays
+    (three for tanh), written in place."""
     v = x.astype(acc_dtype(x.dtype), copy=False)
+    d, t = np.empty_like(v), np.empty_like(v)
     if approximate == "tanh":
-        t = np.tanh(_SQRT_2_PI * (v + _KAPPA * v * v * v))
-        return 0.5 * (1 + t) + 0.5 * v * ((1 - t * t) * (_SQRT_2_PI * (1 + 3 * _KAPPA * v * v)))
-    cdf = 0.5 * (1 + _erf(v * _SQRT1_2))
-    return cdf + v * (np.exp(-0.5 * v * v) * _INV_SQRT_2PI)
+        _tanh_inner(v, d)  # t = tanh(u)
+        np.multiply(v, 3 * _KAPPA, out=t)  # du = sqrt(2/pi) (1 + 3 k v^2)
+        t *= v
+        t += 1
+        t *= _SQRT_2_PI
+        sq = np.multiply(d, d, out=np.empty_like(d))  # out=: an array also for 0-d
+        np.subtract(1, sq, out=sq)
+        t *= sq  # (1 - t^2) du
+        del sq
+        t *= v
+        t *= 0.5
+        d += 1
+        d *= 0.5  # 0.5 (1 + t)
+        d += t
+    else:
+        np.multiply(v, _SQRT1_2, out=d)
+        _erf_(d)
+        d += 1
+        d *= 0.5  # cdf
+        np.multiply(v, -0.5, out=t)
+        t *= v
+        np.exp(t, out=t)
+        t *= _INV_SQRT_2PI  # pdf
+        t *= v
+        d += t
+    if g is not None:
+        d *= g.astype(d.dtype, copy=False)
+    return d
 
 
 _GELU_SOURCE = {
@@ -118,7 +163,7 @@ gelu_backward = {
         "T gx",
         _GELU_BACKWARD_SOURCE[a],
         f"fused_gelu_{a}_backward",
-        lambda g, x, gx, a=a: _put(gx, g.astype(acc_dtype(g.dtype)) * gelu_derivative_reference(x, a)),
+        lambda g, x, gx, a=a: _put(gx, gelu_derivative_reference(x, a, g)),
         preamble=_ACC,
     )
     for a in ("none", "tanh")
@@ -345,20 +390,33 @@ __device__ inline bool attn_keep(unsigned long long seed, unsigned long long idx
 )
 
 
-def keep_mask(useed, shape, p: float, xp=np):
+def keep_mask(useed, shape, p: float, xp=np, index=None):
     """Which elements a dropout of probability ``p`` keeps (a bool array of ``shape``):
-    ``attn_keep`` of the kernels for each element's C-order index, with the seed
-    ``attn_seed`` makes of the draw ``useed`` (a float64 array of one uniform in [0, 1),
-    on ``xp``'s device: nothing is read back to the host)."""
+    ``attn_keep`` of the kernels for each element's C-order index in the whole scores
+    (``index``: those indices, for a chunk of them; default ``0 .. size - 1``), with the
+    seed ``attn_seed`` makes of the draw ``useed`` (a float64 array of one uniform in
+    [0, 1), on ``xp``'s device: nothing is read back to the host). Two uint64 buffers,
+    written in place."""
     seed = (useed.reshape(()) * _U53).astype(xp.uint64)
+    if index is None:
+        z = xp.arange(int(np.prod(shape)), dtype=xp.uint64)
+    else:
+        z = xp.array(xp.broadcast_to(index, shape), dtype=xp.uint64).reshape(-1)
+    t = xp.empty_like(z)
     with np.errstate(over="ignore"):
-        z = xp.arange(int(np.prod(shape)), dtype=xp.uint64).reshape(shape)
-        z = z * xp.uint64(_GOLDEN) + seed
-        z = (z ^ (z >> xp.uint64(30))) * xp.uint64(_MIX1)
-        z = (z ^ (z >> xp.uint64(27))) * xp.uint64(_MIX2)
-        z = z ^ (z >> xp.uint64(31))
-    u = (z >> xp.uint64(40)).astype(xp.float32) * xp.float32(1.0 / 16777216.0)
-    return u >= xp.float32(p)
+        z *= xp.uint64(_GOLDEN)
+        z += seed
+        for shift, mix in ((30, _MIX1), (27, _MIX2), (31, None)):
+            xp.right_shift(z, xp.uint64(shift), out=t)
+            xp.bitwise_xor(z, t, out=z)
+            if mix is not None:
+                z *= xp.uint64(mix)
+        xp.right_shift(z, xp.uint64(40), out=t)
+    del z
+    u = t.astype(xp.float32)
+    del t
+    u *= xp.float32(1.0 / 16777216.0)
+    return (u >= xp.float32(p)).reshape(shape)
 
 
 def dropout_scale(p: float) -> float:
@@ -366,15 +424,17 @@ def dropout_scale(p: float) -> float:
     return 1.0 / (1.0 - p) if p < 1 else 0.0
 
 
-def causal_allowed(shape, xp=np):
-    """Where a top-left causal mask lets scores of ``shape`` (..., L, S) through: column <= row."""
+def causal_allowed(shape, xp=np, row0=0):
+    """Where a top-left causal mask lets scores of ``shape`` (..., L, S) through: column <= row
+    (the first row being row ``row0``: a chunk's)."""
     rows, cols = shape[-2], shape[-1]
-    return xp.arange(cols)[None, :] <= xp.arange(rows)[:, None]
+    return xp.arange(cols)[None, :] <= xp.arange(row0, row0 + rows)[:, None]
 
 
-def attention_probs_reference(sc, scale, causal, p, useed):
+def attention_probs_reference(sc, scale, causal, p, useed, index=None):
     """Probabilities (after dropout) and each row's log-sum-exp of raw scores ``sc``
-    (..., L, S), in the accumulation type: what ``attn_softmax`` computes."""
+    (..., L, S), in the accumulation type: what ``attn_softmax`` computes (``index``: the
+    scores' indices in the whole, for a chunk's dropout mask: :func:`keep_mask`)."""
     a = acc_dtype(sc.dtype)
     s = sc.astype(a) * a.type(scale)
     if causal:
@@ -385,7 +445,7 @@ def attention_probs_reference(sc, scale, causal, p, useed):
         lse = m + np.log(total)
         probs = np.exp(s - lse)
     if p > 0:
-        keep = keep_mask(np.asarray(useed), s.shape, p)
+        keep = keep_mask(np.asarray(useed), s.shape, p, index=index)
         probs = np.where(keep, probs, a.type(0)) * a.type(dropout_scale(p))
     return probs, lse[..., 0]
 

@@ -530,3 +530,35 @@ def test_multinomial_draws_by_weight_and_is_seeded():
     assert set(a[0]) <= {1, 2} and abs((a[0] == 2).mean() - 0.8) < 0.05
     assert np.all(a[1] == 0)
     assert fw.multinomial(fw.tensor(np.array([0.0, 1.0])), 1).shape == (1,)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_the_cpu_runs_attention_chunk_by_chunk_with_the_same_numbers(monkeypatch, dropout_p):
+    """A few samples' scores at a time: the same output and gradients bit for bit; a block
+    of one sample's rows at a time: the same to rounding (a one-row product rounds as BLAS's
+    vector kernel does; dK and dV sum over the blocks), the dropout mask's counter continuing
+    across chunks; and the scores of one chunk held at a time."""
+    from framework.ops import attention as A
+
+    def run():
+        q, k, v = _qkv(shape=(4, 2, 16, 8), dtype=np.float32)
+        fw.manual_seed(1)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        grads = fw.autograd.grad(out, (q, k, v), fw.ones(*out.shape))
+        return [out.detach().numpy()] + [g.numpy() for g in grads]
+
+    whole = run()
+    monkeypatch.setattr(A, "CHUNK_SCORES_BYTES", 2 * 16 * 16 * 4)  # one sample per chunk
+    for a, b in zip(whole, run()):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(A, "CHUNK_SCORES_BYTES", 1)  # one row of one sample per chunk
+    for a, b in zip(whole, run()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(A, "CHUNK_SCORES_BYTES", 2 << 20)
+    q, k, v = _qkv(shape=(2, 2, 512, 8), dtype=np.float32, requires_grad=False)
+    memory.reset_peak()
+    start = memory.allocated_bytes()
+    F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    # the output, the log-sum-exp, and one chunk's scores and probabilities (2 MiB each): far
+    # below the 4 MiB of the whole scores times the temporaries they would take
+    assert memory.max_allocated_bytes() - start < q.nbytes + 2 * 2 * 512 * 4 + 3 * (2 << 20)
