@@ -223,6 +223,12 @@ def is_tracked(array) -> bool:
     return hasattr(array, "shape") and id(root_buffer(array)) in _live
 
 
+def category_of(array) -> str | None:
+    """The category ``array``'s buffer is counted in, or None for a buffer not counted."""
+    ref = _live.get(id(root_buffer(array))) if hasattr(array, "shape") else None
+    return None if ref is None else ref.category
+
+
 # --- allocation helpers: ops allocate through these so workspaces are counted -------
 
 

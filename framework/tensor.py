@@ -579,11 +579,35 @@ class Tensor:
     def argmax(self, dim=None, keepdim=False):
         return _ops.argmax(self, dim, keepdim)
 
+    @_hands_over
     def softmax(self, dim=-1):
         return _ops.softmax(self, dim)
 
+    @_hands_over
     def log_softmax(self, dim=-1):
         return _ops.log_softmax(self, dim)
+
+    # masks (free in place: backward reads the mask, or nothing)
+    @_hands_over
+    def masked_fill(self, mask, value):
+        return _ops.masked_fill(self, mask, value)
+
+    def masked_fill_(self, mask, value):
+        return _ops.masked_fill_(self, mask, value)
+
+    @_hands_over
+    def tril(self, diagonal=0):
+        return _ops.tril(self, diagonal)
+
+    @_hands_over
+    def triu(self, diagonal=0):
+        return _ops.triu(self, diagonal)
+
+    def tril_(self, diagonal=0):
+        return _ops.tril_(self, diagonal)
+
+    def triu_(self, diagonal=0):
+        return _ops.triu_(self, diagonal)
 
     # comparisons (no gradient)
     def eq(self, other):

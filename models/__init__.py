@@ -11,15 +11,17 @@ model (a class or a factory function) with the :func:`register_model` decorator:
     model = build_model("mlp", hidden=[64, 64])   # lists from YAML are fine
 
 Registered here: ``mlp``, ``convnet``, ``resnet`` and the CIFAR ResNets ``resnet8``,
-``resnet14``, ``resnet20``, ``resnet32`` (``resnet`` with a fixed depth).
+``resnet14``, ``resnet20``, ``resnet32`` (``resnet`` with a fixed depth), and ``gpt``
+(nanoGPT's language model).
 """
 
 from __future__ import annotations
 
-from . import convnet, mlp, resnet  # noqa: F401  (importing a model's module registers it)
+from . import convnet, gpt, mlp, resnet  # noqa: F401  (importing a model's module registers it)
 from .convnet import ConvNet
+from .gpt import GPT
 from .mlp import MLP
 from .registry import available_models, build_model, model_signature, register_model
 from .resnet import ResNet
 
-__all__ = ["MLP", "ConvNet", "ResNet", "available_models", "build_model", "model_signature", "register_model"]
+__all__ = ["GPT", "MLP", "ConvNet", "ResNet", "available_models", "build_model", "model_signature", "register_model"]

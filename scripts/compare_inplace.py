@@ -5,12 +5,16 @@
 
 Each policy trains the same config (same seed, same data) into the same TensorBoard
 experiment folder, so the runs overlay in one dashboard; its progress display is
-labelled with the policy. ``on+abn`` is policy ``on`` with the model's BatchNorm +
-activation fused as InPlace-ABN (``model.args.norm``); ``auto`` (and ``auto+abn``) is
-policy auto, which runs an op in place only where it proves the input dead (the table
-then shows how many ops per step and the MB they saved). ``compiled`` runs the step
-compiled (``compile: true``, captured under policy ``off``): the table then adds the
-compiled step's planned peak and its number of inplace chains.
+labelled with the policy. A policy (``off``, ``on``, ``auto``) may carry model variants
+after ``+``, which change what backward keeps without changing the function:
+``+abn`` fuses the model's BatchNorm + activation as InPlace-ABN (``model.args.norm``);
+for the GPT, ``+meln`` makes its LayerNorms memory-efficient (``model.args.layer_norm``)
+and ``+fused`` runs attention as one ``scaled_dot_product_attention``
+(``model.args.attention``); they combine (``on+meln+fused``). ``auto`` is policy auto,
+which runs an op in place only where it proves the input dead (the table then shows how
+many ops per step and the MB they saved). ``compiled`` runs the step compiled
+(``compile: true``, captured under policy ``off``): the table then adds the compiled
+step's planned peak and its number of inplace chains.
 
 Memory (peak, floor) comes from the training runs. Throughput is measured apart, as a
 distribution: ``--rounds`` rounds of ``--round-steps`` training steps per policy, the
@@ -49,17 +53,32 @@ from trainers.logging import (  # noqa: E402
 from trainers.logging.tables import MB  # noqa: E402
 from trainers.trainer import DASHBOARD_URL, SUMMARY_LEGEND, Trainer  # noqa: E402
 
-VARIANTS = {
-    "off": ("off", None),
-    "on": ("on", None),
-    "auto": ("auto", None),
-    "on+abn": ("on", "inplace_abn"),
-    "off+abn": ("off", "inplace_abn"),
-    "auto+abn": ("auto", "inplace_abn"),
-    # the step compiled (fw.compile) and captured under off: every inplace decision is
-    # the compiler's (docs/COMPILE.md)
-    "compiled": ("off", None),
+POLICIES = ("off", "on", "auto")
+# What a ``+variant`` after a policy changes in the model: what backward keeps, never the function.
+MODEL_VARIANTS = {
+    "abn": "model.args.norm=inplace_abn",  # BatchNorm + activation as InPlace-ABN (MLP, ConvNet, ResNet)
+    "meln": "model.args.layer_norm=memory_efficient",  # GPT: LayerNorms keep their output, not their input
+    "fused": "model.args.attention=fused",  # GPT: attention as one scaled_dot_product_attention
 }
+# the step compiled (fw.compile) and captured under off: every inplace decision is the
+# compiler's (docs/COMPILE.md)
+COMPILED = "compiled"
+
+
+def variant(name: str):
+    """``(policy, model overrides)`` of a --policies entry such as ``on+meln+fused``, or None."""
+    if name == COMPILED:
+        return "off", []
+    policy, *extras = name.split("+")
+    if policy not in POLICIES or len(set(extras)) != len(extras) or not set(extras) <= set(MODEL_VARIANTS):
+        return None
+    return policy, [MODEL_VARIANTS[e] for e in extras]
+
+
+VARIANTS_HELP = (
+    f"{', '.join(POLICIES)} or {COMPILED}; a policy may add +{', +'.join(MODEL_VARIANTS)} "
+    "(e.g. on+abn, auto+meln+fused)"
+)
 
 
 WARMUP_STEPS = 5  # untimed training steps before the runs (see compare)
@@ -68,9 +87,7 @@ WARMUP_STEPS = 5  # untimed training steps before the runs (see compare)
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="YAML config file")
-    p.add_argument(
-        "--policies", default="off,on", help=f"comma-separated, from: {', '.join(VARIANTS)} (default off,on)"
-    )
+    p.add_argument("--policies", default="off,on", help=f"comma-separated: {VARIANTS_HELP} (default off,on)")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -104,11 +121,10 @@ def resume_args(args) -> list[str]:
 def parse_policies(text: str):
 
     names = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [n for n in names if n not in VARIANTS]
+    bad = [n for n in names if variant(n) is None]
     if bad or not names:
         raise ConfigError(
-            f"unknown policy {', '.join(bad) or '(none)'} in --policies; "
-            f"use a comma-separated list of: {', '.join(VARIANTS)}"
+            f"unknown policy {', '.join(bad) or '(none)'} in --policies; use a comma-separated list of: {VARIANTS_HELP}"
         )
     if len(set(names)) != len(names):
         raise ConfigError(f"--policies names a policy twice ({text}); name each once")
@@ -117,14 +133,15 @@ def parse_policies(text: str):
 
 def policy_config(args, name: str):
 
-    policy, norm = VARIANTS[name]
-    # Each policy gets its own run folder, named after it (logging.run_name would put them in one).
+    policy, model = variant(name)
+    # Each policy gets its own run folder, named after it (logging.run_name would put them in one;
+    # a model variant that the run name does not show gets it spelled out).
     overrides = list(args.overrides) + [
         f"inplace={policy}",
-        "logging.run_name=null",
-        f"compile={str(name == 'compiled').lower()}",
+        f"logging.run_name={'inplace-' + name.replace('+', '_') if any('abn' not in m for m in model) else 'null'}",
+        f"compile={str(name == COMPILED).lower()}",
     ]
-    return load_config(args.config, overrides + ([f"model.args.norm={norm}"] if norm else []))
+    return load_config(args.config, overrides + model)
 
 
 def compare(args) -> int:
@@ -268,9 +285,9 @@ def table(names, results, rates):
         }
         rows.append(row)
     keys = list(rows[0])
-    if not any(VARIANTS[n][0] == "auto" for n in names):
+    if not any(variant(n)[0] == "auto" for n in names):
         keys = [k for k in keys if not k.startswith("auto ")]
-    if "compiled" not in names:
+    if COMPILED not in names:
         keys = [k for k in keys if k not in ("planned MB", "inplace chains")]
     return rows, [(k, k) for k in keys]
 
@@ -298,6 +315,7 @@ def legend(base: str, rounds: int, steps: int) -> list[tuple[str, str]]:
         ("final loss", meaning["final loss"]),
         ("eval accuracy", meaning["eval accuracy"]),
         ("eval mse", meaning["eval mse"]),
+        ("eval loss", meaning["eval loss"]),
     ]
 
 

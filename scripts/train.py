@@ -72,6 +72,8 @@ def _train(args):
             "resume; leave out --resume to start the run at step 0"
         )
     if trainer.comm.is_main:
+        if trainer.describe_data():
+            print(trainer.describe_data())
         if trainer.nothing_to_resume:
             print(f"checkpoint.resume: no checkpoint in {trainer.nothing_to_resume} yet; training from step 0")
         elif trainer.resumed and not trainer.finished:
@@ -87,6 +89,13 @@ def _train(args):
         )
         return 0
     print(summary_table([result]))
+    sample = trainer.sample_text()
+    if sample is not None:
+        baseline = trainer.train_set.unigram_loss
+        print(
+            f"validation loss {result.eval_metric:.3f} nats/token; the unigram baseline (training token "
+            f"frequencies) {baseline:.3f}\nsample:\n{sample}"
+        )
     experiment = os.path.dirname(result.run_dir)
     print(f"TensorBoard logs: {result.run_dir}  (tensorboard --logdir {experiment}, then open {DASHBOARD_URL})")
     return 0

@@ -142,9 +142,9 @@ SCHEMA: dict[str, Any] = {
         "name": Field(
             "str",
             "digits",
-            "Dataset: built in (`digits`, `synthetic_*`) or read from data.root (`npz`, `cifar10`, `cifar100`; "
-            'docs/USAGE.md, "Your own data")',
-            choices=("digits", "synthetic_images", "synthetic_regression", "npz", "cifar10", "cifar100"),
+            "Dataset: built in (`digits`, `synthetic_*`) or read from disk (`npz`, `cifar10`, `cifar100` from "
+            'data.root; `text` from data.path; docs/USAGE.md, "Your own data")',
+            choices=("digits", "synthetic_images", "synthetic_regression", "npz", "cifar10", "cifar100", "text"),
         ),
         "batch_size": Field("int", 64, "Training batch size per process", min=1),
         "eval_batch_size": Field("int", 512, "Evaluation batch size per process", min=1),
@@ -165,12 +165,14 @@ SCHEMA: dict[str, Any] = {
             None,
             "Where the data set is on disk: for `npz` a `.npz` file or a folder of `<x_name>.npy` and "
             "`<y_name>.npy`; for `cifar10`/`cifar100` the folder of the binary version (`cifar-10-batches-bin`, "
-            "`cifar-100-binary`) or the folder that holds it",
+            "`cifar-100-binary`) or the folder that holds it; a relative path in a config file is relative to "
+            "that file's folder, one given with --set to the current directory",
         ),
         "test_root": Field(
             "str?",
             None,
-            "`npz`: the held-out arrays, in data.root's form; null: hold out data.test_fraction of data.root's samples",
+            "`npz`: the held-out arrays, in data.root's form (relative as data.root); null: hold out "
+            "data.test_fraction of data.root's samples",
         ),
         "x_name": Field("str", "x", "`npz`: the inputs' array (the member of the .npz, or the .npy file's stem)"),
         "y_name": Field(
@@ -187,6 +189,21 @@ SCHEMA: dict[str, Any] = {
             "Image data sets: each training image randomly cropped after 4 pixels of zero padding and flipped "
             "left-right with probability 1/2, drawn from (seed, epoch, sample): a resumed run draws the same",
         ),
+        # text: any UTF-8 file, for a language model (trainers/text_data.py)
+        "path": Field(
+            "str?",
+            None,
+            "The text file (text); a relative path in a config file is relative to that file's folder, "
+            "one given with --set to the current directory",
+        ),
+        "vocab": Field(
+            "str",
+            "char",
+            "Tokens of the text: `char` (its distinct characters) or `byte` (256)",
+            choices=("char", "byte"),
+        ),
+        "block_size": Field("int", 64, "Tokens per sample: the context of a language model (text)", min=1),
+        "val_fraction": Field("float", 0.1, "The text's last fraction held out for validation (text)", gt=0, lt=1),
     },
     "model": {
         "name": Field("str", "mlp", "Model name in the model registry (`models.build_model` checks it)"),
@@ -206,6 +223,13 @@ SCHEMA: dict[str, Any] = {
         "dampening": Field("float", 0.0, "SGD dampening", min=0),
         "nesterov": Field("bool", False, "SGD Nesterov momentum"),
         "weight_decay": Field("float", 0.0, "Weight decay (decoupled for adamw)", min=0),
+        "decay": Field(
+            "str",
+            "all",
+            "Which parameters weight decay applies to: `all`, or `matrices` (those of 2 or more dims: linear "
+            "and embedding weights; biases and LayerNorm weights get none: nanoGPT's two parameter groups)",
+            choices=("all", "matrices"),
+        ),
         "betas": Field("floats2", [0.9, 0.999], "Adam coefficients of the running averages", min=0, lt=1),
         "eps": Field("float", 1e-8, "Adam denominator epsilon", min=0),
     },
@@ -222,6 +246,14 @@ SCHEMA: dict[str, Any] = {
         ),
         "gamma": Field("float", 0.1, "Decay factor per step_size steps (step) or at each milestone (multistep)", min=0),
         "min_lr": Field("float", 0.0, "Final learning rate (cosine)", min=0),
+    },
+    "sample": {
+        "tokens": Field(
+            "int", 0, "Tokens a language model writes after training, printed with the summary (0: none)", min=0
+        ),
+        "prompt": Field("str", "", "Text the sample continues (empty: the validation text's first token)"),
+        "temperature": Field("float", 1.0, "Sampling temperature (logits are divided by it)", gt=0),
+        "top_k": Field("int?", None, "Sample among the k most likely tokens only (1: greedy); null: all", min=1),
     },
     "train": {
         "epochs": Field("int", 1, "Training epochs", min=1),
@@ -716,6 +748,7 @@ def _load_file(path: str, chain: tuple[tuple[str, str], ...], named_by: str | No
     raw = dict(raw)
     base = raw.pop("base", None)
     tree = _check_tree(raw, SCHEMA, path)
+    _resolve_paths(tree, path)
     if base is None:
         return tree
     if not isinstance(base, str) or not base:
@@ -723,6 +756,19 @@ def _load_file(path: str, chain: tuple[tuple[str, str], ...], named_by: str | No
     base_path = os.path.normpath(os.path.join(os.path.dirname(path), os.path.expanduser(base)))
     parent = _load_file(base_path, chain + ((real, path),), named_by=path)
     return _merge_config(parent, tree)
+
+
+# Keys that name a file or folder: a relative path in a config file is relative to that
+# file's folder (as ``base:`` is), so a config runs from any directory; one given with --set
+# stays as given (relative to the current directory).
+_PATH_KEYS = (("data", "path"), ("data", "root"), ("data", "test_root"))
+
+
+def _resolve_paths(tree: dict, path: str) -> None:
+    for section, key in _PATH_KEYS:
+        value = tree.get(section, {}).get(key)
+        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
+            tree[section][key] = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), value))
 
 
 def _parse_override(text: str, in_use: Mapping | None = None) -> dict:

@@ -41,6 +41,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import text_data
+
 __all__ = [
     "ArrayDataset",
     "DATASETS",
@@ -622,7 +624,7 @@ def _load_cifar100(seed: int, root: str | None = None, labels: str = "fine") -> 
 
 
 #: name -> (loader, its option names).
-DATASETS: dict[str, tuple[Callable[..., tuple[ArrayDataset, ArrayDataset]], tuple[str, ...]]] = {
+DATASETS: dict[str, tuple[Callable[..., tuple[Any, Any]], tuple[str, ...]]] = {
     "digits": (_load_digits, ("test_fraction",)),
     "synthetic_images": (
         _load_synthetic_images,
@@ -635,6 +637,7 @@ DATASETS: dict[str, tuple[Callable[..., tuple[ArrayDataset, ArrayDataset]], tupl
     "npz": (_load_npz, ("root", "test_root", "x_name", "y_name", "test_fraction")),
     "cifar10": (_load_cifar10, ("root",)),
     "cifar100": (_load_cifar100, ("root", "labels")),
+    "text": (text_data.load_text, text_data.OPTIONS),  # any UTF-8 file (trainers/text_data.py)
 }
 
 

@@ -158,6 +158,9 @@ def build_model_for(cfg: Config, train_set):
         "in_features": int(np.prod(shape)),
         "in_channels": shape[0] if len(shape) == 3 else None,
         "image_size": shape[-1] if len(shape) == 3 else None,
+        # a language model's vocabulary and context: the text data set's
+        "vocab_size": train_set.num_classes,
+        "block_size": getattr(train_set, "block_size", None),
     }
     for key, value in derived.items():
         if key in params and key not in args and value is not None:
@@ -204,8 +207,29 @@ def apply_run_settings(cfg: Config) -> None:
     conv_ops.set_math_mode(conv_math(cfg))
 
 
+def per_token(out, y):
+    """A sequence model's logits ``(B, T, C)`` and targets ``(B, T)`` as ``(B*T, C)`` and
+    ``(B*T,)``, so that the loss and the accuracy count every token; others unchanged."""
+    if out.ndim == 3 and y.ndim == 2:
+        return out.reshape(-1, out.shape[-1]), y.reshape(-1)
+    return out, y
+
+
+def param_groups(cfg: Config, params) -> list:
+    """The optimizer's parameter groups: one, or (``optim.decay: matrices``) nanoGPT's two:
+    the parameters of 2 or more dims with ``optim.weight_decay``, the others with none."""
+    if cfg.optim.decay != "matrices":
+        return list(params)
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.optim.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
 def build_optimizer(cfg: Config, params):
     o = cfg.optim
+    params = param_groups(cfg, params)
     if o.name == "sgd":
         return fw.optim.SGD(
             params,
@@ -412,7 +436,7 @@ def _auto_totals(counters: dict) -> tuple[int, int]:
 
 def _new_window() -> dict:
     """The sums of one logging window (``correct``: a device scalar, or None before the first)."""
-    return {"loss": 0.0, "correct": None, "seen": 0, "time": 0.0, "steps": 0, "peak": 0}
+    return {"loss": 0.0, "correct": None, "seen": 0, "targets": 0, "time": 0.0, "steps": 0, "peak": 0}
 
 
 def _new_totals() -> dict:
@@ -509,6 +533,8 @@ class Trainer:
 
         self.train_set, self.test_set = build_data(cfg)
         self.classification = self.train_set.num_classes is not None
+        # accuracy (classes), mse (regression) or a language model's loss per token (text)
+        self.eval_name = getattr(self.train_set, "eval_metric", "accuracy" if self.classification else "mse")
         self.model = build_model_for(cfg, self.train_set)
         self.model.to(self.device)
         self._check_model_fits_data()
@@ -604,6 +630,31 @@ class Trainer:
         """True when a resumed checkpoint is at (or past) the run's last step: nothing to train."""
         return self.resumed and self.step >= self.total_steps
 
+    def describe_data(self) -> str | None:
+        """What a text run's tokens are (its vocabulary), for the run's first line; else None."""
+        vocab = getattr(self.train_set, "vocab", None)
+        return None if vocab is None else f"data: {self.cfg.data.path} ({vocab.describe()})"
+
+    def sample_text(self) -> str | None:
+        """``sample.tokens`` tokens the trained language model writes after ``sample.prompt``
+        (the validation text's first token when empty), with the framework's generator seeded
+        from the config's seed; None for other models, data or ``sample.tokens: 0``."""
+        s = self.cfg.sample
+        if not s.tokens or not hasattr(self.model, "generate") or not hasattr(self.train_set, "decode"):
+            return None
+        try:
+            prompt = self.test_set.encode(s.prompt) if s.prompt else self.test_set.tokens[:1].astype(np.int64)
+        except ValueError as e:
+            raise ConfigError(f"sample.prompt: {e}") from None
+        idx = fw.tensor(np.asarray(prompt, dtype=np.int64)[None, :], device=self.device)
+        self.model.eval()
+        fw.manual_seed(self.cfg.seed)
+        try:
+            out = self.model.generate(idx, s.tokens, temperature=s.temperature, top_k=s.top_k)
+        finally:
+            self.model.train()
+        return self.train_set.decode(out.numpy()[0])
+
     def _check_model_fits_data(self) -> None:
         """Runs one training sample through the model (eval mode, no grad) before training.
 
@@ -612,8 +663,9 @@ class Trainer:
         (exit 2) instead of a traceback from the first step. Eval mode updates no
         running statistics and draws no dropout masks, so training is unchanged.
         """
-        # An index array, so copies: a tensor of a view would hold (and count) the whole data set's buffer.
-        x, y = self._to_tensors(*self.train_set[np.arange(1)])
+        # Fancy indexing: copies (a tensor of a view would hold and count the whole data set).
+        xb, yb = self.train_set[np.arange(1)]
+        x, y = self._to_tensors(xb, yb)
         self.model.eval()
         try:
             with fw.no_grad():
@@ -624,10 +676,10 @@ class Trainer:
             ) from None
         finally:
             self.model.train()
-        if self.classification:
-            want, what = (self.train_set.num_classes,), "num_classes"
+        if self.classification:  # a class score per target (per token of a sequence)
+            want, what = tuple(yb.shape[1:]) + (self.train_set.num_classes,), "num_classes"
         else:
-            want, what = self.train_set.target_shape, "the target shape"
+            want, what = tuple(yb.shape[1:]), "the target shape"
         if tuple(out.shape[1:]) != want:
             raise ConfigError(
                 f"model {self.cfg.model.name!r} gives outputs of shape {tuple(out.shape[1:])} per sample, but data "
@@ -740,7 +792,7 @@ class Trainer:
     def _step_body(self, x, y):
         """One whole step, as ``compile: true`` captures and replays it (loss, detached output)."""
         self.optimizer.zero_grad(set_to_none=True)
-        out = self.model(x)
+        out, y = per_token(self.model(x), y)
         loss = self.criterion(out, y)
         loss.backward()
         if self.comm.size > 1:
@@ -758,7 +810,8 @@ class Trainer:
             # A step that captured (and planned) is left out of memory/peak_mb, which shows the
             # replayed steps; what capturing held is logged as memory/capture_peak_mb.
             memory.reset_peak()
-        correct = (fw.argmax(out, dim=1) == y).sum()._data if self.classification else None
+        # the step returned the per-token logits (see _step_body): the targets, flattened alike
+        correct = (fw.argmax(out, dim=1) == y.reshape(-1)).sum()._data if self.classification else None
         if self.losses_on_device:  # a copy: the next replay may write over the program's output
             return loss._data.copy(), correct, None
         loss_value = float(loss.item())
@@ -787,7 +840,7 @@ class Trainer:
         if self.compiled is not None:
             return self._compiled_step(x, y, lr)
         memory.mark("forward")
-        out = self.net(x)
+        out, y = per_token(self.net(x), y)
         loss = self.criterion(out, y)
         if self.losses_on_device:
             loss_value = loss._data  # read with the others at the next log point (_read_losses)
@@ -853,23 +906,30 @@ class Trainer:
         return 2 * params + memory.breakdown(self.mem_device)["optimizer_state"] + saved
 
     def evaluate(self) -> float:
-        """Test accuracy (classification) or mean squared error (regression).
+        """Test accuracy (classification), mean squared error (regression) or the mean cross
+        entropy per token (a language model's validation loss).
 
         The score is summed on the device and read back once, at the end.
         """
         self.model.eval()
         total, score = 0, None
+        n, batch = len(self.test_set), self.cfg.data.eval_batch_size
         with fw.no_grad():
-            for start in range(0, len(self.test_set), self.cfg.data.eval_batch_size):
-                xs, ys = self.test_set[start : start + self.cfg.data.eval_batch_size]
+            for start in range(0, n, batch):
+                xs, ys = self.test_set[np.arange(start, min(start + batch, n))]
                 x, y = self._to_tensors(xs, ys)
-                out = self.model(x)
-                if self.classification:
+                out, y = per_token(self.model(x), y)
+                if self.eval_name == "loss":
+                    part = fw.nn.functional.cross_entropy(out, y, reduction="sum")._data.astype(np.float64)
+                    count = len(y)
+                elif self.classification:
                     part = (fw.argmax(out, dim=1) == y).sum()._data.astype(np.float64)
+                    count = len(y)
                 else:
                     part = ((out - y) ** 2).mean()._data.astype(np.float64) * len(xs)
+                    count = len(xs)
                 score = part if score is None else score + part
-                total += len(xs)
+                total += count
         self.model.train()
         return (float(to_host(score)) if score is not None else 0.0) / max(total, 1)
 
@@ -979,6 +1039,7 @@ class Trainer:
                         if correct is not None:  # summed on the device, read at the log point
                             window["correct"] = correct if window["correct"] is None else window["correct"] + correct
                         window["seen"] += len(xb)
+                        window["targets"] += np.size(yb)
                         window["time"] += dt
                         window["steps"] += 1
                         after = memory.stats()
@@ -1118,7 +1179,7 @@ class Trainer:
         check_targets()  # the GPU losses' deferred target checks: read back here, not in the step
         if self.classification:
             correct = 0 if window["correct"] is None else int(to_host(window["correct"]))
-            metrics["train/accuracy"] = correct / max(window["seen"], 1)
+            metrics["train/accuracy"] = correct / max(window["targets"], 1)
         # What policy auto did, per training step: writes it ran in place (in total and by
         # op or site: the ops it proved dead, and its writes over the framework's own
         # buffers, framework.inplace.count_owned) and the bytes they did not allocate.
@@ -1224,6 +1285,7 @@ SUMMARY_LEGEND = (
     ),
     ("eval accuracy", "on the held-out set at the last step"),
     ("eval mse", "on the held-out set at the last step"),
+    ("eval loss", "a language model's mean cross entropy per validation token (nats) at the last step"),
     (
         "peak MB",
         "the highest live array memory of a training step (evaluation left out); MB = 2^20 bytes",

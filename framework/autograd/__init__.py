@@ -12,10 +12,11 @@ users, C++ nodes inside):
 
 The modules form two layers (docs/DESIGN.md): ``grad_mode``, ``node`` (versions, saved
 tensors, the node base) and ``engine`` work on arrays and nodes, below the Tensor class;
-``function`` (the op contract and the apply path), ``custom_function`` and ``graph``
-work on tensors, beside the ops. This package imports only ``grad_mode`` itself; the
-rest is loaded on first use (PEP 562), so that the lower layers can import
-``framework.autograd.grad_mode`` without pulling in the upper ones.
+``function`` (the op contract and the apply path), ``custom_function``, ``graph`` and
+``saved`` (what a graph keeps for backward, tensor by tensor) work on tensors, beside the
+ops. This package imports only ``grad_mode`` itself; the rest is loaded on first use
+(PEP 562), so that the lower layers can import ``framework.autograd.grad_mode`` without
+pulling in the upper ones.
 """
 
 from .grad_mode import (
@@ -36,6 +37,7 @@ _LAZY = {
     "FunctionCtx": ("custom_function", "FunctionCtx"),
     "OpFunction": ("function", "Function"),
     "SavedTensor": ("node", "SavedTensor"),
+    "saved_tensors": ("saved", "saved_tensors"),
 }
 
 
@@ -45,7 +47,7 @@ def __getattr__(name):
     if name in _LAZY:
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
-    if name in ("graph", "custom_function", "function", "engine", "node"):
+    if name in ("graph", "custom_function", "function", "engine", "node", "saved"):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -64,5 +66,6 @@ __all__ = [
     "is_grad_enabled",
     "is_inference_mode_enabled",
     "no_grad",
+    "saved_tensors",
     "set_grad_enabled",
 ]

@@ -217,7 +217,9 @@ def auto_target(cls, inputs, params):
     for other in inputs[1:]:
         if isinstance(other, _Tensor):
             od = other._data
-            if od is data or od.dtype != data.dtype or (od.shape != data.shape and not _fits(od.shape, data.shape)):
+            # a bool input is a mask (masked_fill's): it never sets the result's dtype
+            other_dtype_ok = od.dtype == data.dtype or od.dtype.kind == "b"
+            if od is data or not other_dtype_ok or (od.shape != data.shape and not _fits(od.shape, data.shape)):
                 return None  # the same array twice, or a result without x's shape and dtype
             del od
         elif other.__class__ not in _SCALARS:

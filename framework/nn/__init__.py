@@ -1,7 +1,8 @@
 """Neural network building blocks with ``torch.nn``'s names: ``from framework import nn``.
 
 ``nn.Module`` and ``nn.Parameter``, the layers (``nn.Linear``, ``nn.Conv2d``,
-``nn.BatchNorm2d``, ``nn.InPlaceABN``, ``nn.ReLU``, ...), ``nn.functional`` (``F``) and
+``nn.BatchNorm2d``, ``nn.InPlaceABN``, ``nn.ReLU``, ``nn.Embedding``, ``nn.LayerNorm``,
+``nn.GELU``, ...), ``nn.functional`` (``F``) and
 ``nn.init``. Activation and dropout modules built with ``inplace=None`` follow the
 inplace policy of :mod:`framework.inplace`.
 """
@@ -31,6 +32,7 @@ from .layers import (
     Softmax,
     Tanh,
 )
+from .layers_transformer import GELU, Embedding, LayerNorm
 from .module import Module
 from .parameter import Parameter
 
@@ -46,6 +48,9 @@ __all__ = [
     "Conv2d",
     "CrossEntropyLoss",
     "Dropout",
+    "Embedding",
+    "GELU",
+    "LayerNorm",
     "Flatten",
     "Identity",
     "InPlaceABN",

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from .. import inplace as _inplace
 from .. import ops as _ops
+from ..ops import attention as _attention
 from ..ops import conv as _conv
 from ..ops import dropout as _dropout
+from ..ops import embedding as _embedding
+from ..ops import gelu as _gelu
+from ..ops import layer_norm as _layer_norm
 from ..ops import linalg as _linalg
 from ..ops import loss as _loss
 from ..ops import norm as _norm
@@ -107,12 +111,48 @@ def tanh(input: Tensor) -> Tensor:
     return _ops.tanh(input)
 
 
+@_inplace.passes_ownership
 def softmax(input: Tensor, dim: int = -1) -> Tensor:
     return _ops.softmax(input, dim)
 
 
+@_inplace.passes_ownership
 def log_softmax(input: Tensor, dim: int = -1) -> Tensor:
     return _ops.log_softmax(input, dim)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    """``input * Phi(input)``, or its tanh approximation (``approximate="tanh"``). Its
+    backward reads its input, so it has no free inplace form (no site of the policy)."""
+    return _gelu.gelu(input, approximate)
+
+
+# --- Transformers ------------------------------------------------------------------------------
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    """Rows of ``weight`` picked by the integer ``input``; the gradient is a scatter-add."""
+    return _embedding.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, memory_efficient=False):
+    """Layer normalization over the trailing ``normalized_shape`` dims.
+
+    ``memory_efficient=True`` (Apex's ``FusedLayerNorm`` mode) keeps the output instead of
+    the input for backward (which rebuilds the normalized input from it): the same numbers,
+    one activation less held for backward where the output is kept anyway.
+    """
+    return _layer_norm.layer_norm(input, normalized_shape, weight, bias, eps, memory_efficient)
+
+
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """``softmax(query @ key^T * scale + attn_mask) @ value``, as one op that keeps no
+    ``L x S`` matrix for backward (cuDNN's SDPA on a GPU where it runs)."""
+    return _attention.scaled_dot_product_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+    )
 
 
 @_inplace.passes_ownership
@@ -223,6 +263,10 @@ __all__ = [
     "tanh",
     "softmax",
     "log_softmax",
+    "gelu",
+    "embedding",
+    "layer_norm",
+    "scaled_dot_product_attention",
     "dropout",
     "max_pool2d",
     "avg_pool2d",

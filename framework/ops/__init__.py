@@ -23,6 +23,7 @@ from . import promotion as _promotion
 from . import reduce as R
 from . import view as V
 from .broadcast import broadcast_shapes, sum_to  # noqa: F401  (re-exported)
+from .masking import masked_fill, masked_fill_, tril, tril_, triu, triu_  # noqa: F401  (re-exported)
 
 _DEFAULT_FLOAT = _promotion.DEFAULT_FLOAT
 # The Python scalars that leave a tensor of these kinds its dtype (the fast path of _operand)
@@ -388,6 +389,26 @@ def log_softmax(x, dim=-1):
 
 def matmul(x, y):
     return L.Matmul.apply(x, y)
+
+
+def multinomial(input, num_samples, replacement=False):
+    """Indices drawn from the rows of ``input`` (non-negative weights, 1-D or 2-D), as
+    ``torch.multinomial``: by inverse CDF with one uniform per draw from the framework's
+    seeded generator (``fw.manual_seed``). ``num_samples > 1`` needs ``replacement=True``.
+    Not differentiable: an int64 tensor on ``input``'s device."""
+    if input.ndim not in (1, 2):
+        raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {input.ndim}")
+    if num_samples < 1:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if num_samples > 1 and not replacement:
+        raise NotImplementedError("multinomial: num_samples > 1 without replacement is not supported")
+    xp = input.xp
+    w = input._data.astype(np.float64).reshape(-1, input.shape[-1])
+    cdf = xp.cumsum(w, axis=-1)
+    u = _random.generator(xp).random((w.shape[0], num_samples)) * cdf[:, -1:]
+    out = (cdf[:, None, :] <= u[:, :, None]).sum(axis=-1)
+    out = xp.minimum(out, input.shape[-1] - 1).astype(np.int64)
+    return _wrap(out if input.ndim == 2 else out[0])
 
 
 # --- views and shape ---------------------------------------------------------------------
@@ -899,7 +920,8 @@ def rpow(x, other):
 
 
 # The entries policy auto sees through: each hands its first argument straight to its op.
-for _entry in (add, sub, mul, div, pow, neg, abs, exp, log, sqrt, sin, cos, tanh, sigmoid, relu, leaky_relu, clamp):
+_ENTRIES = (add, sub, mul, div, pow, neg, abs, exp, log, sqrt, sin, cos, tanh, sigmoid, relu, leaky_relu, clamp)
+for _entry in _ENTRIES + (softmax, log_softmax, masked_fill, tril, triu):
     _inplace.passes_ownership(_entry)
 del _entry
 

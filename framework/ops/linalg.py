@@ -3,6 +3,8 @@ the fused ``linear`` of ``nn.Linear``."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import inplace, memory
 from ..autograd.function import ABSENT, Function
 from ..backend import get_array_module
@@ -126,7 +128,13 @@ class Linear(Function):
 
     def forward(ctx, x, weight, bias=None, add_bias_inplace=True):
         xp = get_array_module(x)
-        out = memory.track(_mm(_rows(x, xp), weight.T, xp), "activations")
+        if x.ndim == 2:
+            out = memory.track(_mm(x, weight.T, xp), "activations")
+        else:  # (*, in) -> (*, out) written in its final shape: an array that owns its memory
+            out = memory.empty(
+                x.shape[:-1] + (weight.shape[0],), np.result_type(x.dtype, weight.dtype), xp, "activations"
+            )
+            _mm(_rows(x, xp), weight.T, xp, out=out.reshape(-1, weight.shape[0]))
         if bias is not None:
             if add_bias_inplace and out.dtype == bias.dtype:
                 out += bias
@@ -136,12 +144,12 @@ class Linear(Function):
         ctx.xshape, ctx.dtypes = x.shape, (x.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.wshape, ctx.wstrides = weight.shape, _elements(weight.strides, weight.itemsize)
         ctx.xstrides = _elements(x.strides, x.itemsize)
-        ctx.product_shape = (out.shape[0], weight.shape[0])
+        ctx.product_shape = (out.size // weight.shape[0], weight.shape[0])  # the 2-d product's
         # PyTorch's linear: addmm (mm without bias) on 2-d input, then a view for more dims
         ctx.node_name = _LINEAR_NAMES[x.ndim == 2, bias is not None]
-        # Only reshape when needed: a view of the product would not own its memory, and the
-        # inplace policy writes only over tensors that do.
-        return out if x.ndim == 2 else out.reshape(ctx.xshape[:-1] + (weight.shape[0],))
+        # Never a reshaped view of the product: the inplace policy writes only over tensors
+        # that own their memory (a Transformer's dropouts and residual adds over (B, T, C)).
+        return out
 
     def backward(ctx, g):
         xp = get_array_module(g)

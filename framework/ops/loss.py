@@ -35,7 +35,7 @@ REDUCTIONS = ("mean", "sum", "none")
 
 #: The deferred target checks of the GPU path are read back at least this often (loss calls).
 CHECK_EVERY = 256
-_pending: list = []  # (loss name, number of classes, device array: a bad target or 0)
+_pending: list = []  # (op name, number of classes, device array: a bad target or 0, "Target" or "Index")
 
 
 def check_targets() -> None:
@@ -49,62 +49,68 @@ def check_targets() -> None:
     pending = list(_pending)
     _pending.clear()
     found = {}
-    for dev in dict.fromkeys(backend.device_of(bad) for _, _, bad in pending):  # one transfer per device
-        flags = list({id(bad): bad for _, _, bad in pending if backend.device_of(bad) == dev}.values())
+    for dev in dict.fromkeys(backend.device_of(bad) for _, _, bad, _ in pending):  # one transfer per device
+        flags = list({id(bad): bad for _, _, bad, _ in pending if backend.device_of(bad) == dev}.values())
         with backend.device_context(dev):
             values = backend.to_numpy(get_array_module(flags[0]).stack(flags))
             for flag, value in zip(flags, values):
                 if value != 0:  # a compiled step's flag is read again after its next calls: cleared
                     flag.fill(0)
         found.update(zip(map(id, flags), values))
-    for fn, c, bad in pending:
+    for fn, c, bad, what in pending:
         if found[id(bad)] != 0:
-            raise IndexError(
-                f"{fn}: Target {int(found[id(bad)])} is out of bounds: class indices must be in [0, {c - 1}]"
-            )
+            raise IndexError(_out_of_range(fn, what, int(found[id(bad)]), c))
 
 
-def _defer(fn, c, bad) -> None:
-    """Registers a device flag (a bad target, or 0) for :func:`check_targets`."""
-    _pending.append((fn, c, bad))
+def _out_of_range(fn, what, value, c) -> str:
+    """The message of a value outside ``[0, c)``: a loss's ``"Target"`` (a class index) or an
+    embedding's ``"Index"`` (a row), as PyTorch words them."""
+    if what == "Target":
+        return f"{fn}: Target {value} is out of bounds: class indices must be in [0, {c - 1}]"
+    return f"{fn}: index {value} out of range in self: indices must be in [0, {c - 1}]"
+
+
+def _defer(fn, c, bad, what) -> None:
+    """Registers a device flag (a bad value, or 0) for :func:`check_targets`."""
+    _pending.append((fn, c, bad, what))
     if len(_pending) >= CHECK_EVERY:
         check_targets()
 
 
 class TargetRangeCheck:
-    """The range check of class-index targets, ``[0, C)``: one place for an eager loss call
-    and for a compiled step, which records it (it is not an op) and runs it again at every
-    call (a ``check`` node of framework/compile).
+    """The range check of integer indices, ``[0, C)``: a loss's class-index targets
+    (``what="Target"``) and an embedding's row indices (``"Index"``). One place for an
+    eager call and for a compiled step, which records it (it is not an op) and runs it
+    again at every call (a ``check`` node of framework/compile).
 
     On the CPU it raises the IndexError in the call (one host read). On a GPU nothing is
-    read back inside the step: one reduction kernel finds a bad target (or 0), and the
+    read back inside the step: one reduction kernel finds a bad value (or 0), and the
     check is deferred to :func:`check_targets`. A compiled step on a GPU keeps a device
     flag of its own per check (:meth:`new_flag`, passed as ``flag``): each call keeps the
-    first bad target it has seen in it, inside the step's kernels (its CUDA graph), and
+    first bad value it has seen in it, inside the step's kernels (its CUDA graph), and
     the step registers the flag after each call (:meth:`defer`); check_targets clears a
     flag it read as bad.
     """
 
     label = "target_check"
 
-    def __call__(self, t, fn, c, flag=None) -> None:
-        """Checks the targets ``t`` (an array) of loss ``fn`` against ``c`` classes."""
-        if not t.shape[0]:
+    def __call__(self, t, fn, c, what="Target", flag=None) -> None:
+        """Checks the values of ``t`` (an array) that op ``fn`` takes against ``c`` classes or rows."""
+        if not t.size:
             return
         if on_gpu(t):
-            if c == 0:  # every target is out of range (and 0 could not mark one): no device read needed
-                raise IndexError(f"{fn}: every target is out of bounds: the input has 0 classes")
-            bad = K.bad_target(t, c)
+            if c == 0:  # every value is out of range (and 0 could not mark one): no device read needed
+                raise IndexError(f"{fn}: every {what.lower()} is out of bounds: there are 0 classes or rows")
+            bad = K.bad_target(t.reshape(-1), c)
             if flag is None:
-                _defer(fn, c, bad)
-            else:  # kept while the flag holds none (0): the first bad target since it was read
+                _defer(fn, c, bad, what)
+            else:  # kept while the flag holds none (0): the first bad value since it was read
                 get_array_module(t).copyto(flag, bad, where=flag == 0)
             return
         xp = get_array_module(t)
         lo, hi = (int(v) for v in backend.to_numpy(xp.stack((xp.min(t), xp.max(t)))))
         if lo < 0 or hi >= c:
-            bad = lo if lo < 0 else hi
-            raise IndexError(f"{fn}: Target {bad} is out of bounds: class indices must be in [0, {c - 1}]")
+            raise IndexError(_out_of_range(fn, what, lo if lo < 0 else hi, c))
 
     @staticmethod
     def new_flag(device):
@@ -113,9 +119,9 @@ class TargetRangeCheck:
             return memory.track(backend.xp_for(device).zeros((), dtype="int64"), "workspace")
 
     @staticmethod
-    def defer(flag, fn, c) -> None:
+    def defer(flag, fn, c, what="Target") -> None:
         """After a compiled step's call: its flag, registered for :func:`check_targets`."""
-        _defer(fn, c, flag)
+        _defer(fn, c, flag, what)
 
 
 target_range_check = TargetRangeCheck()
@@ -165,13 +171,20 @@ def _check_class_inputs(fn, x, target, log_probs_name):
         )
     if target.shape[0] and target.device != x.device:
         raise RuntimeError(f"{fn}: input is on {x.device} but target is on {target.device}")
-    # Needed on a GPU too (CuPy wraps an out-of-range index around); a step being compiled
-    # records it, to run it again at every call
+    check_range(target, fn, x.shape[1])
+
+
+def check_range(t, fn, c, what="Target") -> None:
+    """Checks that the integer tensor ``t`` holds values in ``[0, c)`` (:class:`TargetRangeCheck`).
+
+    Needed on a GPU too (CuPy wraps an out-of-range index around); a step being compiled
+    records it, to run it again at every call.
+    """
     capture = _node.capture
     if capture is not None:
-        capture.check(target_range_check, target, fn, x.shape[1])
+        capture.check(target_range_check, t, fn, c, what)
     else:
-        target_range_check(target._data, fn, x.shape[1])
+        target_range_check(t._data, fn, c, what)
 
 
 class CrossEntropy(Function):

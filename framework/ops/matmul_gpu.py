@@ -15,7 +15,8 @@ transposed view is declared by its strides, no copy) and dtype. Math: float32 ru
 float32 (the engines with ``numerical_note.TENSOR_CORE``, TF32 by default on Ampere and
 later, are deselected, as the ``cudnn`` convolutions do); engines that down-convert their
 inputs are never taken. Where the frontend is missing, the operands are not float32/float64
-2-D (or 3-D of one batch) matrices, or cuDNN has no engine for the geometry, the product is
+matrices (2-D, or with the same batch dims: attention's ``(batch, heads, rows, columns)``),
+or cuDNN has no engine for the geometry, the product is
 CuPy's (cuBLAS): it still runs eagerly, and a CUDA-graph capture of it fails with CuPy's
 one-line reason.
 """
@@ -36,7 +37,7 @@ class _Plan:
 
 
 def _as3(a):
-    """``a`` as a 3-D view ``[batch, rows, columns]`` (a 2-D matrix gets a batch of one)."""
+    """``a`` with batch dims ``[*batch, rows, columns]`` (a 2-D matrix gets a batch of one)."""
     return a.reshape((1,) + a.shape) if a.ndim == 2 else a
 
 
@@ -54,20 +55,19 @@ def _matrix_layout(a) -> bool:
 def _usable(a, b):
     if a.dtype != b.dtype or a.dtype.name not in ("float32", "float64") or a.ndim != b.ndim:
         return False
-    if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[0] != b.shape[0]) or not a.size or not b.size:
+    # batch dims (cuDNN's matmul takes any number: attention's (batch, heads, rows, columns))
+    if a.ndim < 2 or a.ndim > 8 or a.shape[:-2] != b.shape[:-2] or not a.size or not b.size:
         return False
     return _matrix_layout(a) and _matrix_layout(b)
 
 
-def _build(cudnn, a3, b3, handle):
+def _build(cudnn, a3, b3, c3, handle):
     io = cudnn.data_type.FLOAT if a3.dtype.name == "float32" else cudnn.data_type.DOUBLE
     graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=io, compute_data_type=io, handle=handle)
     ta = graph.tensor(name="A", dim=list(a3.shape), stride=list(_elements(a3)), data_type=io)
     tb = graph.tensor(name="B", dim=list(b3.shape), stride=list(_elements(b3)), data_type=io)
     tc = graph.matmul(ta, tb, compute_data_type=io, name="mm")
-    shape = [a3.shape[0], a3.shape[1], b3.shape[2]]
-    stride = [shape[1] * shape[2], shape[2], 1]
-    tc.set_output(True).set_dim(shape).set_stride(stride).set_data_type(io)
+    tc.set_output(True).set_dim(list(c3.shape)).set_stride(list(_elements(c3))).set_data_type(io)
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -77,30 +77,32 @@ def _build(cudnn, a3, b3, handle):
     return _Plan(graph, (ta, tb, tc), graph.get_workspace_size())
 
 
-def matmul(a, b, xp):
+def matmul(a, b, xp, out=None):
     """``a @ b`` for device arrays: one cuDNN frontend execution where it can run it, else
-    ``xp.matmul`` (cuBLAS). A new array, like ``xp.matmul``."""
+    ``xp.matmul`` (cuBLAS). A new array, like ``xp.matmul``, or ``out`` (of any strides the
+    product's matrices can be written with, e.g. a transposed view) when given."""
     cudnn = cudnn_module() if xp is cupy_module() else None  # not NumPy, nor a double backward's tensors
-    if cudnn is None or not _usable(a, b):
-        return xp.matmul(a, b)
+    if cudnn is None or not _usable(a, b) or (out is not None and not _matrix_layout(out)):
+        return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
     device = current_device().index
-    a3, b3 = _as3(a), _as3(b)
-    key = (device, a3.shape, _elements(a3), b3.shape, _elements(b3), a.dtype.name)
+    if out is None:
+        # a new array that owns its memory (the inplace policy writes only over such), counted
+        # by the caller as xp.matmul's result is
+        out = xp.empty(a.shape[:-1] + b.shape[-1:], a.dtype)
+    a3, b3, c3 = _as3(a), _as3(b), _as3(out)
+    key = (device, a3.shape, _elements(a3), b3.shape, _elements(b3), _elements(c3), a.dtype.name)
     handle = handle_for(cudnn, device)
     plan = _plans.get(key)
     if plan is None:
         try:
-            plan = _build(cudnn, a3, b3, handle)
+            plan = _build(cudnn, a3, b3, c3, handle)
         except cudnn.cudnnGraphNotSupportedError:
             plan = _UNSUPPORTED
         _plans[key] = plan
     if plan is _UNSUPPORTED:
-        return xp.matmul(a, b)
+        return xp.matmul(a, b, out=out)
     cudnn.set_stream(handle, current_stream().ptr)
-    # a new array that owns its memory (the inplace policy writes only over such), counted
-    # by the caller as xp.matmul's result is
-    out = xp.empty(a.shape[:-1] + b.shape[-1:], a.dtype)
     workspace = memory.empty((plan.workspace_bytes,), xp.uint8, xp, "workspace") if plan.workspace_bytes else None
     ta, tb, tc = plan.tensors
-    plan.graph.execute({ta: a3, tb: b3, tc: _as3(out)}, workspace, handle=handle)
+    plan.graph.execute({ta: a3, tb: b3, tc: c3}, workspace, handle=handle)
     return out

@@ -178,6 +178,7 @@ class Softmax(Function):
     inplace_name = "softmax_"
     saves = ("result",)
     saved_attrs = _DIM
+    auto_inplace = True  # backward reads the result only: policy auto may write over a dead input
 
     def forward(ctx, x, dim=-1):
         xp = get_array_module(x)
@@ -199,6 +200,7 @@ class LogSoftmax(Function):
     inplace_name = "log_softmax_"
     saves = ("result",)
     saved_attrs = _DIM
+    auto_inplace = True
 
     def forward(ctx, x, dim=-1):
         xp = get_array_module(x)

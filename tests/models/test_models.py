@@ -60,7 +60,7 @@ def test_unknown_model_suggests_and_lists():
 
 
 def test_unknown_model_without_close_match_still_lists():
-    with pytest.raises(ValueError, match=r"unknown model 'transformer'.*Available models: convnet, mlp"):
+    with pytest.raises(ValueError, match=r"unknown model 'transformer'.*Available models: convnet, gpt, mlp"):
         build_model("transformer")
 
 

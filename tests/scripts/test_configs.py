@@ -2,9 +2,10 @@
 
 ``configs/mpi_*.yaml`` are the data-parallel experiments: they run under
 ``mpiexec -n 2`` (one BLAS thread per rank). The runs are kept short with overrides of
-the step count and the synthetic data size only, so what is checked is the config as
-shipped: its keys, its ``base:`` chain, its model and model arguments, its data. A config
-of data on disk (CIFAR-10) gets generated files in the documented layout (``data.root``).
+the step count, the synthetic data size, a text's context and its sample only, so what is
+checked is the config as shipped: its keys, its ``base:`` chain, its model and model
+arguments, its data. A config of data on disk (CIFAR-10) gets generated files in the
+documented layout (``data.root``).
 """
 
 import glob
@@ -28,6 +29,8 @@ SHORT = [
     "data.num_train=64",
     "data.num_test=32",
     "data.eval_batch_size=32",
+    "data.block_size=32",  # the text configs' context (and so their model's)
+    "sample.tokens=5",
     "logging.progress=false",
 ]
 

@@ -124,3 +124,37 @@ def test_two_ranks_on_gpus_equal_one_process_on_the_cpu(tmp_path, comm_backend):
     scalars = read_scalars(str(tmp_path / "runs" / "dp" / "inplace-auto_np2"))
     for rank in (0, 1):  # GPU memory, counted by each rank's pool hook
         assert all(v > 0 for _, v in scalars[f"memory/peak_mb_rank{rank}"])
+
+
+GPT_CONFIG = """\
+experiment: dpgpt
+threads: 1
+seed: 7
+data: {{name: text, path: corpus.txt, block_size: 16, batch_size: {batch}, eval_batch_size: 16}}
+model: {{name: gpt, args: {{n_layer: 1, n_head: 2, n_embd: 16, bias: false}}}}
+optim: {{name: adamw, lr: 0.003, decay: matrices, weight_decay: 0.1}}
+train: {{max_steps: 6, eval_every: 6, log_every: 3}}
+logging: {{progress: false, timeline: false}}
+"""
+
+
+def test_a_language_model_on_two_ranks_equals_one_process_at_twice_the_batch(tmp_path):
+    """The text data set's random blocks shared out by the ranks (each takes every second
+    index of the epoch's permutation), the tied embedding/head weight's gradient averaged.
+    No biases: the key projection's bias has a gradient of exactly zero in exact arithmetic
+    (it shifts every score of a query by the same amount), so AdamW turns its rounding noise,
+    which differs between the two sums, into updates of size lr."""
+    rng = np.random.default_rng(0)
+    (tmp_path / "corpus.txt").write_text("".join(rng.choice(list("abcdef gh\n"), 3000)), encoding="utf-8")
+    code, _, err = train(tmp_path, 2, 4, config=GPT_CONFIG)
+    assert code == 0, err
+    code, _, err = train(tmp_path, 1, 8, config=GPT_CONFIG)
+    assert code == 0, err
+    ck = tmp_path / "checkpoints" / "dpgpt"
+    two = load_checkpoint(str(ck / "inplace-auto_np2" / "step_00000006.npz"))
+    one = load_checkpoint(str(ck / "inplace-auto_np1" / "step_00000006.npz"))
+    assert two["model"].keys() == one["model"].keys()
+    for name in one["model"]:
+        np.testing.assert_allclose(
+            np.asarray(two["model"][name]), np.asarray(one["model"][name]), rtol=1e-5, atol=1e-6, err_msg=name
+        )

@@ -29,10 +29,12 @@ data.name data.batch_size data.eval_batch_size data.drop_last data.num_train dat
 data.image_size data.channels data.num_classes data.noise data.in_features data.out_features
 data.test_fraction
 data.root data.test_root data.x_name data.y_name data.labels data.augment
+data.path data.vocab data.block_size data.val_fraction
 model.name model.args
 optim.name optim.lr optim.momentum optim.dampening optim.nesterov optim.weight_decay
-optim.betas optim.eps
+optim.decay optim.betas optim.eps
 schedule.name schedule.warmup_steps schedule.step_size schedule.milestones schedule.gamma schedule.min_lr
+sample.tokens sample.prompt sample.temperature sample.top_k
 train.epochs train.max_steps train.eval_every train.log_every train.grad_clip
 logging.logdir logging.run_name logging.progress logging.timeline
 checkpoint.dir checkpoint.every checkpoint.keep checkpoint.resume

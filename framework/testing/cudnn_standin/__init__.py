@@ -9,7 +9,9 @@ the real module where it imports): handles and streams (:func:`create_handle`,
 :func:`set_stream`), the enums (:class:`data_type`, :class:`heur_mode`,
 :class:`numerical_note`), :class:`cudnnGraphNotSupportedError` and the graph class
 :class:`pygraph` with its tensors, ``conv_fprop`` / ``conv_dgrad`` / ``conv_wgrad``,
-``matmul`` (batched, 3-D operands, strides as declared), the build steps,
+``matmul`` (batched, operands of 3 or more dims, strides as declared), ``sdpa`` and
+``sdpa_backward`` (scaled dot product attention in float16/bfloat16, the softmax statistics,
+a top-left causal band; enum :class:`diagonal_alignment`), the build steps,
 ``get_workspace_size`` and ``execute``. What it does beyond that subset raises
 (NotImplementedError or the frontend's own error), never silently differs.
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import enum
 
+import ml_dtypes
 import numpy
 
 from ..cupy_standin import ndarray as _device_array
@@ -66,6 +69,11 @@ class data_type(enum.Enum):  # noqa: N801  (the real package's name)
     NOT_SET = enum.auto()
 
 
+class diagonal_alignment(enum.Enum):  # noqa: N801
+    TOP_LEFT = enum.auto()
+    BOTTOM_RIGHT = enum.auto()
+
+
 class heur_mode(enum.Enum):  # noqa: N801
     A = enum.auto()
     B = enum.auto()
@@ -87,6 +95,7 @@ _NUMPY_TYPES = {
     data_type.FLOAT: numpy.dtype(numpy.float32),
     data_type.DOUBLE: numpy.dtype(numpy.float64),
     data_type.HALF: numpy.dtype(numpy.float16),
+    data_type.BFLOAT16: numpy.dtype(ml_dtypes.bfloat16),
 }
 
 
@@ -215,7 +224,7 @@ class pygraph:  # noqa: N801
         self._io = io_data_type
         self._compute = compute_data_type or io_data_type
         self._tensors: list[Tensor] = []
-        self._nodes: list[tuple] = []  # (op, {port: Tensor}, {attr: value}, output Tensor)
+        self._nodes: list[tuple] = []  # (op, {port: Tensor}, {attr: value}, [output Tensors], compute type)
         self._validated = self._graph_built = False
         self._plans: list[_Engine] | None = None
         self._barred: set = set()
@@ -268,7 +277,7 @@ class pygraph:  # noqa: N801
         out = self._add(f"{name or op}::{out_port}", out_dims, None, self._compute, None, True)
         if out.dim is not None:
             out.stride = _row_major(out.dim)
-        self._nodes.append((op, inputs, attrs, out, compute_data_type or self._compute))
+        self._nodes.append((op, inputs, attrs, [out], compute_data_type or self._compute))
         self._validated = self._graph_built = False
         return out
 
@@ -285,28 +294,232 @@ class pygraph:  # noqa: N801
         return self._conv("conv_wgrad", args, name, compute_data_type, out_dims, kwargs)
 
     def matmul(self, A, B, compute_data_type=None, padding: float = 0.0, name: str = ""):  # noqa: N803
-        """matmul(A, B) -> C = A @ B: batched ``[b, m, k] @ [b, k, n] -> [b, m, n]`` (a batch of
-        1 broadcast), the operands' strides as declared (a transposed view is a stride)."""
+        """matmul(A, B) -> C = A @ B: batched ``[*batch, m, k] @ [*batch, k, n] -> [*batch, m, n]``
+        (the last two dims are the matrices, all before them batch dims, a batch dim of 1
+        broadcast), the operands' strides as declared (a transposed view is a stride)."""
         if not isinstance(A, Tensor) or not isinstance(B, Tensor):
             raise TypeError("matmul() needs the tensors A and B, made by this graph's tensor()")
         if padding:
             raise NotImplementedError("cudnn stand-in: matmul with padding is not in its subset")
         out = self._add(f"{name or 'matmul'}::C", None, None, self._compute, None, True)
-        if A.dim is not None and B.dim is not None and len(A.dim) == 3 and len(B.dim) == 3:
-            out.dim = [max(A.dim[0], B.dim[0]), A.dim[1], B.dim[2]]
+        if A.dim is not None and B.dim is not None and len(A.dim) == len(B.dim) >= 3:
+            out.dim = [max(a, b) for a, b in zip(A.dim[:-2], B.dim[:-2])] + [A.dim[-2], B.dim[-1]]
             out.stride = _row_major(out.dim)
-        self._nodes.append(("matmul", {"A": A, "B": B}, {}, out, compute_data_type or self._compute))
+        self._nodes.append(("matmul", {"A": A, "B": B}, {}, [out], compute_data_type or self._compute))
         self._validated = self._graph_built = False
         return out
+
+    def sdpa(
+        self,
+        q,
+        k,
+        v,
+        is_inference=None,
+        attn_scale=None,
+        bias=None,
+        block_mask=None,
+        use_alibi_mask: bool = False,
+        use_padding_mask: bool = False,
+        seq_len_q=None,
+        seq_len_kv=None,
+        use_causal_mask: bool = False,
+        use_causal_mask_bottom_right: bool = False,
+        sliding_window_length=None,
+        diagonal_alignment=diagonal_alignment.TOP_LEFT,
+        diagonal_band_left_bound=None,
+        diagonal_band_right_bound=None,
+        dropout=None,
+        rng_dump=None,
+        paged_attention_k_table=None,
+        paged_attention_v_table=None,
+        paged_attention_max_seq_len_kv=None,
+        max_total_seq_len_q=None,
+        max_total_seq_len_kv=None,
+        compute_data_type=data_type.NOT_SET,
+        name: str = "",
+        score_mod=None,
+        generate_stats=None,
+        implementation=None,
+        score_max=None,
+        score_sum_exp=None,
+        sink_token=None,
+        unfuse_fma: bool = False,
+        cu_seq_len_q=None,
+        cu_seq_len_kv=None,
+        stats_use_log2: bool = False,
+    ):
+        """sdpa(q, k, v, ...) -> [o, stats]: ``softmax(q @ k^T * attn_scale) @ v`` with the
+        softmax statistics (each row's ``max + log(sum exp)``, float32) when
+        ``generate_stats`` (training); stats is None otherwise. Exactly one of
+        ``generate_stats`` and ``is_inference`` (deprecated) must be set, as in the frontend."""
+        if (generate_stats is None) == (is_inference is None):
+            raise RuntimeError("Exactly one of {generate_stats, is_inference} must be set (prefer generate_stats).")
+        if generate_stats is None:
+            generate_stats = not is_inference
+        unsupported = {
+            "bias": bias is not None,
+            "block_mask": block_mask is not None,
+            "use_alibi_mask": use_alibi_mask,
+            "use_padding_mask": use_padding_mask or seq_len_q is not None or seq_len_kv is not None,
+            "dropout": dropout is not None or rng_dump is not None,
+            "paged attention": paged_attention_k_table is not None or paged_attention_v_table is not None,
+            "ragged totals": max_total_seq_len_q is not None or max_total_seq_len_kv is not None,
+            "score_mod": score_mod is not None,
+            "score_max/score_sum_exp": score_max is not None or score_sum_exp is not None,
+            "sink_token": sink_token is not None,
+            "stats_use_log2": stats_use_log2,
+            "cu_seq_len": cu_seq_len_q is not None or cu_seq_len_kv is not None,
+        }
+        causal = _causal_band(
+            use_causal_mask,
+            use_causal_mask_bottom_right,
+            sliding_window_length,
+            diagonal_alignment,
+            diagonal_band_left_bound,
+            diagonal_band_right_bound,
+        )
+        _refuse(unsupported, "sdpa")
+        _check_tensors("sdpa", q=q, k=k, v=v)
+        scale = _scale(attn_scale)
+        o = self._add(f"{name or 'sdpa'}::O", None, None, self._io, None, True)
+        if q.dim is not None and v.dim is not None and len(q.dim) == 4 and len(v.dim) == 4:
+            o.dim = [q.dim[0], q.dim[1], q.dim[2], v.dim[3]]
+        stats = None
+        if generate_stats:
+            stats = self._add(f"{name or 'sdpa'}::Stats", None, None, None, None, True)
+            if q.dim is not None and len(q.dim) == 4:
+                stats.dim = [q.dim[0], q.dim[1], q.dim[2], 1]
+                stats.stride = _row_major(stats.dim)
+        attrs = {"scale": scale, "causal": causal}
+        compute = _set(compute_data_type) or self._compute
+        self._nodes.append(("sdpa", {"q": q, "k": k, "v": v}, attrs, [o, stats], compute))
+        self._validated = self._graph_built = False
+        return [o, stats]
+
+    def sdpa_backward(
+        self,
+        q,
+        k,
+        v,
+        o,
+        dO,  # noqa: N803
+        stats,
+        attn_scale=None,
+        bias=None,
+        dBias=None,  # noqa: N803
+        use_alibi_mask: bool = False,
+        use_padding_mask: bool = False,
+        seq_len_q=None,
+        seq_len_kv=None,
+        max_total_seq_len_q=None,
+        max_total_seq_len_kv=None,
+        use_causal_mask: bool = False,
+        use_causal_mask_bottom_right: bool = False,
+        sliding_window_length=None,
+        diagonal_alignment=diagonal_alignment.TOP_LEFT,
+        diagonal_band_left_bound=None,
+        diagonal_band_right_bound=None,
+        dropout=None,
+        rng_dump=None,
+        use_deterministic_algorithm: bool = False,
+        compute_data_type=data_type.NOT_SET,
+        name: str = "",
+        score_mod=None,
+        score_mod_bprop=None,
+        sink_token=None,
+        dSink_token=None,  # noqa: N803
+    ):
+        """sdpa_backward(q, k, v, o, dO, stats, ...) -> [dQ, dK, dV], the probabilities
+        recomputed from the forward's stats (FlashAttention-2's backward)."""
+        unsupported = {
+            "bias": bias is not None or dBias is not None,
+            "use_alibi_mask": use_alibi_mask,
+            "use_padding_mask": use_padding_mask or seq_len_q is not None or seq_len_kv is not None,
+            "ragged totals": max_total_seq_len_q is not None or max_total_seq_len_kv is not None,
+            "dropout": dropout is not None or rng_dump is not None,
+            "score_mod": score_mod is not None or score_mod_bprop is not None,
+            "sink_token": sink_token is not None or dSink_token is not None,
+        }
+        causal = _causal_band(
+            use_causal_mask,
+            use_causal_mask_bottom_right,
+            sliding_window_length,
+            diagonal_alignment,
+            diagonal_band_left_bound,
+            diagonal_band_right_bound,
+        )
+        _refuse(unsupported, "sdpa_backward")
+        _check_tensors("sdpa_backward", q=q, k=k, v=v, o=o, dO=dO, stats=stats)
+        prefix = name or "sdpa_backward"
+        grads = [
+            self._add(f"{prefix}::{port}", t.dim, None, self._io, None, True)
+            for port, t in (("dQ", q), ("dK", k), ("dV", v))
+        ]
+        attrs = {"scale": _scale(attn_scale), "causal": causal, "deterministic": use_deterministic_algorithm}
+        compute = _set(compute_data_type) or self._compute
+        inputs = {"q": q, "k": k, "v": v, "o": o, "dO": dO, "stats": stats}
+        self._nodes.append(("sdpa_backward", inputs, attrs, grads, compute))
+        self._validated = self._graph_built = False
+        return grads
+
+    def _validate_sdpa(self, op, inputs, attrs, outs) -> None:
+        """cuDNN's support surface for SDPA (as of 9.19): float16/bfloat16 q, k, v, o and
+        gradients, float32 stats and compute, a head dim that is a multiple of 8 and at most
+        256 forward, 128 backward; the subset here also wants as many key/value heads as query heads."""
+        real = [t for t in list(inputs.values()) + outs if t is not None]
+        for t in real:
+            if not t.dim or len(t.dim) != 4 or not t.stride or len(t.stride) != 4:
+                raise ValueError(f"cudnn: {op} tensor {t.name!r} needs 4 dims and strides [b, h, s, d]")
+            if t.data_type not in _NUMPY_TYPES:
+                raise cudnnGraphNotSupportedError(f"cudnn stand-in: tensor {t.name!r} has data type {t.data_type}")
+        for t in outs:
+            if t is not None and t.is_virtual:
+                raise ValueError(f"cudnn: the graph's output {t.name!r} is virtual: call set_output(True)")
+        stats = inputs.get("stats") if op == "sdpa_backward" else outs[1]
+        halves = [t for t in real if t is not stats]
+        if any(t.data_type not in (data_type.HALF, data_type.BFLOAT16) for t in halves) or (
+            stats is not None and stats.data_type != data_type.FLOAT
+        ):
+            raise cudnnGraphNotSupportedError(
+                f"cudnn: {op} supports float16 and bfloat16 q, k, v, o (and float32 stats) only, got "
+                + ", ".join(f"{t.name}: {t.data_type.name}" for t in real)
+            )
+        if self._nodes[0][4] != data_type.FLOAT:
+            raise cudnnGraphNotSupportedError(f"cudnn: {op} computes in float32 (compute_data_type FLOAT)")
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        b, h, l_, d = q.dim
+        limit = 256 if op == "sdpa" else 128
+        if d % 8 or d > limit or v.dim[3] % 8 or v.dim[3] > limit:
+            raise cudnnGraphNotSupportedError(
+                f"cudnn: {op} needs head dims that are multiples of 8 and at most {limit}, got {d} and {v.dim[3]}"
+            )
+        if k.dim[:2] != [b, h] or v.dim[:3] != k.dim[:3] or k.dim[3] != d:
+            raise cudnnGraphNotSupportedError(f"cudnn: {op}: q {q.dim}, k {k.dim}, v {v.dim} do not form attention")
+        expect = {"sdpa": [[b, h, l_, v.dim[3]], [b, h, l_, 1]]}.get(op, [q.dim, k.dim, v.dim])
+        if op == "sdpa_backward":
+            if inputs["o"].dim != [b, h, l_, v.dim[3]] or inputs["dO"].dim != inputs["o"].dim:
+                raise cudnnGraphNotSupportedError(f"cudnn: {op}: o and dO must be {[b, h, l_, v.dim[3]]}")
+            if inputs["stats"].dim != [b, h, l_, 1]:
+                raise cudnnGraphNotSupportedError(f"cudnn: {op}: stats must be {[b, h, l_, 1]}")
+        for t, want in zip(outs, expect):
+            if t is not None and t.dim != want:
+                raise cudnnGraphNotSupportedError(f"cudnn: {op}: output {t.name!r} is {t.dim}, expected {want}")
+        self._validated = True
 
     # --- building ---
 
     def validate(self) -> None:
         if len(self._nodes) != 1:
-            raise NotImplementedError("cudnn stand-in: a graph of exactly one convolution or matmul is its subset")
-        op, inputs, attrs, out, _ = self._nodes[0]
+            raise NotImplementedError(
+                "cudnn stand-in: a graph of exactly one convolution, matmul or sdpa node is its subset"
+            )
+        op, inputs, attrs, outs, _ = self._nodes[0]
+        out = outs[0]
         if op == "matmul":
             self._validate_matmul(inputs, out)
+            return
+        if op in _SDPA_OPS:
+            self._validate_sdpa(op, inputs, attrs, outs)
             return
         _check_operands(
             list(inputs.values()), out, 4, "tensor {!r} needs 4 dims and strides (set_dim on a dgrad/wgrad output)"
@@ -328,9 +541,13 @@ class pygraph:  # noqa: N801
 
     def _validate_matmul(self, inputs, out) -> None:
         a, b = inputs["A"], inputs["B"]
-        _check_operands([a, b], out, 3, "matmul tensor {!r} needs 3 dims and strides [batch, rows, columns]")
-        batch = max(a.dim[0], b.dim[0])
-        if a.dim[2] != b.dim[1] or {a.dim[0], b.dim[0]} - {1, batch} or out.dim != [batch, a.dim[1], b.dim[2]]:
+        ndim = len(a.dim or [])
+        _check_operands(
+            [a, b], out, max(ndim, 3), "matmul tensor {!r} needs >= 3 dims and strides [*batch, rows, columns]"
+        )
+        batch = [max(x, y) for x, y in zip(a.dim[:-2], b.dim[:-2])]
+        broadcast_ok = all({x, y} <= {1, n} for x, y, n in zip(a.dim[:-2], b.dim[:-2], batch))
+        if a.dim[-1] != b.dim[-2] or not broadcast_ok or out.dim != batch + [a.dim[-2], b.dim[-1]]:
             raise cudnnGraphNotSupportedError(f"cudnn: matmul of {a.dim} and {b.dim} into {out.dim}")
         self._validated = True
 
@@ -384,8 +601,12 @@ class pygraph:  # noqa: N801
         the compute type there."""
         if self._plan is None:
             raise RuntimeError("Call build() first")
-        out, compute = self._nodes[0][3], self._nodes[0][4]
-        return int(numpy.prod(out.dim)) * _NUMPY_TYPES[compute].itemsize
+        op, inputs, _, outs, compute = self._nodes[0]
+        if op == "sdpa":
+            return 0
+        if op == "sdpa_backward":  # FlashAttention-2's backward accumulates dQ in float32
+            return int(numpy.prod(inputs["q"].dim)) * 4
+        return int(numpy.prod(outs[0].dim)) * _NUMPY_TYPES[compute].itemsize
 
     # --- running ---
 
@@ -415,7 +636,17 @@ class pygraph:  # noqa: N801
                 got = getattr(workspace, "nbytes", None)
                 raise RuntimeError(f"cudnn: the plan needs a device workspace of {size} bytes, got {got}")
             _check_device(workspace, device, "the workspace")
-        op, inputs, attrs, out, _ = self._nodes[0]
+        op, inputs, attrs, outs, _ = self._nodes[0]
+        if op in _SDPA_OPS:
+            operands = [bound[t.uid] for t in inputs.values()]
+            results = [bound[t.uid] for t in outs if t is not None]
+
+            def sdpa_kernel():
+                _SDPA_OPS[op](operands, results, attrs)
+
+            _graph.launch_on(handle.stream if handle is not None else 0, "cudnn", sdpa_kernel, [*operands, *results])
+            return
+        out = outs[0]
         pad, stride = _pair(attrs.get("padding"), 0), _pair(attrs.get("stride"), 1)
         tf32, operands, result = self._plan.tf32, [bound[t.uid] for t in inputs.values()], bound[out.uid]
 
@@ -449,14 +680,85 @@ class pygraph:  # noqa: N801
                     f"buffer is {list(array.shape)} strides {strides} {array.dtype}: the backend reads the declaration"
                 )
             bound[t.uid] = array
-        op, inputs, attrs, out, _ = self._nodes[0]
-        for t in list(inputs.values()) + [out]:
+        op, inputs, attrs, outs, _ = self._nodes[0]
+        for t in list(inputs.values()) + [t for t in outs if t is not None]:
             if t.uid not in bound:
                 raise ValueError(f"cudnn: no buffer for tensor {t.name!r}")
         return bound
 
 
 # --- helpers and the float64 computation ---------------------------------------------------------
+
+
+def _refuse(unsupported: dict, op: str) -> None:
+    used = [name for name, on in unsupported.items() if on]
+    if used:
+        raise NotImplementedError(f"cudnn stand-in: {op} with {', '.join(used)} is not in its subset")
+
+
+def _check_tensors(op, **tensors) -> None:
+    for port, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}() needs the tensor {port}, made by this graph's tensor()")
+
+
+def _scale(attn_scale) -> float:
+    if attn_scale is None:
+        return 1.0  # the frontend's default: no scaling
+    if isinstance(attn_scale, float):
+        return attn_scale
+    raise NotImplementedError("cudnn stand-in: attn_scale as a tensor is not in its subset (pass a float)")
+
+
+def _causal_band(use_causal, use_bottom_right, sliding_window, alignment, left, right) -> bool:
+    """Whether the masking arguments ask for a top-left causal mask (the subset: that or none),
+    with the frontend's own errors for contradictory ones."""
+    if use_causal and use_bottom_right:
+        raise RuntimeError("use_causal_mask and use_causal_mask_bottom_right cannot both be true")
+    if use_causal and right is not None:
+        raise RuntimeError("use_causal_mask and diagonal_band_right_bound cannot be set at the same time")
+    if sliding_window is not None and left is not None:
+        raise RuntimeError("sliding window and left_bound cannot be set at the same time")
+    if use_bottom_right or sliding_window is not None or left is not None or alignment != diagonal_alignment.TOP_LEFT:
+        raise NotImplementedError("cudnn stand-in: only a top-left causal mask (or none) is in its subset")
+    if right is not None and right != 0:
+        raise NotImplementedError("cudnn stand-in: diagonal_band_right_bound other than 0 is not in its subset")
+    return bool(use_causal or right == 0)
+
+
+def _attention_probs(q, k, scale, causal):
+    """float64 scores of (b, h, l, d) q and (b, h, s, d) k, scaled and masked, and each row's log-sum-exp."""
+    s = numpy.matmul(q, numpy.swapaxes(k, -1, -2)) * scale
+    if causal:
+        s = numpy.where(numpy.arange(s.shape[-1])[None, :] <= numpy.arange(s.shape[-2])[:, None], s, -numpy.inf)
+    m = s.max(axis=-1, keepdims=True)
+    return s, m + numpy.log(numpy.exp(s - m).sum(axis=-1, keepdims=True))
+
+
+def _sdpa(operands, results, attrs):
+    q, k, v = (a._a.astype(numpy.float64) for a in operands)
+    s, lse = _attention_probs(q, k, attrs["scale"], attrs["causal"])
+    numpy.copyto(results[0]._a, numpy.matmul(numpy.exp(s - lse), v), casting="unsafe")
+    if len(results) > 1:
+        numpy.copyto(results[1]._a, lse, casting="unsafe")
+
+
+def _sdpa_backward(operands, results, attrs):
+    q, k, v, o, do = (a._a.astype(numpy.float64) for a in operands[:5])
+    lse = operands[5]._a.astype(numpy.float64)
+    scale = attrs["scale"]
+    s, _ = _attention_probs(q, k, scale, attrs["causal"])
+    p = numpy.exp(s - lse)  # from the forward's statistics, as FlashAttention-2 recomputes them
+    dv = numpy.matmul(numpy.swapaxes(p, -1, -2), do)
+    dp = numpy.matmul(do, numpy.swapaxes(v, -1, -2))
+    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True))
+    for out, value in zip(
+        results, (numpy.matmul(ds, k) * scale, numpy.matmul(numpy.swapaxes(ds, -1, -2), q) * scale, dv)
+    ):
+        numpy.copyto(out._a, value, casting="unsafe")
+
+
+_SDPA_OPS = {"sdpa": _sdpa, "sdpa_backward": _sdpa_backward}
 
 
 def _set(dt):

@@ -233,6 +233,8 @@ def _call_view(func, *args, **kwargs):
     inputs: list = []
     args = [_unwrap(a, None, inputs) for a in args]
     kwargs = {k: _unwrap(v, None, inputs) for k, v in kwargs.items()}
+    if _graph.current_capture() is not None:  # a copy NumPy had to make: recorded, as CuPy's kernel is
+        return _captured("copy", lambda: func(*args, **kwargs), inputs)
     res = _wrap(func(*args, **kwargs), inputs)
     for r in res if type(res) is tuple or type(res) is list else (res,):
         if isinstance(r, ndarray) and r.base is None and not any(r is x for x in inputs):
@@ -747,7 +749,11 @@ class ndarray:
 
     # -- copies, views and shapes ---------------------------------------------------------------
     def copy(self, order="C") -> ndarray:
-        """A copy on the CURRENT device (so it also copies between devices, as CuPy)."""
+        """A copy on the CURRENT device (so it also copies between devices, as CuPy); during
+        stream capture a copy kernel into a new array, recorded."""
+        if _graph.current_capture() is not None:
+            _check_current(self)
+            return _captured("copy", lambda: numpy.array(self._a, order=order, copy=True), [self])
         _launch("copy", self.size)
         return _from_host(numpy.asarray(self._a, order=order))
 
@@ -756,7 +762,10 @@ class ndarray:
         if not copy and dtype == self.dtype:
             return self
         _check_current(self)
-        _launch("copy" if dtype == self.dtype else "elementwise", self.size)  # a copy, or a cast kernel
+        kind = "copy" if dtype == self.dtype else "elementwise"  # a copy, or a cast kernel
+        if _graph.current_capture() is not None:
+            return _captured(kind, lambda: self._a.astype(dtype, order=order, casting=casting or "unsafe"), [self])
+        _launch(kind, self.size)
         return _from_host(self._a.astype(dtype, order=order, casting=casting or "unsafe"))
 
     def view(self, dtype=None, type=None) -> ndarray:  # noqa: A002 - CuPy's names
@@ -886,12 +895,19 @@ class ndarray:
         return res
 
     def take(self, indices, axis=None, out=None):
-        """Gathers along ``axis``; indices wrap around (CuPy does not check their bounds)."""
+        """Gathers along ``axis``; indices wrap around (CuPy does not check their bounds). One
+        gather kernel: recorded while a stream captures (the indices are read when it runs)."""
         _check_current(self, indices, out)
-        res = numpy.take(self._a, _host_indices(indices), axis=axis, mode="wrap", out=None if out is None else out._a)
-        res = out if out is not None else _wrap(res)
-        _launch("gather", res.size)
-        return res
+        if not isinstance(indices, ndarray):
+            indices = _wrap(_host_indices(indices))
+        n = self.size if axis is None else self.shape[axis]
+
+        def gather(a, i, out=None):
+            # wrapped as one vectorized modulo (NumPy's mode="wrap" steps by n in a loop: forever
+            # on the uninitialized indices a buffer holds while a capture only records)
+            return numpy.take(a, numpy.mod(i, n) if n else i, axis=axis, out=out)
+
+        return _call("gather", gather, self, indices, out=out)
 
     def put(self, indices, values, mode="wrap") -> None:
         _check_current(self, indices, values)

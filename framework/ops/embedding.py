@@ -1,0 +1,77 @@
+"""``embedding``: rows of a weight matrix picked by integer indices, as
+``torch.nn.functional.embedding``.
+
+Forward gathers ``weight[indices]`` (one gather); backward scatter-adds the gradient
+into a zero matrix of the weight's shape (``np.add.at`` / ``cupyx.scatter_add``: repeated
+indices add up). It saves the indices (version-checked, as PyTorch does), never the
+weight. ``padding_idx``: that row gets no gradient. There is no inplace form.
+
+Indices out of range raise at once on the CPU; on a GPU, where CuPy does not check
+indices, the check runs on the device and is read back with the losses' deferred target
+checks (:func:`framework.ops.loss.check_targets`, called by the trainer at log points), so
+a step never waits for the host. It is the losses' check (``loss.check_range``), so a
+compiled step runs it at every call too.
+"""
+
+from __future__ import annotations
+
+from .. import backend, memory
+from ..autograd.function import Function
+from ..backend import get_array_module
+from ..tensor import Tensor
+from . import loss as _loss
+from .view import IndexAdd
+
+
+class Embedding(Function):
+    """``weight[indices]``; saves ``indices``."""
+
+    saves = ("indices",)
+
+    def forward(ctx, weight, indices, padding_idx=None):
+        xp = get_array_module(weight)
+        ctx.wshape, ctx.wdtype, ctx.padding_idx = weight.shape, weight.dtype, padding_idx
+        return memory.track(xp.take(weight, indices, axis=0), "activations")
+
+    def backward(ctx, g):
+        indices = ctx.indices
+        xp = get_array_module(g)
+        if ctx.padding_idx is not None:  # the padding row gets no gradient
+            g = xp.where(xp.expand_dims(getattr(indices, "_data", indices) == ctx.padding_idx, -1), 0, g)
+        gw = memory.zeros(ctx.wshape, ctx.wdtype, get_array_module(getattr(indices, "_data", indices)), "gradients")
+        index = (getattr(indices, "_data", indices),)
+        if g.__class__ is Tensor:  # create_graph: the same scatter-add, as an op
+            return IndexAdd.apply(gw, g, index=index), None
+        backend.scatter_add(gw, index, g)
+        return gw, None
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    """Rows ``weight[input]``: ``(*input.shape, embedding_dim)``.
+
+    Args:
+        input: integer tensor of indices into the rows of ``weight``.
+        weight: ``(num_embeddings, embedding_dim)``.
+        padding_idx: a row that gets no gradient (negative counts from the end).
+        max_norm, norm_type, scale_grad_by_freq, sparse: PyTorch's; only their defaults
+            are supported (NotImplementedError otherwise).
+    """
+    if not isinstance(input, Tensor) or input.dtype.kind not in "iu":
+        got = input.dtype if isinstance(input, Tensor) else type(input).__name__
+        raise RuntimeError(
+            f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
+            f"but got {got} instead (while checking arguments for embedding)"
+        )
+    if weight.ndim != 2:
+        raise RuntimeError(f"'weight' must be 2-D, got shape {tuple(weight.shape)}")
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise NotImplementedError("embedding: max_norm, scale_grad_by_freq and sparse are not supported")
+    if input.device != weight.device:
+        raise RuntimeError(f"embedding: indices on {input.device}, weight on {weight.device}: move them to one device")
+    if padding_idx is not None:
+        n = weight.shape[0]
+        if not -n <= padding_idx < n:
+            raise AssertionError("Padding_idx must be within num_embeddings")
+        padding_idx = padding_idx % n
+    _loss.check_range(input, "embedding", weight.shape[0], what="Index")  # the losses' target check
+    return Embedding.apply(weight, input, padding_idx=padding_idx)

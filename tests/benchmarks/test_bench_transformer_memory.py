@@ -1,0 +1,55 @@
+"""One GPT block's saved tensors counted against Korthikanti et al.'s formula
+(benchmarks/bench_transformer_memory.py, at its quick points): the listing, the exact
+bytes, the 5% agreement, what each variant removes, and the block's inplace sites as the
+policy finds them (auto bit for bit off's: the benchmark checks it as it runs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import bench_transformer_memory as B
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    png = tmp_path_factory.mktemp("fig") / "m.png"
+    out = B.main(["--quick", "--figure", str(png)])
+    assert png.stat().st_size > 10_000
+    return out["results"]
+
+
+def test_the_listing_is_every_tensor_backward_keeps_and_the_paper_s_count_within_5_percent(quick):
+    assert len(quick) == 2  # two (s, b, h, a) points
+    for (s, b, h, a), rows in quick.items():
+        off = rows["off"]
+        assert [(e.node, e.name) for e in off["listing"]] == [(n, k) for n, k, _ in B.PAPER_TERMS]
+        sbh = s * b * h
+        # exactly the paper's tensors, plus the LayerNorms' row statistics and the causal mask
+        assert off["held"] == 66 * sbh + 9 * a * s * s * b + 16 * s * b + s * s
+        assert abs(off["held"] / (66 * sbh + 9 * a * s * s * b) - 1) < 0.05
+
+
+def test_what_each_variant_keeps(quick):
+    for (s, b, h, a), rows in quick.items():
+        sbh = s * b * h
+        off = rows["off"]["held"]
+        assert rows["auto"]["held"] == rows["on"]["held"] == off  # inplace sites keep the same tensors
+        assert off - rows["on+meln"]["held"] == 8 * sbh + 8 * s * b  # the two LayerNorm inputs (and means)
+        # no scores, probabilities or their mask; the log-sum-exp and the dropout draw instead
+        assert rows["on+fused"]["held"] == 66 * sbh + 16 * s * b + 4 * a * s * b + 8
+        for v, r in rows.items():
+            assert r["held"] == r["exact"], v
+            assert r["peak"] >= r["held"], v
+
+
+def test_auto_finds_the_block_s_inplace_sites(quick):
+    for rows in quick.values():
+        auto = rows["auto"]["stats"]
+        # the scale of the scores, the causal mask, softmax's input, both dropouts of the
+        # residual branches, both residual adds
+        for site, n in (("Mul", 1), ("MaskedFill", 1), ("Softmax", 1), ("Dropout", 2), ("residual_add", 2)):
+            assert auto.get(f"auto_inplace_ops.{site}") == n, (site, auto)
+        # the attention dropout would write over softmax's saved output: the site refuses
+        assert auto.get("inplace_site_fallbacks") == 1
+        assert rows["on"]["stats"].get("inplace_site_fallbacks") == 1
+        assert "auto_inplace_ops.Gelu" not in auto  # its backward reads its input
