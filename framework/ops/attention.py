@@ -43,7 +43,7 @@ from ..tensor import Tensor
 from . import attention_cudnn as _cudnn
 from . import kernels_transformer as KT
 from .broadcast import astype, sum_to
-from .kernels import on_gpu
+from .kernels import on_gpu, opmath_dtype
 from .matmul_gpu import matmul as _mm
 from .promotion import is_floating
 
@@ -186,7 +186,7 @@ class ScaledDotProductAttention(Function):
             del dropped
         if need_q or need_k or need_m:
             dpd = _mm(g, _transpose(v, xp), xp)
-            delta = memory.empty(rows + (1,), KT.acc_dtype(g.dtype), xp, "workspace")
+            delta = memory.empty(rows + (1,), opmath_dtype(g.dtype), xp, "workspace")
             KT.attn_delta(g, o, delta.reshape(rows), axis=(g.ndim - 1,))
             post = 1.0 if need_m else ctx.scale  # the mask's gradient is taken before the scale
             KT.attn_scores_grad(s, lse, dpd, delta, n, lq, kscale, post, int(ctx.causal), float(ctx.p), useed, s)
@@ -289,7 +289,7 @@ def _attention_grads(ctx, q, k, v, g, lse, mask, useed, ids=None, row0=0):
 
 def _cpu_forward(q, k, v, mask, scale, causal, p, useed, out, xp):
     full = q.shape[:-1] + k.shape[-2:-1]
-    lse = memory.empty(full[:-1], KT.acc_dtype(q.dtype), xp)  # kept for backward: not a workspace
+    lse = memory.empty(full[:-1], opmath_dtype(q.dtype), xp)  # kept for backward: not a workspace
     for index, rows, ids in _cpu_chunks(full, xp):
         m = _mask_chunk(mask, full, index, rows, xp)
         s = memory.track(
@@ -319,10 +319,13 @@ def _gpu_raw_scores(q, k, mask, scale, xp):
 def _gpu_forward(q, k, v, mask, scale, causal, p, useed, out, xp):
     s, kscale = _gpu_raw_scores(q, k, mask, scale, xp)
     rows = s.shape[:-1]
-    lse = memory.empty(rows, KT.acc_dtype(q.dtype), xp)  # kept for backward: not a workspace
+    lse = memory.empty(rows, opmath_dtype(q.dtype), xp)  # kept for backward: not a workspace
     seed = useed if useed is not None else _no_seed(xp)
     # the probabilities over the scores' buffer: each thread reads its row before writing it
-    KT.attn_softmax(s, s.shape[-1], s.shape[-2], kscale, int(causal), float(p), seed, s, lse, size=math.prod(rows))
+    flat = s.reshape(-1)  # raw arrays, flat (new buffers: views)
+    KT.attn_softmax(
+        flat, s.shape[-1], s.shape[-2], kscale, int(causal), float(p), seed, flat, lse.reshape(-1), size=math.prod(rows)
+    )
     _mm(s, v, xp, out=out)
     return lse
 

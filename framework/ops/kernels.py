@@ -71,8 +71,9 @@ class Takes:
             ``each(T=FLOATS)``: the dtypes the kernel accepts.
         layouts: how the non-raw arrays of an elementwise call arrive, after CuPy's
             broadcasting: ``"contiguous"`` (all C-contiguous, of the loop's shape),
-            ``"strided"`` (some broadcast, strided or transposed), ``"0-d"``. A reduction
-            declares none: CuPy permutes and folds its axes itself, so every layout is
+            ``"strided"`` (some broadcast, strided or transposed), ``"0-d"``. A kernel
+            whose arrays are all raw (called with ``size=``: a 1-d loop) declares none;
+            nor does a reduction: CuPy permutes and folds its axes itself, so every layout is
             compiled, and CuPy's CUB path too where the kernel has one input and one output.
         scalars: parameters passed as Python or NumPy scalars, never arrays.
         either: parameters passed as a scalar or as an array.
@@ -365,6 +366,10 @@ def _bn_xhat(x, s, inv_m, eps):
     return ((_opmath(x) - _opmath(mean)) * _opmath(invstd)).astype(x.dtype)
 
 
+# The NVRTC warning of a one-input reduction on CuPy's CUB path (``Takes.warnings``).
+CUB_UNREAD_J = {"177-D": "CuPy's CUB reduction template declares _J for map expressions that read it; ours does not"}
+
+
 def _moments(x, axis):
     xd = x.astype(np.float64)
     return xd.sum(axis) + 1j * (xd * xd).sum(axis)
@@ -379,10 +384,7 @@ bn_moments = reduction(
     "0",
     "fused_bn_moments",
     _moments,
-    Takes(
-        each(T=IEEE_FLOATS),
-        warnings={"177-D": "CuPy's CUB reduction template declares _J for map expressions that read it; ours does not"},
-    ),
+    Takes(each(T=IEEE_FLOATS), warnings=CUB_UNREAD_J),
     reduce_type="complex<double>",
     preamble=_BN_PREAMBLE,
 )

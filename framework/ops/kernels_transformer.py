@@ -3,10 +3,11 @@
 Built with :func:`framework.ops.kernels.elementwise` / :func:`~framework.ops.kernels.reduction`
 like every fused kernel of the framework: each is its CUDA source (which real CuPy
 compiles) and a NumPy reference (which the CuPy stand-in runs instead, and which follows
-the source operation by operation). The source compiles for float16 and bfloat16 too:
-arithmetic runs in the accumulation type ``acc_t<T>`` (float for half types and float32,
-double for float64), every conversion is an explicit cast, and both arms of a ternary have
-one type.
+the source operation by operation), with what its call sites pass it (``Takes``). The
+source compiles for float16 and bfloat16 too: arithmetic runs in the opmath type
+``opmath<T>::type`` (float for half types and float32, double for float64; the
+references in :func:`~framework.ops.kernels.opmath_dtype`), every conversion is an
+explicit cast, and both arms of a ternary have one type.
 
 - GELU (exact and tanh): one kernel each way.
 - LayerNorm over the trailing dims: forward one reduction for each row's ``(sum x,
@@ -29,21 +30,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import elementwise, reduction
+from .kernels import (
+    _OPMATH,
+    CUB_UNREAD_J,
+    FLOATS,
+    INTEGERS,
+    LAYOUTS,
+    Takes,
+    dtype_of,
+    each,
+    elementwise,
+    opmath_dtype,
+    reduction,
+)
 
-__all__ = ["acc_dtype", "keep_mask"]
+__all__ = ["keep_mask"]
 
-# The accumulation type of a kernel's arithmetic: float for float16, bfloat16 and float32,
-# double for float64 (what PyTorch's CUDA kernels call the "opmath" type).
-_ACC = r"""
-template <typename T> struct acc_t { typedef float type; };
-template <> struct acc_t<double> { typedef double type; };
-"""
-
-
-def acc_dtype(dtype) -> np.dtype:
-    """The NumPy dtype of ``acc_t<T>`` for an array of ``dtype``."""
-    return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+# What the call sites pass (each kernel's ``Takes``, see framework/ops/kernels.py). The ops
+# take every floating dtype (``is_floating``: bfloat16 too); ``F`` is the type a kernel
+# keeps a per-row value in (attention's log-sum-exp, its D = rowsum(dO * O)): the opmath
+# type, float32 for half types.
+_ANY_FLOAT = each(T=FLOATS)
+_WITH_OPMATH = tuple({"T": t, "F": opmath_dtype(dtype_of(t)).name} for t in FLOATS)
+# A tensor's values as they come: contiguous, a strided view; 0-d where the op takes it.
+_NOT_0D = ("contiguous", "strided")
 
 
 def _put(out, value):
@@ -79,7 +89,7 @@ def gelu_reference(x, approximate: str):
     """GELU of ``x`` in its accumulation type (what the kernels compute, before the cast):
     one new array, written in place (a GELU input is 4 times a block's width: temporaries
     count). ``0.5 v (1 + f)`` is taken as ``v (1 + f) 0.5``: scaling by 0.5 is exact."""
-    v = x.astype(acc_dtype(x.dtype), copy=False)
+    v = x.astype(opmath_dtype(x.dtype), copy=False)
     out = np.empty_like(v)
     if approximate == "tanh":
         _tanh_inner(v, out)
@@ -95,7 +105,7 @@ def gelu_reference(x, approximate: str):
 def gelu_derivative_reference(x, approximate: str, g=None):
     """d GELU / dx in the accumulation type (times ``g`` when given), in two new arrays
     (three for tanh), written in place."""
-    v = x.astype(acc_dtype(x.dtype), copy=False)
+    v = x.astype(opmath_dtype(x.dtype), copy=False)
     d, t = np.empty_like(v), np.empty_like(v)
     if approximate == "tanh":
         _tanh_inner(v, d)  # t = tanh(u)
@@ -129,17 +139,17 @@ def gelu_derivative_reference(x, approximate: str, g=None):
 
 
 _GELU_SOURCE = {
-    "none": f"typedef acc_t<T>::type A; A v = (A)x; y = (T)((A)0.5 * v * ((A)1 + erf(v * (A){_SQRT1_2!r})));",
-    "tanh": "typedef acc_t<T>::type A; A v = (A)x;"
+    "none": f"typedef opmath<T>::type A; A v = (A)x; y = (T)((A)0.5 * v * ((A)1 + erf(v * (A){_SQRT1_2!r})));",
+    "tanh": "typedef opmath<T>::type A; A v = (A)x;"
     f" A inner = (A){_SQRT_2_PI!r} * (v + (A){_KAPPA!r} * v * v * v);"
     " y = (T)((A)0.5 * v * ((A)1 + tanh(inner)));",
 }
 _GELU_BACKWARD_SOURCE = {
-    "none": "typedef acc_t<T>::type A; A v = (A)x;"
+    "none": "typedef opmath<T>::type A; A v = (A)x;"
     f" A cdf = (A)0.5 * ((A)1 + erf(v * (A){_SQRT1_2!r}));"
     f" A pdf = exp((A)-0.5 * v * v) * (A){_INV_SQRT_2PI!r};"
     " gx = (T)((A)g * (cdf + v * pdf));",
-    "tanh": "typedef acc_t<T>::type A; A v = (A)x;"
+    "tanh": "typedef opmath<T>::type A; A v = (A)x;"
     f" A t = tanh((A){_SQRT_2_PI!r} * (v + (A){_KAPPA!r} * v * v * v));"
     f" A du = (A){_SQRT_2_PI!r} * ((A)1 + (A){3 * _KAPPA!r} * v * v);"
     " A d = (A)0.5 * ((A)1 + t) + (A)0.5 * v * (((A)1 - t * t) * du);"
@@ -153,7 +163,8 @@ gelu = {
         _GELU_SOURCE[a],
         f"fused_gelu_{a}",
         lambda x, y, a=a: _put(y, gelu_reference(x, a)),
-        preamble=_ACC,
+        Takes(_ANY_FLOAT, layouts=LAYOUTS),
+        preamble=_OPMATH,
     )
     for a in ("none", "tanh")
 }
@@ -164,7 +175,8 @@ gelu_backward = {
         _GELU_BACKWARD_SOURCE[a],
         f"fused_gelu_{a}_backward",
         lambda g, x, gx, a=a: _put(gx, gelu_derivative_reference(x, a, g)),
-        preamble=_ACC,
+        Takes(_ANY_FLOAT, layouts=LAYOUTS),
+        preamble=_OPMATH,
     )
     for a in ("none", "tanh")
 }
@@ -173,7 +185,7 @@ gelu_backward = {
 # --- LayerNorm ----------------------------------------------------------------------------------
 
 _LN_PREAMBLE = (
-    _ACC
+    _OPMATH
     + r"""
 __device__ inline void ln_stats(const complex<double>& st, double inv_n, double eps, double& mean, double& rstd) {
     mean = st.real() * inv_n;
@@ -199,19 +211,20 @@ def _ln_moments(x, axis):
 ln_moments = reduction(
     "T xin",
     "complex128 st",
-    "complex<double>((double)(acc_t<T>::type)xin, (double)(acc_t<T>::type)xin * (double)(acc_t<T>::type)xin)",
+    "complex<double>((double)(opmath<T>::type)xin, (double)(opmath<T>::type)xin * (double)(opmath<T>::type)xin)",
     "a + b",
     "st = a",
     "0",
     "fused_ln_moments",
     _ln_moments,
+    Takes(_ANY_FLOAT, warnings=CUB_UNREAD_J),
     reduce_type="complex<double>",
-    preamble=_ACC,
+    preamble=_OPMATH,
 )
 
 
 def _ln_forward(x, st, inv_n, eps, w, b, y):
-    a = acc_dtype(x.dtype)
+    a = opmath_dtype(x.dtype)
     mean, rstd = ln_stats(st, inv_n, eps)
     y[...] = (x.astype(a) - mean.astype(a)) * rstd.astype(a) * np.asarray(w).astype(a) + np.asarray(b).astype(a)
 
@@ -219,10 +232,13 @@ def _ln_forward(x, st, inv_n, eps, w, b, y):
 ln_forward = elementwise(
     "T xin, complex128 st, float64 inv_n, float64 eps, T win, T bin",
     "T y",
-    "double mean, rstd; ln_stats(st, inv_n, eps, mean, rstd); typedef acc_t<T>::type A;"
+    "double mean, rstd; ln_stats(st, inv_n, eps, mean, rstd); typedef opmath<T>::type A;"
     " y = (T)(((A)xin - (A)mean) * (A)rstd * (A)win + (A)bin);",
     "fused_ln_forward",
     _ln_forward,
+    # x in any layout, the row sums broadcast over it (contiguous all: one normalized
+    # value per row); no weight or bias: 1 and 0 as scalars
+    Takes(_ANY_FLOAT, layouts=_NOT_0D, scalars=("inv_n", "eps"), either=("win", "bin")),
     preamble=_LN_PREAMBLE,
 )
 
@@ -242,12 +258,18 @@ def _xhat(me, a, src, st, inv_n, eps, w, b):
     return (src.astype(a) - mean.astype(a)) * rstd.astype(a)
 
 
+def _ln_sums_takes(me: bool) -> Takes:
+    """The backward reductions' call sites: no weight (or, memory-efficient, no bias) is
+    passed as a scalar (1, 0)."""
+    return Takes(_ANY_FLOAT, scalars=("inv_n", "eps"), either=("win", "bin") if me else ("win",))
+
+
 def _ln_row_sums_kernel(me: bool):
     params, xhat = _XHAT[me]
 
     def reference(g, w, src, *rest, axis):
         b, (st, inv_n, eps) = (rest[0], rest[1:]) if me else (None, rest)
-        a = acc_dtype(g.dtype)
+        a = opmath_dtype(g.dtype)
         wg = g.astype(a) * np.asarray(w).astype(a)
         xh = _xhat(me, a, src, st, inv_n, eps, w, b)
         wgd = wg.astype(np.float64)
@@ -262,6 +284,7 @@ def _ln_row_sums_kernel(me: bool):
         "0",
         f"fused_ln_row_sums{'_me' if me else ''}",
         reference,
+        _ln_sums_takes(me),
         reduce_type="complex<double>",
         preamble=_LN_PREAMBLE + _LN_TERMS,
     )
@@ -272,7 +295,7 @@ _LN_TERMS = r"""
 template <typename T>
 __device__ inline complex<double> ln_row_terms(T g, T w, T src, T bsrc, const complex<double>& st, double inv_n,
                                                double eps, int me) {
-    typedef typename acc_t<T>::type A;
+    typedef typename opmath<T>::type A;
     double mean, rstd; ln_stats(st, inv_n, eps, mean, rstd);
     A xhat = me ? (A)(((A)src - (A)bsrc) / (A)w) : (A)(((A)src - (A)mean) * (A)rstd);
     A wg = (A)g * (A)w;
@@ -281,7 +304,7 @@ __device__ inline complex<double> ln_row_terms(T g, T w, T src, T bsrc, const co
 template <typename T>
 __device__ inline complex<double> ln_feature_terms(T g, T w, T src, T bsrc, const complex<double>& st,
                                                    double inv_n, double eps, int me) {
-    typedef typename acc_t<T>::type A;
+    typedef typename opmath<T>::type A;
     double mean, rstd; ln_stats(st, inv_n, eps, mean, rstd);
     A xhat = me ? (A)(((A)src - (A)bsrc) / (A)w) : (A)(((A)src - (A)mean) * (A)rstd);
     return complex<double>((double)(A)g, (double)(A)g * (double)xhat);
@@ -294,7 +317,7 @@ def _ln_feature_sums_kernel(me: bool):
 
     def reference(g, w, src, *rest, axis):
         b, (st, inv_n, eps) = (rest[0], rest[1:]) if me else (None, rest)
-        a = acc_dtype(g.dtype)
+        a = opmath_dtype(g.dtype)
         xh = _xhat(me, a, src, st, inv_n, eps, w, b)
         gd = g.astype(a).astype(np.float64)
         return gd.sum(axis) + 1j * (gd * xh.astype(np.float64)).sum(axis)
@@ -308,6 +331,7 @@ def _ln_feature_sums_kernel(me: bool):
         "0",
         f"fused_ln_feature_sums{'_me' if me else ''}",
         reference,
+        _ln_sums_takes(me),
         reduce_type="complex<double>",
         preamble=_LN_PREAMBLE + _LN_TERMS,
     )
@@ -326,7 +350,7 @@ def _ln_backward_kernel(me: bool, affine: bool):
     params = "T gin, T win, " + params + ", complex128 r"
     outs = "T gx"
     op = (
-        "double mean, rstd; ln_stats(st, inv_n, eps, mean, rstd); typedef acc_t<T>::type A;"
+        "double mean, rstd; ln_stats(st, inv_n, eps, mean, rstd); typedef opmath<T>::type A;"
         f" A xhat = (A)({xhat}); A wg = (A)gin * (A)win;"
         " gx = (T)((A)rstd * (wg - (A)(r.real() * inv_n) - xhat * (A)(r.imag() * inv_n)));"
     )
@@ -339,7 +363,7 @@ def _ln_backward_kernel(me: bool, affine: bool):
         rest = list(rest)
         b = rest.pop(0) if me else None
         st, inv_n, eps, r = rest[:4]
-        a = acc_dtype(g.dtype)
+        a = opmath_dtype(g.dtype)
         mean, rstd = ln_stats(st, inv_n, eps)
         xh = _xhat(me, a, src, st, inv_n, eps, w, b)
         wg = g.astype(a) * np.asarray(w).astype(a)
@@ -353,7 +377,14 @@ def _ln_backward_kernel(me: bool, affine: bool):
         gx_out[...] = gx
 
     name = f"fused_ln_backward{'_me' if me else ''}{'_affine' if affine else ''}"
-    return elementwise(params, outs, op, name, reference, preamble=_LN_PREAMBLE)
+    takes = Takes(
+        _ANY_FLOAT,
+        layouts=_NOT_0D,
+        scalars=("inv_n", "eps") + (("nf",) if affine else ()),
+        either=("win", "bin") if me else ("win",),
+        raw={"f": 1, "gw": 1, "gb": 1} if affine else {},  # the normalized shape's values, flat
+    )
+    return elementwise(params, outs, op, name, reference, takes, preamble=_LN_PREAMBLE)
 
 
 ln_backward = {(me, affine): _ln_backward_kernel(me, affine) for me in (False, True) for affine in (False, True)}
@@ -364,6 +395,7 @@ ln_affine_grads = elementwise(
     "gw = (T)f.imag(); gb = (T)f.real();",
     "fused_ln_affine_grads",
     lambda f, gw, gb: (_put(gw, f.imag), _put(gb, f.real)),
+    Takes(_ANY_FLOAT, layouts=("contiguous",)),  # three new arrays of the normalized shape
 )
 
 
@@ -374,7 +406,7 @@ _MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _U53 = float(2**53)
 
 _ATTN_PREAMBLE = (
-    _ACC
+    _OPMATH
     + rf"""
 __device__ inline unsigned long long attn_seed(double u) {{ return (unsigned long long)(u * {_U53!r}); }}
 // SplitMix64's finalizer of (seed + index * golden): uniform bits per element, the same on
@@ -435,7 +467,7 @@ def attention_probs_reference(sc, scale, causal, p, useed, index=None):
     """Probabilities (after dropout) and each row's log-sum-exp of raw scores ``sc``
     (..., L, S), in the accumulation type: what ``attn_softmax`` computes (``index``: the
     scores' indices in the whole, for a chunk's dropout mask: :func:`keep_mask`)."""
-    a = acc_dtype(sc.dtype)
+    a = opmath_dtype(sc.dtype)
     s = sc.astype(a) * a.type(scale)
     if causal:
         s = np.where(causal_allowed(s.shape), s, a.type(-np.inf))
@@ -462,7 +494,7 @@ def _attn_softmax(sc, n, lq, scale, causal, p, useed, pr, lse):
 attn_softmax = elementwise(
     "raw T sc, int64 n, int64 lq, float64 scale, int32 causal, float64 p, raw float64 useed",
     "raw T pr, raw F lse",
-    "typedef acc_t<T>::type A;"
+    "typedef opmath<T>::type A;"
     " long long row = i; long long lim = causal ? min((long long)(row % lq) + 1, n) : n;"
     " A m = (A)sc[row * n] * (A)scale;"
     " for (long long j = 1; j < lim; ++j) m = max(m, (A)((A)sc[row * n + j] * (A)scale));"
@@ -477,13 +509,19 @@ attn_softmax = elementwise(
     "   pr[row * n + j] = (T)v; }",
     "fused_attn_softmax",
     _attn_softmax,
+    # every array raw and flat (a loop of ``size=`` rows)
+    Takes(
+        _WITH_OPMATH,
+        scalars=("n", "lq", "scale", "causal", "p"),
+        raw={"sc": 1, "useed": 1, "pr": 1, "lse": 1},
+    ),
     preamble=_ATTN_PREAMBLE,
 )
 
 
 def _masked_probs(sc, lse, n, lq, scale, causal, p, useed):
     """Backward's probabilities from the log-sum-exp, before dropout (and the keep mask)."""
-    a = acc_dtype(sc.dtype)
+    a = opmath_dtype(sc.dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         probs = np.exp(sc.astype(a) * a.type(scale) - lse.astype(a))
     if causal:
@@ -500,7 +538,7 @@ def _attn_probs(sc, lse, n, lq, scale, causal, p, useed, pd):
 
 
 _ATTN_ELEMENT = (
-    "typedef acc_t<T>::type A; long long j = i % n; long long q = (i / n) % lq;"
+    "typedef opmath<T>::type A; long long j = i % n; long long q = (i / n) % lq;"
     " A prob = (causal && j > q) ? (A)0 : (A)exp((A)sc * (A)scale - (A)lse);"
     " unsigned long long seed = p > 0.0 ? attn_seed(useed[0]) : 0ULL;"
     " A ks = p < 1.0 ? (A)(1.0 / (1.0 - p)) : (A)0;"
@@ -515,6 +553,8 @@ attn_probs = elementwise(
     _ATTN_ELEMENT + " pd = (T)(kept ? (A)(prob * (p > 0.0 ? ks : (A)1)) : (A)0);",
     "fused_attn_probs",
     _attn_probs,
+    # the log-sum-exp broadcast over the scores' rows (contiguous all: one key)
+    Takes(_WITH_OPMATH, layouts=_NOT_0D, scalars=("n", "lq", "scale", "causal", "p"), raw={"useed": 1}),
     preamble=_ATTN_PREAMBLE,
 )
 
@@ -538,30 +578,36 @@ attn_scores_grad = elementwise(
     " ds = (T)(prob * (dp - (A)dlt) * (A)post);",
     "fused_attn_scores_grad",
     _attn_scores_grad,
+    Takes(_WITH_OPMATH, layouts=_NOT_0D, scalars=("n", "lq", "scale", "post", "causal", "p"), raw={"useed": 1}),
     preamble=_ATTN_PREAMBLE,
 )
 
 
 def _attn_delta(do, o, axis):
-    a = acc_dtype(do.dtype)
+    a = opmath_dtype(do.dtype)
     return (do.astype(a).astype(np.float64) * o.astype(a).astype(np.float64)).sum(axis)
 
 
 attn_delta = reduction(
     "T dout, T oin",
     "F dlt",
-    "(double)(acc_t<T>::type)dout * (double)(acc_t<T>::type)oin",
+    "(double)(opmath<T>::type)dout * (double)(opmath<T>::type)oin",
     "a + b",
     "dlt = (F)a",
     "0",
     "fused_attn_delta",
     _attn_delta,
+    Takes(_WITH_OPMATH),
     reduce_type="double",
-    preamble=_ACC,
+    preamble=_OPMATH,
 )
 
 
 # --- causal masks: tril / triu ---------------------------------------------------------------------
+
+
+# tril and triu take a tensor of any dtype (a causal mask is often bool or float); at least 2-d.
+_EVERY_DTYPE = FLOATS + INTEGERS + ("bool", "complex64", "complex128")
 
 
 def _tri(upper: bool):
@@ -578,6 +624,7 @@ def _tri(upper: bool):
         f"long long c = i % n; long long r = (i / n) % m; y = ({cond}) ? (T)x : (T)0;",
         f"fused_{'triu' if upper else 'tril'}",
         reference,
+        Takes(each(T=_EVERY_DTYPE), layouts=_NOT_0D, scalars=("m", "n", "k")),
     )
 
 

@@ -38,7 +38,7 @@ from ..backend import get_array_module
 from ..tensor import Tensor
 from . import kernels_transformer as KT
 from .broadcast import astype
-from .kernels import on_gpu
+from .kernels import on_gpu, opmath_dtype
 from .promotion import is_floating
 
 
@@ -83,7 +83,7 @@ class LayerNorm(Function):
             KT.ln_forward(x, st.reshape(_row_shape(x, k)), 1.0 / ctx.n, eps, w, b, out)
             ctx.keep(stats=st)
             return out
-        a = KT.acc_dtype(x.dtype)
+        a = opmath_dtype(x.dtype)
         xa = x.astype(a, copy=False)
         mean = xa.mean(axis=axes, keepdims=True)
         y = memory.track(xp.subtract(xa, mean), "activations")
@@ -157,7 +157,8 @@ class LayerNorm(Function):
             r = memory.empty(g.shape[: g.ndim - k], np.complex128, xp, "workspace")
             KT.ln_row_sums[me](g, w, *tail, r, axis=axes)
             gx = memory.empty(g.shape, dtype, xp)
-            extra = (f, f.size, gx, gw, gb) if affine else (gx,)
+            # the normalized shape's values as flat raw arrays (new buffers: views)
+            extra = (f.reshape(-1), f.size, gx, gw.reshape(-1), gb.reshape(-1)) if affine else (gx,)
             KT.ln_backward[me, affine](g, w, *tail, r.reshape(_row_shape(g, k)), *extra)
         elif affine:
             KT.ln_affine_grads(f, gw, gb)

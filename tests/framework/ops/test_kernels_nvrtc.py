@@ -61,9 +61,20 @@ for _m in pkgutil.walk_packages(framework.__path__, "framework."):  # every kern
 
 def _layouts(kernel) -> list:
     """(layout, 32-bit indexing) pairs a kernel is compiled in: each layout, and the first
-    with 64-bit indexing (arrays past 2**31 elements; the index type is CuPy's templates')."""
+    with 64-bit indexing (arrays past 2**31 elements; the index type is CuPy's templates').
+    An elementwise kernel whose arrays are all raw declares none: it is called with
+    ``size=``, a 1-d loop, compiled as the contiguous layout."""
     declared = kernel.takes.layouts if kernel.cls == "ElementwiseKernel" else ("contiguous", "strided")
+    if kernel.cls == "ElementwiseKernel" and _all_raw(kernel):
+        declared = ("contiguous",)
     return [(lay, True) for lay in declared] + [(next(lay for lay in declared if lay != "0-d"), False)]
+
+
+def _all_raw(kernel) -> bool:
+    """Whether every array parameter of an elementwise kernel is raw (a ``size=`` loop)."""
+    takes = kernel.takes
+    params = [p.split() for p in (kernel.args[0] + "," + kernel.args[1]).split(",") if p.strip()]
+    return all(w[0] == "raw" or w[-1] in takes.scalars for w in params)
 
 
 def rows(kernel) -> list:
@@ -101,6 +112,8 @@ def test_the_table_holds_every_kernel_and_every_declared_dtype():
             assert set(binding) == letters, f"{name}: {binding} binds {sorted(letters)}"
         for p in kernel.takes.scalars + kernel.takes.either + tuple(kernel.takes.raw):
             assert re.search(rf"\b{p}\b", kernel.args[0] + "," + kernel.args[1]), f"{name}: no parameter {p}"
+        if kernel.cls == "ElementwiseKernel":  # layouts: those of its non-raw arrays, none where all are raw
+            assert bool(kernel.takes.layouts) != _all_raw(kernel), f"{name}: layouts {kernel.takes.layouts}"
 
 
 _CONSTRUCTORS = re.compile(r"\b(ElementwiseKernel|ReductionKernel|RawKernel|RawModule|create_ufunc|fuse)\s*\(")
