@@ -18,10 +18,13 @@ inputs are never taken. Where the frontend is missing, the operands are not floa
 matrices (2-D, or with the same batch dims: attention's ``(batch, heads, rows, columns)``),
 or cuDNN has no engine for the geometry, the product is
 CuPy's (cuBLAS): it still runs eagerly, and a CUDA-graph capture of it fails with CuPy's
-one-line reason.
+one-line reason. A batched product with a bfloat16 operand, which CuPy 14.2 cannot make,
+runs in float32 and is rounded once (:func:`_bfloat16_batched`).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .. import memory
 from ..backend import cudnn_module, cupy_module, current_device, current_stream
@@ -81,7 +84,10 @@ def matmul(a, b, xp, out=None):
     """``a @ b`` for device arrays: one cuDNN frontend execution where it can run it, else
     ``xp.matmul`` (cuBLAS). A new array, like ``xp.matmul``, or ``out`` (of any strides the
     product's matrices can be written with, e.g. a transposed view) when given."""
-    cudnn = cudnn_module() if xp is cupy_module() else None  # not NumPy, nor a double backward's tensors
+    on_cupy = xp is cupy_module()  # not NumPy, nor a double backward's tensors
+    if on_cupy and max(a.ndim, b.ndim) > 2 and "bfloat16" in (a.dtype.name, b.dtype.name):
+        return _bfloat16_batched(a, b, xp, out)
+    cudnn = cudnn_module() if on_cupy else None
     if cudnn is None or not _usable(a, b) or (out is not None and not _matrix_layout(out)):
         return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
     device = current_device().index
@@ -105,4 +111,15 @@ def matmul(a, b, xp, out=None):
     workspace = memory.empty((plan.workspace_bytes,), xp.uint8, xp, "workspace") if plan.workspace_bytes else None
     ta, tb, tc = plan.tensors
     plan.graph.execute({ta: a3, tb: b3, tc: c3}, workspace, handle=handle)
+    return out
+
+
+def _bfloat16_batched(a, b, xp, out):
+    """A batched product with a bfloat16 operand, which CuPy 14.2's ``matmul`` cannot make
+    (above 2-d it takes its integer GEMM kernel, which has no bfloat16 instance): made in
+    float32 and rounded once, as its 2-d bfloat16 products are (cuBLAS, float32 compute)."""
+    product = xp.matmul(a.astype(xp.float32), b.astype(xp.float32))
+    if out is None:
+        return product.astype(np.promote_types(a.dtype, b.dtype), copy=False)
+    out[...] = product
     return out

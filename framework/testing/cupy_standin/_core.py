@@ -31,10 +31,12 @@ from .cuda.device import Device
 
 _PY_SCALARS = (bool, int, float, complex)
 _SUPPORTED_DTYPES = frozenset("?bBhHiIlLqQefdFD")  # bool, integers, float16/32/64, complex64/128
+_BFLOAT16 = None
 try:  # CuPy 14 supports bfloat16 where ml_dtypes imports (char "E"), and only there
-    import ml_dtypes  # noqa: F401
+    import ml_dtypes
 
     _SUPPORTED_DTYPES |= {"E"}
+    _BFLOAT16 = numpy.dtype(ml_dtypes.bfloat16)
 except ImportError:
     pass
 _MISSING = object()
@@ -339,6 +341,8 @@ class ufunc:
             _graph.check_library(_graph.CUBLAS_MESSAGE)
         device_id = _check_current(*args)
         host = [_operand(x) for x in args]
+        if self.__name__ == "matmul":
+            _check_bfloat16_matmul(host)
         if out is None:
             if self.__name__ != "matmul" and _graph.current_capture() is not None:
                 np_ufunc = self._np
@@ -347,7 +351,10 @@ class ufunc:
                     lambda: np_ufunc(*host, dtype=dtype, casting=casting),
                     [x for x in args if isinstance(x, ndarray)],
                 )
-            res = _wrap(self._np(*host, dtype=dtype, casting=casting))
+            res = self._np(*host, dtype=dtype, casting=casting)
+            if self.__name__ == "matmul" and dtype is None:  # NumPy gives bfloat16's product in float32
+                res = res.astype(numpy.result_type(*host), copy=False)
+            res = _wrap(res)
         else:
             if not isinstance(out, ndarray):
                 raise TypeError("Output arguments must be cupy.ndarray")
@@ -983,6 +990,19 @@ def _f_strides(shape, itemsize: int) -> tuple:
         strides.append(step)
         step *= max(n, 1)
     return tuple(strides)
+
+
+def _check_bfloat16_matmul(host) -> None:
+    """CuPy 14.2's ``matmul`` of bfloat16 matrices: those of 2-d operands are cuBLAS's
+    (float32 compute, a bfloat16 result, which the caller makes of NumPy's float32 one);
+    above 2-d it takes its integer GEMM kernel, which has no bfloat16 instance, and fails
+    (on a GPU a CUDA error from the kernel's lookup; read from CuPy's source, not yet run)."""
+    bfloat16 = _BFLOAT16 is not None and any(getattr(x, "dtype", None) == _BFLOAT16 for x in host)
+    if bfloat16 and max(numpy.ndim(x) for x in host) > 2:
+        raise TypeError(
+            "CuPy 14.2 has no batched bfloat16 matmul (operands above 2-d take its integer GEMM kernel, "
+            "which has no bfloat16 instance)"
+        )
 
 
 def _count_matmul(a, b, out, size: int, dot: bool = False) -> None:

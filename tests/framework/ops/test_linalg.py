@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import operator
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import framework as fw
 from framework.nn import functional as F
 from framework.testing import assert_close
+from tests.conftest import requires_gpu
 
 from . import harness
 from .harness import Budget, OpSpec
@@ -147,3 +149,24 @@ def test_gpu_matrix_products_go_through_the_cudnn_frontend_where_it_is_installed
         z = fw.matmul(fw.tensor(a3).to("cuda"), fw.tensor(b3).to("cuda"))
     assert c.by_kind().get("cudnn" if frontend_or_not == "frontend" else "matmul", 0) == 1, c.by_kind()
     np.testing.assert_allclose(to_numpy(z), a3 @ b3, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_batched_bfloat16_products_run_in_float32_on_a_gpu():
+    """CuPy 14.2 has no batched bfloat16 matmul: the product runs in float32 and is rounded
+    once, as its 2-d bfloat16 products (cuBLAS, float32 compute); gradients too."""
+    from framework.testing import to_numpy
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(3)
+    a3, b3 = (rng.standard_normal(s).astype(bf16) for s in ((2, 3, 5), (2, 5, 4)))
+    x, y = (fw.tensor(a, device="cuda", requires_grad=True) for a in (a3, b3))
+    z = fw.matmul(x, y)
+    assert z.dtype == bf16
+    want = (a3.astype(np.float32) @ b3.astype(np.float32)).astype(bf16)
+    np.testing.assert_array_equal(to_numpy(z), want)
+    z.backward(fw.ones_like(z))
+    ones = np.ones((2, 3, 4), np.float32)
+    np.testing.assert_array_equal(to_numpy(x.grad), (ones @ b3.astype(np.float32).transpose(0, 2, 1)).astype(bf16))
+    np.testing.assert_array_equal(to_numpy(y.grad), (a3.astype(np.float32).transpose(0, 2, 1) @ ones).astype(bf16))

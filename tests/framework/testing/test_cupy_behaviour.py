@@ -81,6 +81,13 @@ def _captured(xp, body):
     return got, ended
 
 
+def _bfloat16_matmul(xp):
+    import ml_dtypes  # noqa: PLC0415  (a dependency of the project)
+
+    a = xp.asarray(np.eye(2).astype(ml_dtypes.bfloat16))
+    return (a @ a).dtype.name
+
+
 def _set_refused(xp):
     a = xp.zeros(2, dtype=xp.float32)
     return _captured(xp, lambda s: _raised(a.set, np.ones(2, np.float32)))
@@ -239,6 +246,8 @@ ROWS = [
         lambda xp: xp.may_share_memory(xp.asarray(1.0), xp.asarray(2.0)),
         False,
     ),
+    # bfloat16 products: cuBLAS's for 2-d matrices, a bfloat16 result (NumPy's is float32).
+    ("matmul of 2-d bfloat16", _bfloat16_matmul, "bfloat16"),
     # Reductions and scans check the axis strictly: NumPy lets 0 and -1 through on 0-d.
     ("sum(axis=-1) of 0-d", lambda xp: xp.asarray(1.0).sum(axis=-1), _axis_error(-1, 0)),
     ("amax(axis=-1, keepdims) of 0-d", lambda xp: xp.amax(xp.asarray(1.0), axis=-1, keepdims=True), _axis_error(-1, 0)),

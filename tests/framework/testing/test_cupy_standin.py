@@ -14,6 +14,7 @@ import pickle
 import re
 import threading
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -119,6 +120,20 @@ def test_the_shape_setter_reshapes_in_place_or_raises_as_cupy():
     t = v.T
     with pytest.raises(AttributeError):
         t.shape = (6,)  # would need a copy
+
+
+def test_bfloat16_matmul_is_bfloat16_in_2d_and_refused_above_as_cupy_14_2():
+    """CuPy 14.2 multiplies 2-d bfloat16 matrices with cuBLAS (float32 compute, a bfloat16
+    result; NumPy returns float32) and sends batched ones to its integer GEMM kernel, which
+    has no bfloat16 instance (``cupy/_core/_routines_linalg.pyx``: ``matmul``)."""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    a = np.random.default_rng(0).standard_normal((3, 40)).astype(bf16)
+    got = cp.matmul(cp.asarray(a), cp.asarray(a.T))
+    assert got.dtype == bf16
+    np.testing.assert_array_equal(cp.asnumpy(got), (a.astype(np.float32) @ a.T.astype(np.float32)).astype(bf16))
+    assert (cp.asarray(a) @ cp.asarray(a.T)).dtype == bf16
+    with pytest.raises(TypeError, match="no batched bfloat16 matmul"):
+        cp.matmul(cp.asarray(a[None]), cp.asarray(a.T[None]))
 
 
 def test_integer_index_arrays_wrap_around_instead_of_raising():
