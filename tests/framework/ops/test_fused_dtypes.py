@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import framework as fw
+import framework.nn.functional as F
 from framework.ops import kernels as K
 from framework.ops import norm
 from framework.ops.loss import check_targets, cross_entropy
@@ -33,6 +34,10 @@ pytestmark = [pytest.mark.gpu, requires_gpu]
 # magnitude of the reference (gradients of normalizations cancel). A few units in the last
 # place of the dtype: float16's is 2**-10, bfloat16's 2**-7, float32's 2**-23.
 TOL = {"float16": 8e-3, "bfloat16": 6e-2, "float32": 2e-5, "float64": 1e-11}
+
+
+# tril and triu take every dtype: the floating ones through _check, the others exactly
+TRIANGLE_DTYPES = K.FLOATS + K.INTEGERS + ("bool", "complex64", "complex128")
 
 
 def _cases():
@@ -67,6 +72,27 @@ def _cases():
                 ("fused_abn_grad_sums", "fused_abn_dz", "fused_abn_weight_grad"),
             )
         )
+    for t in K.FLOATS:
+        for a in ("none", "tanh"):
+            out.append((f"gelu {a}", {"T": t}, (f"fused_gelu_{a}", f"fused_gelu_{a}_backward")))
+        forward = ("fused_ln_moments", "fused_ln_forward")
+        for me in ("", "_me"):
+            mode = " memory_efficient" if me else ""
+            affine = (f"fused_ln_feature_sums{me}", f"fused_ln_row_sums{me}", f"fused_ln_backward{me}_affine")
+            out.append((f"layer_norm{mode}", {"T": t}, forward + affine))
+            plain = (f"fused_ln_row_sums{me}", f"fused_ln_backward{me}")
+            out.append((f"layer_norm{mode} without affine", {"T": t}, forward + plain))
+            out.append((f"layer_norm{mode} weight without grad", {"T": t}, forward + plain))
+        out.append(
+            ("layer_norm without x's gradient", {"T": t}, forward + ("fused_ln_feature_sums", "fused_ln_affine_grads"))
+        )
+        attention = ("fused_attn_softmax", "fused_attn_probs", "fused_attn_delta", "fused_attn_scores_grad")
+        for how in ("bool_mask", "float_mask", "causal_dropout"):
+            out.append((f"attention {how}", {"T": t}, attention))
+        out.append(("attention one_key", {"T": t}, attention[:2]))
+    for t in TRIANGLE_DTYPES:
+        out.append(("tril", {"T": t}, ("fused_tril",)))
+        out.append(("triu", {"T": t}, ("fused_triu",)))
     for t in sorted(d.name for d in optim_kernels.FUSED_DTYPES):
         out.append(("sgd", {"T": t}, ("fused_sgd",)))
         out.append(("sgd momentum", {"T": t}, ("fused_sgd_momentum",)))
@@ -299,6 +325,109 @@ def test_half_cross_entropy_sums_past_65504_classes():
         loss.backward()
         g = to_numpy(x.grad).astype(np.float64)
         assert np.isfinite(g).all() and abs(g.sum()) < 1e-2, device
+
+
+@pytest.mark.parametrize("case,binding,names", _table("gelu"))
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "0-d"])
+def test_gelu(launched, case, binding, names, layout):
+    dtype, approximate = binding["T"], case.split()[1]
+    x = _normal(() if layout == "0-d" else (4, 6), 0, dtype, 2.0)
+
+    def op(t):
+        return F.gelu(t.t() if layout == "transposed" else t, approximate=approximate)
+
+    _check(op, [x], dtype, f"{case} ({layout})")
+    _ran(launched, names, binding)
+
+
+@pytest.mark.parametrize("case,binding,names", _table("layer_norm"))
+@pytest.mark.parametrize("normalized", [(8,), (4, 8)])
+def test_layer_norm(launched, case, binding, names, normalized):
+    """Every backward path of the kernels: the weight's and bias's gradients (written by the
+    x-gradient kernel or, without x's, by their own), none (no weight or bias: 1 and 0 as
+    scalars), a weight without a gradient; from the input, or from the output (memory-efficient)."""
+    dtype = binding["T"]
+    me = "memory_efficient" in case
+    x = _normal((3, 4, 8), 1, dtype, 2.0, 0.5)
+    w, b = _normal(normalized, 2, dtype, 0.5, 1.0), _normal(normalized, 3, dtype)
+
+    def constant(a, like):
+        return fw.tensor(a.astype(like.dtype), device=like.device)
+
+    if case.endswith("without affine"):
+        _check(lambda x_: F.layer_norm(x_, normalized, memory_efficient=me), [x], dtype, case)
+    elif case.endswith("weight without grad"):
+        _check(lambda x_: F.layer_norm(x_, normalized, constant(w, x_), memory_efficient=me), [x], dtype, case)
+    elif case.endswith("without x's gradient"):
+        _check(lambda w_, b_: F.layer_norm(constant(x, w_), normalized, w_, b_), [w, b], dtype, case)
+    else:
+        _check(lambda x_, w_, b_: F.layer_norm(x_, normalized, w_, b_, memory_efficient=me), [x, w, b], dtype, case)
+    _ran(launched, names, binding)
+
+
+class _SameDraw:
+    """The random generator of every device, drawing one fixed uniform: the dropout mask
+    (a hash of the draw and each element's index) is then the same on the GPU and the CPU."""
+
+    def __init__(self, xp):
+        self.xp = xp
+
+    def random(self, shape, dtype):
+        return self.xp.full(shape, 0.6180339887, dtype)
+
+
+@pytest.mark.parametrize("case,binding,names", _table("attention"))
+def test_attention(launched, monkeypatch, case, binding, names):
+    """The matmul + fused-kernel path (half types take it with a mask or dropout; without,
+    cuDNN's SDPA where the frontend runs): a bool mask, a float mask with its gradient, the
+    causal mask with dropout (the same draw on both devices), one key (the per-row values
+    of the same shape as the scores: the contiguous layout; only v's gradient, since q's and
+    k's are 0 for a softmax over one key, and a float's rounding residue)."""
+    dtype, how = binding["T"], case.split()[1]
+    lq, s = (6, 6) if how == "causal_dropout" else (5, 1 if how == "one_key" else 6)
+    q, k, v = _normal((2, 3, lq, 8), 4, dtype), _normal((2, 3, s, 8), 5, dtype), _normal((2, 3, s, 4), 6, dtype)
+    allowed = np.random.default_rng(8).random((lq, s)) < 0.7
+    allowed[:, 0] = True  # no row fully masked
+    if how == "causal_dropout":
+        monkeypatch.setattr(fw.random, "generator", _SameDraw)
+
+    def op(*t):
+        if how == "float_mask":
+            return F.scaled_dot_product_attention(*t)
+        if how == "one_key":
+            t = tuple(fw.tensor(a.astype(t[0].dtype), device=t[0].device) for a in (q, k)) + t
+        mask = fw.tensor(allowed, device=t[0].device) if how in ("bool_mask", "one_key") else None
+        p = 0.3 if how == "causal_dropout" else 0.0
+        return F.scaled_dot_product_attention(*t, attn_mask=mask, dropout_p=p, is_causal=how == "causal_dropout")
+
+    arrays = (
+        [v] if how == "one_key" else [q, k, v] + ([_normal((2, 1, lq, s), 7, dtype)] if how == "float_mask" else [])
+    )
+    _check(op, arrays, dtype, case)
+    _ran(launched, names, binding)
+
+
+@pytest.mark.parametrize("case,binding,names", _table("tril", "triu"))
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_triangle(launched, case, binding, names, layout):
+    """Every dtype: the floating ones with their gradient against float64, the others
+    exactly as on the CPU (in their own dtype); the diagonal above and below the main one."""
+    dtype = binding["T"]
+    fn = getattr(fw, case)
+    x = np.random.default_rng(9).standard_normal((2, 5, 6)) * 4
+    for k in (-1, 0, 2):
+
+        def op(t, k=k):
+            return fn(t.transpose(-1, -2) if layout == "transposed" else t, diagonal=k)
+
+        if dtype in K.FLOATS:
+            _check(op, [_rounded(x, dtype)], dtype, f"{case} {k} ({layout})")
+        else:
+            a = (x + 1j * x[::-1] if dtype.startswith("complex") else x > 0 if dtype == "bool" else x).astype(dtype)
+            got, want = op(fw.tensor(a, device="cuda")), op(fw.tensor(a))
+            assert got.dtype == want.dtype == _dtype(dtype)
+            np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=f"{case} {k} ({layout}) in {dtype}")
+    _ran(launched, names, binding)
 
 
 @pytest.mark.parametrize("case,binding,names", _table("sgd", "adam"))
