@@ -596,7 +596,6 @@ class Trainer:
         # The step whose memory timeline is recorded: the third (the first two warm caches
         # and the allocator), or the last of a shorter run.
         self.timeline_step = min(2, max(self.total_steps - 1, 0))
-        self.eval_name = "accuracy" if self.classification else "mse"
 
         self.run_name = (
             run_name
