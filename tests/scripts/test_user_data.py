@@ -68,13 +68,15 @@ def test_a_npz_file_trains(tmp_path, npz):
         (lambda d: None, ["data.root=nowhere.npz"], ["data.root: nowhere.npz does not exist"]),
         (lambda d: np.savez(d / "d.npz", x=np.zeros((8, 3)), y=np.arange(8) - 1), [], ["label -1 of sample 0"]),
         (lambda d: np.savez(d / "d.npz", inputs=np.zeros((8, 3)), y=np.arange(8)), [], ["no array 'x'", "data.x_name"]),
-        (lambda d: (d / "d.npz").write_bytes(b"PK\x03\x04 not really"), [], ["cannot read d.npz"]),
+        # a path in a config file is relative to the file's folder: the message names it resolved
+        (lambda d: (d / "d.npz").write_bytes(b"PK\x03\x04 not really"), [], ["cannot read {tmp}/d.npz: "]),
         (lambda d: None, ["data.name=cifar10", "data.root=."], ["holds neither data_batch_1.bin"]),
         (lambda d: np.savez(d / "d.npz", x=np.zeros((8, 3)), y=np.arange(8)), ["data.augment=true"], ["augment"]),
     ],
 )
 def test_bad_data_is_one_line_exit_2_and_nothing_written(tmp_path, setup, overrides, fragments):
     setup(tmp_path)
+    fragments = [f.replace("{tmp}", str(tmp_path)) for f in fragments]
     assert_bad_input(tmp_path, train(tmp_path, 1, *overrides), *fragments)
 
 
