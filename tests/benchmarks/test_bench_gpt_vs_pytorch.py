@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
 
-pytest.importorskip("torch")
-
-
-def test_quick_run_prints_both_frameworks_speed_and_peak(capsys):
+def test_quick_run_prints_both_frameworks_speed_and_peak(capsys, torch):
     from benchmarks import bench_gpt_vs_pytorch
 
     out = bench_gpt_vs_pytorch.main(["--quick", "--only", "tiny", "--repeats", "1"])

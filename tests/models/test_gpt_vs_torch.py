@@ -14,9 +14,6 @@ from models import GPT
 from trainers.config import config_from_dict
 from trainers.trainer import build_optimizer, learning_rate
 
-torch = pytest.importorskip("torch")
-gpt_torch = pytest.importorskip("benchmarks.gpt_torch")
-
 SHAPE = dict(vocab_size=29, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 STEPS = 4
 
@@ -42,7 +39,14 @@ CFG = config_from_dict(
 )
 
 
-def _torch_optimizer(twin):
+def _twin(model):
+    """The same model in torch (imported once the ``torch`` fixture has made sure of torch)."""
+    from benchmarks import gpt_torch  # noqa: PLC0415
+
+    return gpt_torch.from_ours(model)
+
+
+def _torch_optimizer(torch, twin):
     params = [p for p in twin.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
@@ -53,11 +57,11 @@ def _torch_optimizer(twin):
 
 @pytest.mark.parametrize("attention", ["math", "fused"])
 @pytest.mark.parametrize("layer_norm", ["standard", "memory_efficient"])
-def test_the_same_losses_and_gradients_as_pytorch_over_adamw_steps(attention, layer_norm):
+def test_the_same_losses_and_gradients_as_pytorch_over_adamw_steps(attention, layer_norm, torch):
     model = _ours(attention=attention, layer_norm=layer_norm)
-    twin = gpt_torch.from_ours(model)
+    twin = _twin(model)
     opt = build_optimizer(CFG, list(model.parameters()))
-    topt = _torch_optimizer(twin)
+    topt = _torch_optimizer(torch, twin)
     for step, (x, y) in enumerate(_batches(STEPS)):
         lr = learning_rate(CFG, step, STEPS)
         for group in opt.param_groups:
@@ -84,9 +88,9 @@ def test_the_same_losses_and_gradients_as_pytorch_over_adamw_steps(attention, la
         )
 
 
-def test_the_same_greedy_text_as_pytorch():
+def test_the_same_greedy_text_as_pytorch(torch):
     model = _ours(attention="fused")
-    twin = gpt_torch.from_ours(model)
+    twin = _twin(model)
     model.eval()
     twin.eval()
     prompt = _batches(1, b=2, t=5)[0][0]
@@ -96,11 +100,11 @@ def test_the_same_greedy_text_as_pytorch():
     assert ours.shape == (2, 25)  # the context was cropped to the block size on the way
 
 
-def _t(a, grad=True):
+def _t(torch, a, grad=True):
     return fw.tensor(a, requires_grad=grad), torch.tensor(a, requires_grad=grad)
 
 
-def _check(ours, theirs, inputs, rtol=1e-10):
+def _check(torch, ours, theirs, inputs, rtol=1e-10):
     o, t = ours, theirs
     np.testing.assert_allclose(o.detach().numpy(), t.detach().numpy(), rtol=rtol, atol=1e-12)
     w = np.random.default_rng(3).standard_normal(tuple(o.shape))
@@ -111,10 +115,13 @@ def _check(ours, theirs, inputs, rtol=1e-10):
 
 
 @pytest.mark.parametrize("memory_efficient", [False, True])
-def test_layer_norm_is_torch_s(memory_efficient):
+def test_layer_norm_is_torch_s(memory_efficient, torch):
     rng = np.random.default_rng(0)
-    (x, tx), (w, tw), (b, tb) = (_t(a) for a in (rng.standard_normal((3, 4, 6)), rng.random(6) + 0.5, rng.random(6)))
+    (x, tx), (w, tw), (b, tb) = (
+        _t(torch, a) for a in (rng.standard_normal((3, 4, 6)), rng.random(6) + 0.5, rng.random(6))
+    )
     _check(
+        torch,
         F.layer_norm(x, (6,), w, b, memory_efficient=memory_efficient),
         torch.nn.functional.layer_norm(tx, (6,), tw, tb),
         [(x, tx), (w, tw), (b, tb)],
@@ -122,15 +129,16 @@ def test_layer_norm_is_torch_s(memory_efficient):
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_gelu_is_torch_s(approximate):
-    x, tx = _t(np.random.default_rng(1).standard_normal((4, 5)) * 3)
-    _check(F.gelu(x, approximate=approximate), torch.nn.functional.gelu(tx, approximate=approximate), [(x, tx)])
+def test_gelu_is_torch_s(approximate, torch):
+    x, tx = _t(torch, np.random.default_rng(1).standard_normal((4, 5)) * 3)
+    _check(torch, F.gelu(x, approximate=approximate), torch.nn.functional.gelu(tx, approximate=approximate), [(x, tx)])
 
 
-def test_embedding_is_torch_s():
-    w, tw = _t(np.random.default_rng(2).standard_normal((7, 3)))
+def test_embedding_is_torch_s(torch):
+    w, tw = _t(torch, np.random.default_rng(2).standard_normal((7, 3)))
     idx = np.array([[1, 6, 1], [0, 3, 3]])
     _check(
+        torch,
         F.embedding(fw.tensor(idx), w, padding_idx=3),
         torch.nn.functional.embedding(torch.from_numpy(idx), tw, padding_idx=3),
         [(w, tw)],
@@ -138,9 +146,9 @@ def test_embedding_is_torch_s():
 
 
 @pytest.mark.parametrize("kind", ["plain", "causal", "bool mask", "float mask", "scale"])
-def test_scaled_dot_product_attention_is_torch_s(kind):
+def test_scaled_dot_product_attention_is_torch_s(kind, torch):
     rng = np.random.default_rng(4)
-    pairs = [_t(rng.standard_normal(shape)) for shape in ((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 2))]
+    pairs = [_t(torch, rng.standard_normal(shape)) for shape in ((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 2))]
     (q, tq), (k, tk), (v, tv) = pairs
     kwargs, tkwargs = {}, {}
     if kind == "causal":
@@ -152,10 +160,11 @@ def test_scaled_dot_product_attention_is_torch_s(kind):
         m[:, 0] = True
         kwargs, tkwargs = {"attn_mask": fw.tensor(m)}, {"attn_mask": torch.from_numpy(m)}
     elif kind == "float mask":
-        m, tm = _t(rng.standard_normal((3, 5, 6)))
+        m, tm = _t(torch, rng.standard_normal((3, 5, 6)))
         kwargs, tkwargs = {"attn_mask": m}, {"attn_mask": tm}
         pairs = pairs + [(m, tm)]
     _check(
+        torch,
         F.scaled_dot_product_attention(q, k, v, **kwargs),
         torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, **tkwargs),
         pairs,

@@ -284,8 +284,7 @@ def test_inplace_memory(case, backend):
         (F.scaled_dot_product_attention, "scaled_dot_product_attention"),
     ],
 )
-def test_functional_signatures_are_torch_s(ours, theirs):
-    torch = pytest.importorskip("torch")
+def test_functional_signatures_are_torch_s(ours, theirs, torch):
     want = getattr(torch.nn.functional, theirs)
     try:
         names = list(inspect.signature(want).parameters)
@@ -308,8 +307,7 @@ def test_functional_signatures_are_torch_s(ours, theirs):
     assert got[len(names) :] in ([], ["memory_efficient"])  # Apex's mode, our one addition
 
 
-def test_module_signatures_are_torch_s():
-    torch = pytest.importorskip("torch")
+def test_module_signatures_are_torch_s(torch):
     for ours, theirs in ((fw.nn.Embedding, torch.nn.Embedding), (fw.nn.LayerNorm, torch.nn.LayerNorm)):
         want = list(inspect.signature(theirs).parameters)
         got = list(inspect.signature(ours).parameters)
