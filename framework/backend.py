@@ -345,7 +345,15 @@ def scatter_add(array, index, values) -> None:
 
     CuPy's equivalent is ``cupyx.scatter_add`` (documented to behave identically to
     ``numpy.add.at``, with int/bool arrays, slices, ellipsis and newaxis in ``index``).
+    Half types (float16, bfloat16) add up in float32 and are rounded once, on every device,
+    as PyTorch's embedding backward accumulates (a float16 sum of repeated indices would
+    round at every add; CuPy 14.2's ``scatter_add`` takes no bfloat16 at all).
     """
+    if array.dtype.name in ("float16", "bfloat16"):
+        wide = array.astype(np.float32)
+        scatter_add(wide, index, values)
+        array[...] = wide
+        return
     if isinstance(array, np.ndarray):
         np.add.at(array, index, values)
         return

@@ -3,8 +3,9 @@
 
 Forward gathers ``weight[indices]`` (one gather); backward scatter-adds the gradient
 into a zero matrix of the weight's shape (``np.add.at`` / ``cupyx.scatter_add``: repeated
-indices add up). It saves the indices (version-checked, as PyTorch does), never the
-weight. ``padding_idx``: that row gets no gradient. There is no inplace form.
+indices add up; half types in float32, rounded once: :func:`framework.backend.scatter_add`).
+It saves the indices (version-checked, as PyTorch does), never the weight. ``padding_idx``:
+that row gets no gradient. There is no inplace form.
 
 Indices out of range raise at once on the CPU; on a GPU, where CuPy does not check
 indices, the check runs on the device and is read back with the losses' deferred target

@@ -288,11 +288,25 @@ def _index(key, a: ndarray):
     return (tuple(converted) if type(key) is tuple else converted[0]), True
 
 
+# What CuPy 14.2's ``scatter_add`` with integer index arrays takes (its atomicAdd overloads;
+# ``_scatter_op_single`` in ``cupy/_core/_routines_indexing.pyx``): no bfloat16, bool, 8- or
+# 16-bit integers, nor complex.
+_ADD_AT_DTYPES = frozenset(
+    numpy.dtype(t) for t in ("int32", "int64", "float16", "float32", "float64", "uint32", "uint64")
+)
+
+
 def _scatter(a: ndarray, key, value, np_ufunc) -> None:
     """``np_ufunc.at(a, key, value)`` in place: repeated indices accumulate (cupyx.scatter_add)."""
     if not isinstance(a, ndarray):
         raise TypeError(f"Unsupported type {type(a)}")
     _check_current(a, value)
+    parts = key if type(key) is tuple else (key,)
+    integer_arrays = any(isinstance(k, ndarray) and k.dtype.kind in "iu" for k in parts)
+    if np_ufunc is numpy.add and integer_arrays and a.dtype not in _ADD_AT_DTYPES:
+        raise TypeError(
+            "cupy.add.at only supports int32, int64, float16, float32, float64, uint32, uint64 as data type"
+        )
     index, _ = _index(key, a)
     if a.size and _graph.current_capture() is not None:
         # recorded: the index arrays are read (and wrapped) when the kernel runs

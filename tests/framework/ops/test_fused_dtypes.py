@@ -430,6 +430,22 @@ def test_triangle(launched, case, binding, names, layout):
     _ran(launched, names, binding)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_embedding_gradients_add_up_in_float32(dtype):
+    """A row picked 3,000 times gets 3,000 gradients of 0.1: added in float32 and rounded
+    once, 300 (a float16 sum stalls at 256, where 0.1 is below half its spacing; bfloat16's
+    much earlier), on both devices; CuPy 14.2's scatter_add takes no bfloat16 at all."""
+    idx = np.zeros(3000, np.int64)
+    for device in ("cuda", "cpu"):
+        w = fw.zeros(4, 2, dtype=_dtype(dtype), device=device, requires_grad=True)
+        out = F.embedding(fw.tensor(idx, device=device), w)
+        out.backward(fw.full(out.shape, 0.1, dtype=_dtype(dtype), device=device))
+        g = to_numpy(w.grad).astype(np.float64)
+        want = np.float64(np.float32(np.float32(0.1).astype(_dtype(dtype))) * np.float32(3000))
+        np.testing.assert_allclose(g[0], [want, want], rtol=TOL[dtype], err_msg=device)
+        assert (g[1:] == 0).all()
+
+
 @pytest.mark.parametrize("case,binding,names", _table("sgd", "adam"))
 def test_optimizer(launched, case, binding, names):
     dtype = binding["T"]

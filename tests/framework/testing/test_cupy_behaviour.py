@@ -88,6 +88,13 @@ def _bfloat16_matmul(xp):
     return (a @ a).dtype.name
 
 
+def _bfloat16_add_at(xp):
+    import ml_dtypes  # noqa: PLC0415  (a dependency of the project)
+
+    a = xp.zeros(3, dtype=ml_dtypes.bfloat16)
+    return _raised(xp.add.at, a, xp.asarray([0, 0]), xp.ones(2, dtype=ml_dtypes.bfloat16))
+
+
 def _set_refused(xp):
     a = xp.zeros(2, dtype=xp.float32)
     return _captured(xp, lambda s: _raised(a.set, np.ones(2, np.float32)))
@@ -248,6 +255,12 @@ ROWS = [
     ),
     # bfloat16 products: cuBLAS's for 2-d matrices, a bfloat16 result (NumPy's is float32).
     ("matmul of 2-d bfloat16", _bfloat16_matmul, "bfloat16"),
+    # add.at with integer indices: atomicAdd's dtypes only (cupy/_core/_routines_indexing.pyx).
+    (
+        "add.at of bfloat16 with integer indices",
+        _bfloat16_add_at,
+        "TypeError: cupy.add.at only supports int32, int64, float16, float32, float64, uint32, uint64 as data type",
+    ),
     # Reductions and scans check the axis strictly: NumPy lets 0 and -1 through on 0-d.
     ("sum(axis=-1) of 0-d", lambda xp: xp.asarray(1.0).sum(axis=-1), _axis_error(-1, 0)),
     ("amax(axis=-1, keepdims) of 0-d", lambda xp: xp.amax(xp.asarray(1.0), axis=-1, keepdims=True), _axis_error(-1, 0)),
