@@ -89,7 +89,13 @@ def matmul(a, b, xp, out=None):
         return _bfloat16_batched(a, b, xp, out)
     cudnn = cudnn_module() if on_cupy else None
     if cudnn is None or not _usable(a, b) or (out is not None and not _matrix_layout(out)):
-        return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
+        if out is not None:
+            return xp.matmul(a, b, out=out)
+        product = xp.matmul(a, b)
+        if xp is np and product.dtype != np.promote_types(a.dtype, b.dtype):
+            # NumPy returns bfloat16's product in float32: rounded once, as on a GPU (and PyTorch)
+            product = product.astype(np.promote_types(a.dtype, b.dtype))
+        return product
     device = current_device().index
     if out is None:
         # a new array that owns its memory (the inplace policy writes only over such), counted

@@ -11,7 +11,6 @@ import pytest
 import framework as fw
 from framework.nn import functional as F
 from framework.testing import assert_close
-from tests.conftest import requires_gpu
 
 from . import harness
 from .harness import Budget, OpSpec
@@ -151,17 +150,19 @@ def test_gpu_matrix_products_go_through_the_cudnn_frontend_where_it_is_installed
     np.testing.assert_allclose(to_numpy(z), a3 @ b3, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.gpu
-@requires_gpu
-def test_batched_bfloat16_products_run_in_float32_on_a_gpu():
-    """CuPy 14.2 has no batched bfloat16 matmul: the product runs in float32 and is rounded
-    once, as its 2-d bfloat16 products (cuBLAS, float32 compute); gradients too."""
+def test_bfloat16_products_are_bfloat16_rounded_once(backend):
+    """bfloat16 matrices multiply in float32 and the product is rounded once to bfloat16, as
+    PyTorch's: NumPy returns float32, CuPy bfloat16 for 2-d operands and, in 14.2, nothing
+    above (the framework makes those in float32 itself); gradients too."""
     from framework.testing import to_numpy
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
     rng = np.random.default_rng(3)
     a3, b3 = (rng.standard_normal(s).astype(bf16) for s in ((2, 3, 5), (2, 5, 4)))
-    x, y = (fw.tensor(a, device="cuda", requires_grad=True) for a in (a3, b3))
+    z2 = fw.matmul(fw.tensor(a3[0], device=backend), fw.tensor(b3[0], device=backend))
+    assert z2.dtype == bf16
+    np.testing.assert_array_equal(to_numpy(z2), (a3[0].astype(np.float32) @ b3[0].astype(np.float32)).astype(bf16))
+    x, y = (fw.tensor(a, device=backend, requires_grad=True) for a in (a3, b3))
     z = fw.matmul(x, y)
     assert z.dtype == bf16
     want = (a3.astype(np.float32) @ b3.astype(np.float32)).astype(bf16)
