@@ -44,7 +44,7 @@ MAIN_JOB = (
 )
 
 
-@pytest.mark.parametrize("command", [MAIN_JOB, 'pip install -e ".[test,mpi,oracle,nvrtc]" && python -m pytest'])
+@pytest.mark.parametrize("command", [MAIN_JOB, 'pip install -e ".[test,mpi,oracle,nvrtc]" && python -m pytest -n auto'])
 def test_readme_and_ci_commands(command):
     assert command in _readme()
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
