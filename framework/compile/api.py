@@ -20,9 +20,11 @@ from .. import backend, memory
 from .. import inplace as _inplace
 from ..autograd import node as _node
 from ..autograd.grad_mode import state as _grad_state
+from ..creation import _infer_dtype as _tensor_dtype
+from ..creation import tensor as _tensor
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
-from ..tensor import Tensor
+from ..tensor import Tensor, _wrap
 from . import alias, replay
 from .capture import CaptureError, Recorder, _RefuseValueReads
 from .dce import eliminate_dead_code
@@ -246,6 +248,37 @@ class CompiledStep:
         if self.cache and reason is None:
             reason = self._why(key)
         return self._capture(flat, kw_names, key, reason)
+
+    def upload(self, *arrays, device=None):
+        """The step's tensor arguments, made from host arrays (NumPy) on ``device`` (the
+        last program's device when None), to pass to the next call.
+
+        Where that call will launch a captured CUDA graph, each array is copied straight
+        into the graph's static input slot for its position, and the tensor returned IS
+        the slot: the call then copies nothing in, and the batch is on the device once
+        (beside the caller's, a slot would be a second copy). As PyTorch's static inputs,
+        the tensors are the graph's: the next ``upload`` writes over them. Anywhere else
+        (the CPU, before a graph is captured, an array of another shape or dtype), each is
+        ``fw.tensor(array, device=device)``.
+        """
+        if device is None:
+            if self.last is None:
+                raise ValueError("upload(): give device= (no program was captured yet to take it from)")
+            device = self.last.program.device or backend.CPU
+        dev = backend.device(device)
+        graph = self.last.executor.cuda_graph if self.last is not None and self.last.executor is not None else None
+        out = []
+        for i, a in enumerate(arrays):
+            slot = graph.slot_for(i) if graph is not None and graph.device == dev else None
+            if slot is not None and isinstance(a, (np.ndarray, list, tuple)):
+                host = np.asarray(a, dtype=_tensor_dtype(a))
+                if host.shape == slot.shape and host.dtype == slot.dtype:
+                    with backend.device_context(dev):
+                        slot.set(np.ascontiguousarray(host))  # one host-to-device copy
+                    out.append(_wrap(slot))
+                    continue
+            out.append(_tensor(a, device=dev))
+        return tuple(out)
 
     def _why(self, key) -> str:
         names = (

@@ -5,7 +5,9 @@ is what CUDA's stream capture needs. :class:`GraphReplay` captures the executor'
 function once on a side stream (``Stream.begin_capture`` / ``end_capture``); every later
 call copies the step's tensor arguments into static input slots and launches the graph:
 one launch, plus one copy per argument and one per returned tensor (copied out, since the
-next launch writes over the graph's buffers).
+next launch writes over the graph's buffers). A caller that uploads its batch into the
+slots (:meth:`GraphReplay.slot_for`, ``CompiledStep.upload``) saves the copies in and
+holds its batch on the device once.
 
 What CUDA and CuPy refuse during capture (an allocation, a host synchronization, a host
 transfer, cuBLAS) makes the capture fail: the capture is ended (no stream is left
@@ -315,6 +317,12 @@ class GraphReplay:
         values = program.values
         self.args = [vid for vid in program.inputs if values[vid].source.kind == "arg"]
         self.slots: dict = {}  # value id -> static input slot (the step's tensor arguments)
+        self.positions = {values[vid].source.key: vid for vid in self.args}  # argument index -> value id
+        # whether the last launch's arguments were the slots themselves (the caller uploaded
+        # into them: slot_for), so that the caller's batch is not on the device twice
+        self.inputs_in_slots = False
+        self.slot_bytes = 0
+        self.copies_in = 0  # arguments copied into their slots at the last launch
         self.bound: dict = {}  # value id -> the array every other input was at capture
         self.scalars = None
         self.outputs: dict = {}  # value id -> the array the graph leaves it in
@@ -448,8 +456,10 @@ class GraphReplay:
             for off, size, (start, stop) in zip(kernel, rec.sizes, rec.spans)
         ]
         vals = program.values
+        self.slot_bytes = sum(vals[vid].nbytes for vid in self.args)
+        self.inputs_in_slots = False  # the layout counts the slots beside the caller's arguments
         extra = (
-            sum(vals[vid].nbytes for vid in self.args)  # the static input slots
+            self.slot_bytes  # the static input slots
             + 12 * len(ex.scal)  # the device scalars (float64 and float32 slots)
             + sum(vals[vid].nbytes for vid in program.output_refs())  # the copies out
             + 8 * len(ex.flags)  # the checks' flags (a loss's target range)
@@ -462,6 +472,7 @@ class GraphReplay:
     def _put_back(self) -> None:
         """No graph after all: the plan's layout as it was (kernels allocate again)."""
         self.handed = []  # the arena they live in is left to their holders (rebuild binds a new one)
+        self.inputs_in_slots = False
         if self._uncaptured_layout is not None:
             self.executor.plan.set_layout(self._uncaptured_layout)
             self.executor.rebuild()
@@ -470,8 +481,13 @@ class GraphReplay:
     def _launch(self) -> None:
         env, xp = self.executor.env, self.xp
         with backend.device_context(self.device):
+            copies = 0
             for vid, slot in self.slots.items():
-                xp.copyto(slot, env[vid])  # copy-in: the graph reads the slot
+                if env[vid] is not slot:  # else the caller uploaded into the slot (slot_for)
+                    xp.copyto(slot, env[vid])  # copy-in: the graph reads the slot
+                    copies += 1
+            self._count_inputs_once(in_slots=copies == 0)
+            self.copies_in = copies
             if self._uploads():
                 values = [v if type(v) in _DEVICE_NUMBERS else 0 for v in self.executor.scal]  # others: baked
                 n = len(values)
@@ -484,6 +500,24 @@ class GraphReplay:
             env[vid] = arr
         self.launches += 1
         self.reason = None
+
+    def slot_for(self, position: int):
+        """The static input slot of the step's argument ``position`` while a graph is
+        captured, else None. A caller that writes its next batch into the slot and passes
+        the slot itself (``CompiledStep.upload``) saves the copy-in and the device copy of
+        its batch; the next launch reads the slot, so it is the caller's until then only."""
+        vid = self.positions.get(position)
+        if self.graph is None or self.reason is not None or vid is None:
+            return None
+        return self.slots.get(vid)
+
+    def _count_inputs_once(self, in_slots: bool) -> None:
+        """The planned peak counts the caller's arguments (the step's inputs) and the slots
+        apart; when the arguments ARE the slots, the batch is on the device once."""
+        in_slots = in_slots and bool(self.slots)
+        if in_slots != self.inputs_in_slots:
+            self.executor.plan.shift_peak(-self.slot_bytes if in_slots else self.slot_bytes)
+            self.inputs_in_slots = in_slots
 
     def _uploads(self) -> bool:
         """Whether the graph reads some traced scalar from the device."""
@@ -638,10 +672,12 @@ class GraphReplay:
         return "not captured yet"
 
     def launches_per_replay(self) -> int | None:
-        """Launches of one graph replay: the graph, the argument copies, the copies out."""
+        """Launches of one graph replay: the graph, the argument copies (none for an
+        argument the caller uploaded into its slot, as at the last launch), the copies out."""
         if self.graph is None:
             return None
-        return 1 + len(self.slots) + len(self.executor.program.output_refs()) + (1 if self._uploads() else 0)
+        copies_in = len(self.slots) if self.launches == 0 else self.copies_in
+        return 1 + copies_in + len(self.executor.program.output_refs()) + (1 if self._uploads() else 0)
 
 
 def _relative(path: str) -> str:

@@ -78,6 +78,13 @@ class Plan:
         peak = self.persistent_bytes + arena_bytes + extra_bytes
         self.set_layout((dict(offsets), arena_bytes, list(allocations), peak, [peak] * len(self.live_curve)))
 
+    def shift_peak(self, delta: int) -> None:
+        """Moves the planned peak (and the flat curve of a CUDA graph's plan) by ``delta``
+        bytes: what the step holds besides the arena changed (the caller's batch, uploaded
+        into the graph's input slots, is no longer a second copy)."""
+        self.planned_peak_bytes += delta
+        self.live_curve = [b + delta for b in self.live_curve]
+
     def layout(self) -> tuple:
         """What :meth:`hold_kernel_allocations` changes (to put it back with :meth:`set_layout`)."""
         return (

@@ -146,6 +146,9 @@ def test_a_compiled_gpu_run_gives_the_losses_of_the_eager_gpu_run_bitwise(tmp_pa
         assert report["replay_mode"] == "cuda graph"
         graph = step._current().executor.cuda_graph
         assert graph.launches > 0 and graph.uncaptured == 0 and not graph.baked
+        # the trainer uploads each batch into the graph's input slots: none is copied in
+        # (the scalars, the graph, the loss and the logits copied out)
+        assert graph.inputs_in_slots and graph.copies_in == 0 and report["replay_launches"] == 4
     else:
         assert report["replay_mode"].startswith("uncaptured: node ") and "cuBLAS" in report["replay_mode"]
     tags = read_scalars(comp.run_dir)

@@ -571,3 +571,92 @@ def test_a_numpy_learning_rate_that_changes_every_step_is_a_device_scalar(number
     graph = f._current().executor.cuda_graph
     assert f.captures == 2 and f.report()["replay_mode"] == "cuda graph"
     assert not graph.baked and graph.uncaptured == 0 and graph.launches == 7
+
+
+# --- a batch uploaded into the graph's static input slots ---------------------------------------
+
+
+@standin_only
+@pytest.mark.parametrize("kind,norm", [("mlp", None), ("convnet", "bn")])
+def test_a_batch_uploaded_into_the_input_slots_is_on_the_device_once_and_copied_in_by_no_launch(kind, norm, gpu_run):
+    from framework import memory
+    from framework.testing.cupy_standin import counting
+
+    from .helpers import batches, make_model, snapshot, train_step
+
+    steps = 8
+    eager_losses, eager_states, _ = run(kind, "off", False, steps, norm, device="cuda")
+    fw.inplace.set_policy("off")
+    model = make_model(kind, norm).to("cuda")
+    opt = fw.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    f = fw.compile(train_step(model, opt))
+    memory.enable_gpu_hook()  # (gpu_run turns it off after the test)
+    in_slots, kinds, planned = [], [], []
+    for k, (x, y) in enumerate(batches(kind, steps)):
+        xs, ys = f.upload(x.numpy(), y.numpy(), device="cuda")
+        graph = f.last.executor.cuda_graph if f.last is not None and f.last.executor is not None else None
+        in_slots.append(graph is not None and xs._data is graph.slot_for(0) and ys._data is graph.slot_for(1))
+        with counting.count() as c:
+            loss = f(xs, ys)
+        kinds.append(c.by_kind())
+        planned.append(f.plan.planned_peak_bytes)
+        assert loss.detach().cpu().numpy().tobytes() == eager_losses[k].tobytes(), f"loss differs at step {k}"
+        assert bitwise_equal(snapshot(model, opt), eager_states[k]), f"state differs at step {k}"
+    # the graph is captured at the 4th call (the arguments were ordinary tensors then, copied
+    # in); from the 5th, upload writes each batch into the slots and the call copies nothing
+    assert in_slots == [False] * 4 + [True] * 4
+    assert kinds[3] == {"copy": 3, "h2d": 1, "graph": 1}
+    assert kinds[4:] == [{"h2d": 1, "graph": 1, "copy": 1}] * 4  # the scalars, the graph, the loss out
+    assert f.report()["replay_launches"] == 3
+    # the planned peak counts the batch once: the slots ARE the arguments
+    graph = f.last.executor.cuda_graph
+    assert graph.slot_bytes == x.numpy().nbytes + y.numpy().nbytes
+    assert planned[3] - planned[4] == graph.slot_bytes and planned[4:] == [planned[4]] * 4
+    # measured: a call given a device batch of its own holds it beside the slots
+    x, y = batches(kind, 1, seed=5)[0]
+    peaks = []
+    for own in (False, True):
+        args = (
+            (fw.tensor(x.numpy(), device="cuda"), fw.tensor(y.numpy(), device="cuda"))
+            if own
+            else f.upload(x.numpy(), y.numpy())
+        )
+        memory.reset_peak()
+        f(*args)
+        peaks.append(memory.max_allocated_bytes("cuda"))
+        del args
+    rounded = sum(-(-a.nbytes // 512) * 512 for a in (x.numpy(), y.numpy()))  # CuPy's pool blocks
+    assert peaks[1] - peaks[0] == rounded
+    assert planned[-1] == f.plan.planned_peak_bytes - graph.slot_bytes  # the last call copied in again
+    # as PyTorch's static inputs, the tensors are the graph's: the next upload writes over them
+    first = f.upload(x.numpy(), y.numpy())[0]
+    f.upload(x.numpy() + 1, y.numpy())
+    assert np.array_equal(first.cpu().numpy(), x.numpy() + 1)
+    assert _no_capture_left()
+
+
+def test_upload_gives_ordinary_tensors_where_no_slot_takes_the_array():
+    from .helpers import batches, make_model, train_step
+
+    with pytest.raises(ValueError, match=r"upload\(\): give device="):
+        fw.compile(lambda x: x).upload(np.zeros(3))
+    model = make_model("mlp").to("cuda")
+    opt = fw.optim.SGD(model.parameters(), lr=0.05)
+    f = fw.compile(train_step(model, opt))
+    data = batches("mlp", 6)
+    for x, y in data:
+        f(*f.upload(x.numpy(), y.numpy(), device="cuda"))
+    graph = f.last.executor.cuda_graph
+    assert graph.mode() == "cuda graph"
+    x, y = data[0]
+    xs, ys = f.upload(x.numpy(), y.numpy())  # the last program's device
+    assert xs._data is graph.slot_for(0) and xs.device == fw.device("cuda")
+    # another shape, another dtype, a device array, a position the step has no slot for
+    half, as_float, on_device = x.numpy()[:2], y.numpy().astype(np.float32), fw.tensor(x.numpy(), device="cuda")
+    for got, want in zip(f.upload(half, as_float, on_device._data), (half, as_float, x.numpy())):
+        assert all(got._data is not s for s in graph.slots.values())
+        assert got.device == fw.device("cuda") and np.array_equal(got.cpu().numpy(), want)
+    # on the CPU: copies, as fw.tensor
+    cpu = fw.compile(train_step(make_model("mlp"), fw.optim.SGD(make_model("mlp").parameters(), lr=0.05)))
+    (t,) = cpu.upload(x.numpy(), device="cpu")
+    assert t.device == fw.device("cpu") and np.array_equal(t.numpy(), x.numpy()) and t._data is not x.numpy()
