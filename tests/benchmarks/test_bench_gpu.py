@@ -142,7 +142,7 @@ def test_markdown_table_has_a_row_per_variant_and_the_pytorch_ratios():
     assert abn[:7] == ["resnet20", "256", "on+InPlaceABN", "90.0", "0.90", "480", "0.48"]
     torch_row = [c.strip() for c in rows[3].strip("|").split("|")]
     assert torch_row[3:5] == ["100.0", "-"]
-    assert "| ResNet-20 batch 256: samples/s, on+InPlaceABN / PyTorch >= 0.5 | 0.48 | NO |" in lines
+    assert "| ResNet-20 batch 256: samples/s, on+InPlaceABN / PyTorch >= 0.5 | 0.4800 | NO |" in lines
 
 
 @pytest.mark.parametrize("model", ["mlp", "convnet", "resnet20"])
