@@ -133,8 +133,12 @@ class Function(Node):
         what forward kept. After backward freed the node, reading a tensor raises as a
         second backward would.
         """
-        getter = type(self).saved_attrs.get(torch_name)
-        value = getter(self) if getter is not None else self.saved_value(torch_name)
+        renamed = self.__dict__.get("torch_attrs")  # (see as_torch_node)
+        if renamed is not None:
+            value = renamed[torch_name] if torch_name in renamed else self.saved_value(torch_name)
+        else:
+            getter = type(self).saved_attrs.get(torch_name)
+            value = getter(self) if getter is not None else self.saved_value(torch_name)
         if value is ABSENT:
             raise AttributeError(f"'{self.name()}' object has no attribute '_saved_{torch_name}'")
         return value
@@ -162,9 +166,11 @@ class Function(Node):
     def saved_names(self) -> list:
         """PyTorch's names of what this node saved (``_saved_<name>`` in ``dir()``)."""
         saved_as = type(self).saved_as
-        getters = type(self).saved_attrs
+        renamed = self.__dict__.get("torch_attrs")
+        getters = type(self).saved_attrs if renamed is None else {}
         names = {saved_as.get(name, name) for name, _, _ in type(self)._save_plan}
         names.update(getters)
+        names.update(renamed or {})
         out = []
         for n in sorted(names):
             getter = getters.get(n)
@@ -178,6 +184,15 @@ class Function(Node):
 
     def __dir__(self):
         return sorted(set(super().__dir__()) | {"_saved_" + n for n in self.saved_names()})
+
+    def as_torch_node(self, name: str, **attrs) -> None:
+        """Names this node as PyTorch names the call that made it, where this framework
+        runs that call through a more general op (``t()`` and ``transpose`` through
+        permute, ``max()`` through amax, a number minus a tensor through sub): ``attrs``
+        are the saved attributes PyTorch's node has, in place of this op's own
+        :attr:`saved_attrs` (its saved tensors stay listed)."""
+        self.node_name = name
+        self.torch_attrs = attrs
 
     def keep(ctx, **arrays) -> None:
         """Holds arrays forward computed itself (statistics, masks, indices) for backward.

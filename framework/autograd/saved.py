@@ -23,7 +23,7 @@ class SavedEntry:
     """One tensor a node keeps for backward.
 
     Attributes:
-        node: the node's name (``"LayerNormBackward0"``).
+        node: the node's name (``"NativeLayerNormBackward0"``).
         name: what the node saved it as.
         shape, dtype: of the saved array (a view of ``buffer_bytes`` perhaps).
         nbytes: the saved array's own bytes.

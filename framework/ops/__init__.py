@@ -358,8 +358,8 @@ def max(x, dim=None, keepdim=False):  # noqa: A001
     """``max(x)``: the largest value; ``max(x, dim)``: (values, indices) along ``dim``."""
     if isinstance(dim, Tensor):  # max(x, other) is maximum, as in PyTorch
         return maximum(x, dim)
-    if dim is None:
-        return R.Amax.apply(x, dim=None, keepdim=False)
+    if dim is None:  # PyTorch's max(): MaxBackward1, which saves self and result only
+        return _as_torch_node(R.Amax.apply(x, dim=None, keepdim=False), "MaxBackward1")
     values = R.MaxDim.apply(x, dim=dim, keepdim=keepdim)
     indices = _wrap(values.grad_fn.indices if values.grad_fn is not None else _last_indices(x, dim, keepdim))
     if not keepdim:
@@ -481,10 +481,23 @@ def permute(x, *dims):
 
 
 def transpose(x, dim0, dim1):
+    return _as_torch_node(_swap(x, dim0, dim1), "TransposeBackward0", dim0=dim0, dim1=dim1)
+
+
+def _swap(x, dim0, dim1):
     dims = list(range(x.ndim))
     a, b = _dim(dim0, x.ndim), _dim(dim1, x.ndim)
     dims[a], dims[b] = dims[b], dims[a]
     return V.Permute.apply(x, dims=tuple(dims))
+
+
+def _as_torch_node(t, name: str, **attrs):
+    """``t``, its node named as PyTorch names the call that made it (see
+    ``Function.as_torch_node``)."""
+    node = t.grad_fn
+    if node is not None and hasattr(node, "as_torch_node"):
+        node.as_torch_node(name, **attrs)
+    return t
 
 
 def swapdims(x, dim0, dim1):
@@ -518,8 +531,8 @@ def t(x):
     if x.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.ndim}D")
     if x.ndim < 2:  # a view that changes nothing, as in PyTorch (not x itself)
-        return V.Permute.apply(x, dims=tuple(range(x.ndim)))
-    return transpose(x, 0, 1)
+        return _as_torch_node(V.Permute.apply(x, dims=tuple(range(x.ndim))), "TBackward0")
+    return _as_torch_node(_swap(x, 0, 1), "TBackward0")
 
 
 def unsqueeze(x, dim):
@@ -906,7 +919,8 @@ def ge(x, y):
 
 def rsub(x, other):
     """``other - x`` for ``x`` a tensor and ``other`` a tensor or a Python scalar."""
-    return sub(other, x)
+    name = "RsubBackward0" if isinstance(other, Tensor) else "RsubBackward1"  # rsub(Tensor, Tensor | Scalar)
+    return _as_torch_node(sub(other, x), name, alpha=1)
 
 
 def rdiv(x, other):

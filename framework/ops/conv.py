@@ -223,6 +223,15 @@ class Conv2d(Function):
     saves = ("x", "w")
     saved_when = {"x": (1,), "w": (0,)}  # x only for w's gradient, w only for x's
     saved_as = {"x": "input", "w": "weight"}  # PyTorch's ConvolutionBackward0
+    saved_attrs = {
+        "bias_sym_sizes_opt": lambda c: (c.geom.w_shape[0],) if c.has_bias else (0,),
+        "stride": lambda c: c.geom.stride,
+        "padding": lambda c: c.geom.padding,
+        "dilation": lambda c: (1, 1),
+        "transposed": lambda c: False,
+        "output_padding": lambda c: (0, 0),
+        "groups": lambda c: 1,
+    }
 
     def forward(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), contraction=AUTO, limit=None, math="fp32"):
         fn = "conv2d"
@@ -244,6 +253,7 @@ class Conv2d(Function):
         out_hw = _out_size(fn, x.shape[2:], w.shape[2:], stride, padding)
         geom = ConvGeometry(tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), out_hw)
         ctx.geom, ctx.limit, ctx.modes = geom, limit, (contraction, math)
+        ctx.has_bias = b is not None
         ctx.plan = plan = _plan(contraction, geom, xp, math)
         out = ALGORITHMS[plan.forward].forward(x, w, geom, limit, xp)
         if b is not None:

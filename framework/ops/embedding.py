@@ -28,6 +28,13 @@ class Embedding(Function):
     """``weight[indices]``; saves ``indices``."""
 
     saves = ("indices",)
+    # PyTorch's EmbeddingBackward0 (padding_idx -1: none; only the defaults of the others)
+    saved_attrs = {
+        "padding_idx": lambda c: -1 if c.padding_idx is None else c.padding_idx,
+        "scale_grad_by_freq": lambda c: False,
+        "sparse": lambda c: False,
+        "weight_sym_argsize_0": lambda c: c.wshape[0],
+    }
 
     def forward(ctx, weight, indices, padding_idx=None):
         xp = get_array_module(weight)

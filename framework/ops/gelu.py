@@ -40,6 +40,7 @@ class Gelu(Function):
 
     inplace_name = "gelu_"
     saves = ("x",)
+    saved_attrs = {"approximate": lambda c: c.approximate}
     auto_inplace = True  # declared like every elementwise op; auto refuses it: backward reads x
 
     def forward(ctx, x, approximate="none"):

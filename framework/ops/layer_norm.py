@@ -33,9 +33,9 @@ import math
 import numpy as np
 
 from .. import memory
-from ..autograd.function import Function
+from ..autograd.function import ABSENT, Function
 from ..backend import get_array_module
-from ..tensor import Tensor
+from ..tensor import Tensor, _wrap
 from . import kernels_transformer as KT
 from .broadcast import astype
 from .kernels import on_gpu, opmath_dtype
@@ -62,17 +62,44 @@ def _gpu_param(a, dtype, default):
     return dtype.type(default) if a is None else a.astype(dtype, copy=False)
 
 
+def _row_stat(i: int):
+    """PyTorch's ``_saved_result1`` (i = 0: each row's mean) or ``_saved_result2`` (i = 1:
+    its 1/std), shaped ``(..., 1, ...)`` as the rows; ABSENT in the memory-efficient mode."""
+
+    def get(ctx):
+        if type(ctx).memory_efficient:
+            return ABSENT
+        saved = ctx.__dict__.get("_saved")
+        if isinstance(saved, dict) and "stats" in saved:  # a GPU's: the moments of each row
+            st = ctx.stats
+            stats = KT.ln_stats(st, 1.0 / ctx.n, ctx.eps)[i].astype(ctx.dtype)
+            return _wrap(stats.reshape(st.shape + (1,) * ctx.k))
+        return _wrap(ctx.mean if i == 0 else ctx.rstd)
+
+    return get
+
+
 class LayerNorm(Function):
     """Layer norm over the last ``k`` dims; saves ``x`` and ``weight``, keeps each row's statistics."""
 
+    node_name = "NativeLayerNormBackward0"
     saves = ("x", "weight")
     saved_when = {"x": (0, 1), "weight": (0,)}  # x_hat (from x) for x's and weight's gradients
+    saved_as = {"x": "input"}
+    saved_attrs = {  # PyTorch's NativeLayerNormBackward0
+        "normalized_shape": lambda c: c.normalized_shape,
+        "bias": lambda c: None if c.bias_param is None else _wrap(c.bias_param),
+        "result1": _row_stat(0),
+        "result2": _row_stat(1),
+    }
     memory_efficient = False
 
     def forward(ctx, x, weight, bias, k=1, eps=1e-5):
         xp = get_array_module(x)
-        ctx.k, ctx.eps = k, eps
+        ctx.k, ctx.eps, ctx.dtype = k, eps, x.dtype
         ctx.n = math.prod(x.shape[x.ndim - k :])
+        ctx.normalized_shape = tuple(x.shape[x.ndim - k :])
+        ctx.bias_param = bias  # a parameter, held (not saved: no gradient reads it)
         ctx.affine = (weight is not None, bias is not None)
         axes = _axes(x, k)
         if on_gpu(x):
@@ -181,8 +208,11 @@ class LayerNormMemoryEfficient(LayerNorm):
     """Apex's memory-efficient LayerNorm: saves the OUTPUT, ``weight`` and ``bias`` (not
     ``x``) and keeps 1/std per row; backward rebuilds ``x_hat = (y - bias) / weight``."""
 
+    node_name = "LayerNormMemoryEfficientBackward0"  # no PyTorch node keeps what this one does
     saves = ("result", "weight", "bias")
     saved_when = {"result": (0, 1), "weight": (0, 1), "bias": (0, 1)}  # x_hat, for x's and weight's
+    saved_as = {}
+    saved_attrs = {}
     memory_efficient = True
 
     def forward(ctx, x, weight, bias, k=1, eps=1e-5):

@@ -197,6 +197,23 @@ SAVED_CASES = {
     "linear without bias (mm)": lambda m, a, b, x3, w, bias: m.nn.functional.linear(a, w),
     "linear on 3-d input": lambda m, a, b, x3, w, bias: m.nn.functional.linear(x3, w, bias),
     "clone": lambda m, a, b, x3, w, bias: a.clone(),
+    "t": lambda m, a, b, x3, w, bias: a.t(),
+    "transpose": lambda m, a, b, x3, w, bias: x3.transpose(0, 2),
+    "rsub": lambda m, a, b, x3, w, bias: 1 - a,
+    "rsub (tensor)": lambda m, a, b, x3, w, bias: a.__rsub__(b),
+    "max()": lambda m, a, b, x3, w, bias: a.max(),
+    "conv2d": lambda m, a, b, x3, w, bias: m.nn.functional.conv2d(x3.reshape(1, 2, 3, 4), w.reshape(5, 2, 2, 1), bias),
+    "conv2d (stride, padding, no bias)": lambda m, a, b, x3, w, bias: m.nn.functional.conv2d(
+        x3.reshape(1, 2, 3, 4), w.reshape(5, 2, 2, 1), stride=2, padding=1
+    ),
+    "gelu": lambda m, a, b, x3, w, bias: m.nn.functional.gelu(a),
+    "gelu (tanh)": lambda m, a, b, x3, w, bias: m.nn.functional.gelu(a, approximate="tanh"),
+    "embedding": lambda m, a, b, x3, w, bias: m.nn.functional.embedding(m.tensor(np.array([[0, 4], [1, 1]])), w),
+    "embedding (padding_idx)": lambda m, a, b, x3, w, bias: m.nn.functional.embedding(
+        m.tensor(np.array([0, 4])), w, padding_idx=-2
+    ),
+    "layer_norm": lambda m, a, b, x3, w, bias: m.nn.functional.layer_norm(x3, (4,), a[0], None),
+    "layer_norm (2 dims, bias)": lambda m, a, b, x3, w, bias: m.nn.functional.layer_norm(x3, (3, 4), a, b),
 }
 
 
@@ -209,6 +226,8 @@ def _leaves(m):
 def _comparable(value):
     if hasattr(value, "detach"):  # a tensor (PyTorch also wraps a number operand in one)
         return np.asarray(value.detach().numpy())
+    if isinstance(value, int) and value >= 2**63:  # PyTorch reads a negative int64 back unsigned
+        return value - 2**64
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return np.asarray(value)
     return value

@@ -229,3 +229,24 @@ def test_standin_sdpa_checks_its_arguments_as_the_frontend(cudnn):
     o2.set_output(True).set_stride([96, 48, 12, 1])
     with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="multiples of 8"):
         g2.build()
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_layer_norm_saves_pytorchs_row_statistics_on_the_gpu_as_on_the_cpu(k):
+    # NativeLayerNormBackward0's _saved_result1/_saved_result2 (mean and 1/std per row): the
+    # GPU keeps each row's moments instead, and gives them back as the CPU's
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4, 5))
+    shape = x.shape[-k:]
+    nodes = []
+    for device in ("cpu", "cuda"):
+        t = fw.tensor(x, device=device, requires_grad=True)
+        w = fw.tensor(rng.standard_normal(shape), device=device, requires_grad=True)
+        nodes.append(F.layer_norm(t, shape, w, None).grad_fn)
+    cpu, gpu = nodes
+    assert gpu.name() == "NativeLayerNormBackward0" and gpu._saved_normalized_shape == shape
+    for attr in ("_saved_result1", "_saved_result2"):
+        ours, ref = to_numpy(getattr(gpu, attr)), to_numpy(getattr(cpu, attr))
+        assert ours.shape == ref.shape == x.shape[: 4 - k] + (1,) * k
+        assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+    assert gpu._saved_bias is None
