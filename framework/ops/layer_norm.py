@@ -62,6 +62,10 @@ def _gpu_param(a, dtype, default):
     return dtype.type(default) if a is None else a.astype(dtype, copy=False)
 
 
+def _same(v):
+    return v
+
+
 def _row_stat(i: int):
     """PyTorch's ``_saved_result1`` (i = 0: each row's mean) or ``_saved_result2`` (i = 1:
     its 1/std), shaped ``(..., 1, ...)`` as the rows; ABSENT in the memory-efficient mode."""
@@ -130,9 +134,11 @@ class LayerNorm(Function):
             ctx.keep(mean=mean.astype(x.dtype, copy=False), rstd=rstd.astype(x.dtype, copy=False))
         return y
 
-    def xhat(ctx):
-        """The normalized input, from the input and the row statistics."""
-        return (ctx.x - ctx.mean) * ctx.rstd
+    def xhat(ctx, up=None):
+        """The normalized input, from the input and the row statistics (each converted by
+        ``up`` first: half types are computed in float32)."""
+        up = up or _same
+        return (up(ctx.x) - up(ctx.mean)) * up(ctx.rstd)
 
     def backward(ctx, g):
         need_x, need_w, need_b = ctx.needs_input_grad
@@ -141,19 +147,26 @@ class LayerNorm(Function):
         xp = get_array_module(g)
         axes = _axes(g, ctx.k)
         lead = tuple(range(g.ndim - ctx.k))
+        dtype = g.dtype
+        # Half types on arrays: every sum and product in float32, rounded once at the end, as
+        # PyTorch's CPU kernels (a bfloat16 sum over the rows loses a digit). Under
+        # create_graph (tensors) the ops promote as they do.
+        a = dtype if g.__class__ is Tensor else opmath_dtype(dtype)
+        up = _same if a == dtype else (lambda v: v.astype(a))
+        g = up(g)
         gx = gw = gb = None
         if need_b:
-            gb = astype(_sum_rows(g, lead), g.dtype)
+            gb = astype(_sum_rows(g, lead), dtype)
         if need_x or need_w:
-            xhat = ctx.xhat()
+            xhat = ctx.xhat(up)
             if need_w:
-                gw = astype(_sum_rows(g * xhat, lead), g.dtype)
+                gw = astype(_sum_rows(g * xhat, lead), dtype)
             if need_x:
-                w = ctx.weight if ctx.affine[0] else None
+                w = up(ctx.weight) if ctx.affine[0] else None
                 wg = g if w is None else g * w
                 c1 = xp.mean(wg, axis=axes, keepdims=True)
                 c2 = xp.mean(wg * xhat, axis=axes, keepdims=True)
-                gx = astype(ctx.rstd * (wg - c1 - xhat * c2), g.dtype)
+                gx = astype(up(ctx.rstd) * (wg - c1 - xhat * c2), dtype)
         return gx, gw, gb
 
     def gpu_sources(ctx, w, dtype):
@@ -218,13 +231,14 @@ class LayerNormMemoryEfficient(LayerNorm):
     def forward(ctx, x, weight, bias, k=1, eps=1e-5):
         return LayerNorm.forward(ctx, x, weight, bias, k=k, eps=eps)
 
-    def xhat(ctx):
-        """The normalized input, rebuilt from the output."""
-        xhat = ctx.result
+    def xhat(ctx, up=None):
+        """The normalized input, rebuilt from the output (converted by ``up`` first)."""
+        up = up or _same
+        xhat = up(ctx.result)
         if ctx.affine[1]:
-            xhat = xhat - ctx.bias
+            xhat = xhat - up(ctx.bias)
         if ctx.affine[0]:
-            xhat = xhat / ctx.weight
+            xhat = xhat / up(ctx.weight)
         return xhat
 
     def gpu_sources(ctx, w, dtype):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 from scipy.special import erf
@@ -562,3 +563,26 @@ def test_the_cpu_runs_attention_chunk_by_chunk_with_the_same_numbers(monkeypatch
     # the output, the log-sum-exp, and one chunk's scores and probabilities (2 MiB each): far
     # below the 4 MiB of the whole scores times the temporaries they would take
     assert memory.max_allocated_bytes() - start < q.nbytes + 2 * 2 * 512 * 4 + 3 * (2 << 20)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
+def test_layer_norm_backward_of_half_types_on_the_cpu_sums_in_float32(dtype):
+    # Each gradient within one unit in the last place of its largest value of the float64
+    # one (x's: 1.5, its x_hat is rebuilt from the half-precision input and statistics, as
+    # PyTorch keeps them); summing the 64 rows in bfloat16 was 2.5 units off for the
+    # weight's gradient, in float16 1.7. (The memory-efficient mode rebuilds x_hat as
+    # (y - bias) / weight from the rounded output: where |weight| is small that is off by
+    # more, whatever the sums; docs/TRANSFORMERS.md.)
+    rng = np.random.default_rng(0)
+    x, w, b = rng.standard_normal((64, 768)) * 3 + 1, rng.standard_normal(768), rng.standard_normal(768)
+    g = rng.standard_normal((64, 768))
+
+    def grads(dt):
+        ts = [fw.tensor(a.astype(dt), requires_grad=True) for a in (x, w, b)]
+        F.layer_norm(ts[0], (768,), ts[1], ts[2]).backward(fw.tensor(g.astype(dt)))
+        return [t.grad.numpy().astype(np.float64) for t in ts]
+
+    ulp = float(ml_dtypes.finfo(dtype).eps)
+    for name, ours, ref, units in zip(("x", "weight", "bias"), grads(dtype), grads(np.float64), (1.5, 1, 1)):
+        err = np.max(np.abs(ours - ref)) / np.max(np.abs(ref))
+        assert err <= units * ulp, f"{name}: {err:.2e} > {units} x {ulp:.2e}"
