@@ -250,15 +250,16 @@ class CompiledStep:
         return self._capture(flat, kw_names, key, reason)
 
     def upload(self, *arrays, device=None):
-        """The step's tensor arguments, made from host arrays (NumPy) on ``device`` (the
-        last program's device when None), to pass to the next call.
+        """The step's positional tensor arguments, made from host arrays (NumPy) on
+        ``device`` (the last program's device when None), to pass to the next call.
 
-        Where that call will launch a captured CUDA graph, each array is copied straight
-        into the graph's static input slot for its position, and the tensor returned IS
-        the slot: the call then copies nothing in, and the batch is on the device once
+        Where the last call launched a captured CUDA graph, each array is copied straight
+        into that graph's static input slot for its position, and the tensor returned IS
+        the slot: a call given it copies nothing in, and the batch is on the device once
         (beside the caller's, a slot would be a second copy). As PyTorch's static inputs,
-        the tensors are the graph's: the next ``upload`` writes over them. Anywhere else
-        (the CPU, before a graph is captured, an array of another shape or dtype), each is
+        the tensors are the graph's: the next ``upload``, and any call given other
+        arguments, writes over them. Anywhere else (the CPU, no graph launched at the
+        last call, a keyword argument, an array of another shape or dtype), each is
         ``fw.tensor(array, device=device)``.
         """
         if device is None:

@@ -317,7 +317,11 @@ class GraphReplay:
         values = program.values
         self.args = [vid for vid in program.inputs if values[vid].source.kind == "arg"]
         self.slots: dict = {}  # value id -> static input slot (the step's tensor arguments)
-        self.positions = {values[vid].source.key: vid for vid in self.args}  # argument index -> value id
+        # positional argument index -> value id (keyword arguments are flattened after the
+        # positional ones in name order: upload() gives them no slot)
+        self.positions = {
+            values[vid].source.key: vid for vid in self.args if values[vid].source.name.startswith("args[")
+        }
         # whether the last launch's arguments were the slots themselves (the caller uploaded
         # into them: slot_for), so that the caller's batch is not on the device twice
         self.inputs_in_slots = False
@@ -350,6 +354,7 @@ class GraphReplay:
         if self.graph is not None:
             if any(scal[i] != self.scalars[i] for i in self.baked):
                 self.uncaptured += 1
+                self._count_inputs_once(in_slots=False)  # node by node: the caller's batch is its own
                 self.reason = "traced scalars changed since the capture (their values are baked into the graph)"
                 return False
             if any(self.executor.env[vid] is not arr for vid, arr in self.bound.items()):
@@ -482,9 +487,16 @@ class GraphReplay:
         env, xp = self.executor.env, self.xp
         with backend.device_context(self.device):
             copies = 0
+            sources = {vid: env[vid] for vid in self.slots}
             for vid, slot in self.slots.items():
-                if env[vid] is not slot:  # else the caller uploaded into the slot (slot_for)
-                    xp.copyto(slot, env[vid])  # copy-in: the graph reads the slot
+                src = sources[vid]
+                if src is not slot and any(xp.may_share_memory(src, s) for s in self.slots.values()):
+                    # memory of the slots (uploaded arguments passed in another order, or a
+                    # view of one): read before any slot is written
+                    sources[vid] = src.copy()
+            for vid, slot in self.slots.items():
+                if sources[vid] is not slot:  # else the caller uploaded into the slot (slot_for)
+                    xp.copyto(slot, sources[vid])  # copy-in: the graph reads the slot
                     copies += 1
             self._count_inputs_once(in_slots=copies == 0)
             self.copies_in = copies

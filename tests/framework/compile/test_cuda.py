@@ -660,3 +660,53 @@ def test_upload_gives_ordinary_tensors_where_no_slot_takes_the_array():
     cpu = fw.compile(train_step(make_model("mlp"), fw.optim.SGD(make_model("mlp").parameters(), lr=0.05)))
     (t,) = cpu.upload(x.numpy(), device="cpu")
     assert t.device == fw.device("cpu") and np.array_equal(t.numpy(), x.numpy()) and t._data is not x.numpy()
+
+
+def _graphed(f, *arrays, **kw):
+    for _ in range(5):  # captured twice, recorded, captured as a graph, launched
+        f(*f.upload(*arrays, device="cuda"), **kw)
+    graph = f.last.executor.cuda_graph
+    assert graph.mode() == "cuda graph"
+    return graph
+
+
+def test_uploaded_arguments_passed_in_another_order_are_read_before_a_slot_is_written():
+    f = fw.compile(lambda a, b: a * 2 - b)
+    A, B = np.arange(4, dtype=np.float32), np.full(4, 10, dtype=np.float32)
+    graph = _graphed(f, A, B)
+    sa, sb = f.upload(A, B)
+    assert sa._data is graph.slot_for(0) and sb._data is graph.slot_for(1)
+    assert np.array_equal(f(sb, sa).cpu().numpy(), B * 2 - A)
+    assert graph.copies_in == 2 and not graph.inputs_in_slots
+    # a view of a slot, passed for another argument, the same
+    sa, sb = f.upload(A, B)
+    assert np.array_equal(f(sa, sa[:]).cpu().numpy(), A * 2 - A)
+    # the tensors are the slots: a call writes its arguments into them
+    assert np.array_equal(sb.cpu().numpy(), A)
+
+
+def test_upload_gives_keyword_arguments_no_slot():
+    # the program's arguments are the positional ones, then the keyword ones by name:
+    # upload's positions are the positional arguments only
+    f = fw.compile(lambda x, *, z, y: x + 10 * z + 100 * y)
+    X, Z, Y = np.ones(3, np.float32), np.full(3, 2, np.float32), np.full(3, 3, np.float32)
+    for _ in range(6):
+        xs, zs, ys = f.upload(X, Z, Y, device="cuda")
+        out = f(xs, z=zs, y=ys)
+        assert np.array_equal(out.cpu().numpy(), X + 10 * Z + 100 * Y)
+    graph = f.last.executor.cuda_graph
+    assert graph.mode() == "cuda graph" and xs._data is graph.slot_for(0)
+    assert graph.slot_for(1) is graph.slot_for(2) is None and graph.copies_in == 2
+
+
+def test_a_call_run_uncaptured_counts_the_callers_batch_beside_the_slots_again():
+    f = fw.compile(lambda x, k: (x * 2).sum() + k)
+    X = np.ones((64, 64), np.float32)
+    graph = _graphed(f, X, k=np.int64(1))  # a NumPy integer: baked into the graph
+    (xs,) = f.upload(X)
+    f(xs, k=np.int64(1))
+    in_slots = f.plan.planned_peak_bytes
+    assert graph.inputs_in_slots
+    f(*f.upload(X), k=np.int64(2))  # another baked value: this call runs node by node
+    assert graph.mode().startswith("uncaptured") and not graph.inputs_in_slots
+    assert f.plan.planned_peak_bytes == in_slots + graph.slot_bytes
