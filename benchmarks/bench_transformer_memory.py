@@ -71,6 +71,7 @@ VARIANTS = {
 PAPER_TERMS = [
     ("NativeLayerNormBackward0", "x", "LayerNorm 1's input: 4sbh (paper: 2sbh)"),
     ("NativeLayerNormBackward0", "weight", "a parameter"),
+    ("NativeLayerNormBackward0", "bias", "a parameter"),
     ("NativeLayerNormBackward0", "mean", "not in the paper: LayerNorm's row means, 4sb"),
     ("NativeLayerNormBackward0", "rstd", "not in the paper: LayerNorm's row 1/std, 4sb"),
     ("ViewBackward0", "x", "the QKV projection's input: 4sbh (2sbh)"),
@@ -87,6 +88,7 @@ PAPER_TERMS = [
     ("MulBackward0", "mask", "attention's residual dropout mask: sbh (sbh)"),
     ("NativeLayerNormBackward0", "x", "LayerNorm 2's input: 4sbh (2sbh)"),
     ("NativeLayerNormBackward0", "weight", "a parameter"),
+    ("NativeLayerNormBackward0", "bias", "a parameter"),
     ("NativeLayerNormBackward0", "mean", "not in the paper: LayerNorm's row means, 4sb"),
     ("NativeLayerNormBackward0", "rstd", "not in the paper: LayerNorm's row 1/std, 4sb"),
     ("ViewBackward0", "x", "the MLP's first linear's input: 4sbh (2sbh)"),

@@ -481,7 +481,7 @@ def permute(x, *dims):
 
 
 def transpose(x, dim0, dim1):
-    return _as_torch_node(_swap(x, dim0, dim1), "TransposeBackward0", dim0=dim0, dim1=dim1)
+    return _as_torch_node(_swap(x, dim0, dim1), "TransposeBackward0", dim0=int(dim0), dim1=int(dim1))
 
 
 def _swap(x, dim0, dim1):
@@ -493,10 +493,14 @@ def _swap(x, dim0, dim1):
 
 def _as_torch_node(t, name: str, **attrs):
     """``t``, its node named as PyTorch names the call that made it (see
-    ``Function.as_torch_node``)."""
+    ``Function.as_torch_node``); a view's node keeps the name when it is made again from
+    the base (after an inplace op on the base)."""
     node = t.grad_fn
     if node is not None and hasattr(node, "as_torch_node"):
         node.as_torch_node(name, **attrs)
+        replay = t._view_fn
+        if callable(replay) and getattr(replay, "creation", None) is None:
+            t._view_fn = lambda base: _as_torch_node(replay(base), name, **attrs)
     return t
 
 

@@ -87,12 +87,13 @@ class LayerNorm(Function):
     """Layer norm over the last ``k`` dims; saves ``x`` and ``weight``, keeps each row's statistics."""
 
     node_name = "NativeLayerNormBackward0"
-    saves = ("x", "weight")
+    # the bias as PyTorch's node saves it (no gradient reads it: a parameter's reference,
+    # with its version checked as every saved tensor's)
+    saves = ("x", "weight", "bias")
     saved_when = {"x": (0, 1), "weight": (0,)}  # x_hat (from x) for x's and weight's gradients
     saved_as = {"x": "input"}
     saved_attrs = {  # PyTorch's NativeLayerNormBackward0
         "normalized_shape": lambda c: c.normalized_shape,
-        "bias": lambda c: None if c.bias_param is None else _wrap(c.bias_param),
         "result1": _row_stat(0),
         "result2": _row_stat(1),
     }
@@ -103,7 +104,6 @@ class LayerNorm(Function):
         ctx.k, ctx.eps, ctx.dtype = k, eps, x.dtype
         ctx.n = math.prod(x.shape[x.ndim - k :])
         ctx.normalized_shape = tuple(x.shape[x.ndim - k :])
-        ctx.bias_param = bias  # a parameter, held (not saved: no gradient reads it)
         ctx.affine = (weight is not None, bias is not None)
         axes = _axes(x, k)
         if on_gpu(x):
@@ -142,17 +142,18 @@ class LayerNorm(Function):
 
     def backward(ctx, g):
         need_x, need_w, need_b = ctx.needs_input_grad
+        _ = ctx.bias  # unpacked, as PyTorch's node unpacks it: a bias changed in place since raises
         if on_gpu(g):
             return ctx.gpu_backward(g, need_x, need_w, need_b)
         xp = get_array_module(g)
         axes = _axes(g, ctx.k)
         lead = tuple(range(g.ndim - ctx.k))
         dtype = g.dtype
-        # Half types on arrays: every sum and product in float32, rounded once at the end, as
-        # PyTorch's CPU kernels (a bfloat16 sum over the rows loses a digit). Under
-        # create_graph (tensors) the ops promote as they do.
-        a = dtype if g.__class__ is Tensor else opmath_dtype(dtype)
-        up = _same if a == dtype else (lambda v: v.astype(a))
+        # Half types: every sum and product in float32, rounded once at the end (a bfloat16
+        # sum over the rows loses a digit); under create_graph too, with differentiable
+        # conversions, so that both give the same first-order gradients.
+        a = opmath_dtype(dtype)
+        up = _same if a == dtype else (lambda v: astype(v, a))
         g = up(g)
         gx = gw = gb = None
         if need_b:
@@ -210,10 +211,13 @@ class LayerNorm(Function):
         if kept is None:
             x = ctx.x
             axes = _axes(x, ctx.k)
-            mean = x.mean(axes, keepdim=True)
-            d = x - mean
+            a = opmath_dtype(x.dtype)  # computed as forward computed them, rounded alike
+            xa = astype(x, a)
+            mean = xa.mean(axes, keepdim=True)
+            d = xa - mean
             var = (d * d).mean(axes, keepdim=True)
-            kept = ctx._graph_kept = {"mean": mean, "rstd": 1.0 / (var + ctx.eps).sqrt()}
+            rstd = 1.0 / (var + ctx.eps).sqrt()
+            kept = ctx._graph_kept = {"mean": astype(mean, x.dtype), "rstd": astype(rstd, x.dtype)}
         return kept
 
 

@@ -250,6 +250,17 @@ def test_saved_names_match_torch(name, torch):
             assert mine == theirs_value, f"{name}: {attr}"
 
 
+def test_a_renamed_view_node_keeps_its_name_when_made_again_from_the_base():
+    # t() and transpose run through permute here; after an inplace op on the base the
+    # view's node is made again from the base, with PyTorch's name as before
+    base = fw.randn(3, 4, requires_grad=True) * 1
+    t, tr = base.t(), base.transpose(1, 0)
+    base.mul_(2)
+    assert t.grad_fn.name() == "TBackward0" and not [a for a in dir(t.grad_fn) if a.startswith("_saved_")]
+    assert tr.grad_fn.name() == "TransposeBackward0" and (tr.grad_fn._saved_dim0, tr.grad_fn._saved_dim1) == (1, 0)
+    t.sum().backward()
+
+
 def test_saved_attributes_are_absent_where_the_node_has_none():
     x = fw.ones(3, requires_grad=True)
     assert "_saved_result" not in dir(x**2) and "_saved_result" not in dir((x**2).grad_fn)

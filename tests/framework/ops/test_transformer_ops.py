@@ -586,3 +586,32 @@ def test_layer_norm_backward_of_half_types_on_the_cpu_sums_in_float32(dtype):
     for name, ours, ref, units in zip(("x", "weight", "bias"), grads(dtype), grads(np.float64), (1.5, 1, 1)):
         err = np.max(np.abs(ours - ref)) / np.max(np.abs(ref))
         assert err <= units * ulp, f"{name}: {err:.2e} > {units} x {ulp:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
+def test_layer_norm_create_graph_gives_the_same_first_order_gradients_in_half_types(dtype):
+    rng = np.random.default_rng(1)
+    x, w, b, g = (rng.standard_normal(s) for s in ((16, 96), (96,), (96,), (16, 96)))
+    out = []
+    for create_graph in (False, True):
+        ts = [fw.tensor(a.astype(dtype), requires_grad=True) for a in (x, w, b)]
+        y = F.layer_norm(ts[0], (96,), ts[1], ts[2])
+        grads = fw.autograd.grad(y, ts, fw.tensor(g.astype(dtype)), create_graph=create_graph)
+        out.append([t.detach().numpy().tobytes() for t in grads])
+    assert out[0] == out[1]
+
+
+def test_layer_norm_saves_its_bias_as_pytorch_does():
+    # NativeLayerNormBackward0 saves the bias: freed by backward, and version-checked
+    x = fw.randn(4, 8, requires_grad=True)
+    b = fw.randn(8, requires_grad=True)
+    y = F.layer_norm(x, (8,), None, b)
+    assert y.grad_fn._saved_bias.shape == (8,) and F.layer_norm(x, (8,)).grad_fn._saved_bias is None
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _ = y.grad_fn._saved_bias
+    y = F.layer_norm(x, (8,), None, b)
+    with fw.no_grad():
+        b.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
