@@ -468,8 +468,9 @@ def reshape(x, *shape):
 
 
 def _dim(d, ndim):
-    if not -ndim <= d < builtins.max(ndim, 1):
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], but got {d})")
+    n = builtins.max(ndim, 1)  # a 0-d tensor takes dim 0 or -1, as PyTorch's
+    if not -n <= d < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
     return d % ndim if ndim else 0
 
 
@@ -487,7 +488,8 @@ def transpose(x, dim0, dim1):
 def _swap(x, dim0, dim1):
     dims = list(range(x.ndim))
     a, b = _dim(dim0, x.ndim), _dim(dim1, x.ndim)
-    dims[a], dims[b] = dims[b], dims[a]
+    if dims:
+        dims[a], dims[b] = dims[b], dims[a]
     return V.Permute.apply(x, dims=tuple(dims))
 
 

@@ -134,7 +134,7 @@ class MaxDim(Function):
 
     node_name = "MaxBackward0"
     saved_attrs = {
-        "dim": lambda c: c.dim,
+        "dim": lambda c: c.given_dim,  # as the caller wrote it (-1 stays -1), as PyTorch saves it
         "keepdim": lambda c: c.keepdim,
         "self_sym_sizes": lambda c: c.shape,
         "indices": lambda c: _wrap(c.indices if c.keepdim else c.indices.squeeze(c.dim)),
@@ -143,6 +143,7 @@ class MaxDim(Function):
     def forward(ctx, x, dim=0, keepdim=False):
         xp = get_array_module(x)
         ctx.shape, ctx.dim, ctx.keepdim = x.shape, _axes(dim, x.ndim)[0], keepdim
+        ctx.given_dim = int(dim)
         idx = xp.expand_dims(xp.argmax(x, axis=ctx.dim), ctx.dim)
         ctx.indices = idx
         values = xp.take_along_axis(x, idx, axis=ctx.dim)
