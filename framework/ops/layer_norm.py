@@ -84,7 +84,8 @@ def _row_stat(i: int):
 
 
 class LayerNorm(Function):
-    """Layer norm over the last ``k`` dims; saves ``x`` and ``weight``, keeps each row's statistics."""
+    """Layer norm over the last ``k`` dims; saves ``x``, ``weight`` and ``bias`` (as
+    PyTorch's node), keeps each row's statistics."""
 
     node_name = "NativeLayerNormBackward0"
     # the bias as PyTorch's node saves it (no gradient reads it: a parameter's reference,
