@@ -370,7 +370,10 @@ def _bn_xhat(x, s, inv_m, eps):
 CUB_UNREAD_J = {"177-D": "CuPy's CUB reduction template declares _J for map expressions that read it; ours does not"}
 
 
-def _moments(x, axis):
+def moments(x, axis):
+    """NumPy's reference of the moment reductions (BatchNorm's ``bn_moments``, LayerNorm's
+    ``ln_moments``): the sum and the sum of squares along ``axis``, in float64, as one
+    complex128 (real: sum, imaginary: sum of squares)."""
     xd = x.astype(np.float64)
     return xd.sum(axis) + 1j * (xd * xd).sum(axis)
 
@@ -383,7 +386,7 @@ bn_moments = reduction(
     "s = a",
     "0",
     "fused_bn_moments",
-    _moments,
+    moments,
     Takes(each(T=IEEE_FLOATS), warnings=CUB_UNREAD_J),
     reduce_type="complex<double>",
     preamble=_BN_PREAMBLE,

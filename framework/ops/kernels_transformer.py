@@ -40,6 +40,7 @@ from .kernels import (
     dtype_of,
     each,
     elementwise,
+    moments,
     opmath_dtype,
     reduction,
 )
@@ -201,11 +202,6 @@ def ln_stats(st, inv_n, eps):
     return mean, 1.0 / np.sqrt(np.maximum(st.imag * inv_n - mean * mean, 0.0) + eps)
 
 
-def _ln_moments(x, axis):
-    xd = x.astype(np.float64)
-    return xd.sum(axis) + 1j * (xd * xd).sum(axis)
-
-
 # ``xin``: a name no other identifier of the expression contains (CuPy's CUB path renames a
 # reduction's first input by text replacement).
 ln_moments = reduction(
@@ -216,7 +212,7 @@ ln_moments = reduction(
     "st = a",
     "0",
     "fused_ln_moments",
-    _ln_moments,
+    moments,
     Takes(_ANY_FLOAT, warnings=CUB_UNREAD_J),
     reduce_type="complex<double>",
     preamble=_OPMATH,
@@ -264,72 +260,28 @@ def _ln_sums_takes(me: bool) -> Takes:
     return Takes(_ANY_FLOAT, scalars=("inv_n", "eps"), either=("win", "bin") if me else ("win",))
 
 
-def _ln_row_sums_kernel(me: bool):
-    params, xhat = _XHAT[me]
-
-    def reference(g, w, src, *rest, axis):
-        b, (st, inv_n, eps) = (rest[0], rest[1:]) if me else (None, rest)
-        a = opmath_dtype(g.dtype)
-        wg = g.astype(a) * np.asarray(w).astype(a)
-        xh = _xhat(me, a, src, st, inv_n, eps, w, b)
-        wgd = wg.astype(np.float64)
-        return wgd.sum(axis) + 1j * (wgd * xh.astype(np.float64)).sum(axis)
-
-    return reduction(
-        "T gin, T win, " + params,
-        "complex128 r",
-        f"ln_row_terms<T>(gin, win, {'yin, bin' if me else 'xin, xin'}, st, inv_n, eps, {int(me)})",
-        "a + b",
-        "r = a",
-        "0",
-        f"fused_ln_row_sums{'_me' if me else ''}",
-        reference,
-        _ln_sums_takes(me),
-        reduce_type="complex<double>",
-        preamble=_LN_PREAMBLE + _LN_TERMS,
-    )
-
-
-# (w g, w g x_hat) of one element, in double precision, for the per-row sums.
-_LN_TERMS = r"""
-template <typename T>
-__device__ inline complex<double> ln_row_terms(T g, T w, T src, T bsrc, const complex<double>& st, double inv_n,
-                                               double eps, int me) {
-    typedef typename opmath<T>::type A;
-    double mean, rstd; ln_stats(st, inv_n, eps, mean, rstd);
-    A xhat = me ? (A)(((A)src - (A)bsrc) / (A)w) : (A)(((A)src - (A)mean) * (A)rstd);
-    A wg = (A)g * (A)w;
-    return complex<double>((double)wg, (double)wg * (double)xhat);
-}
-template <typename T>
-__device__ inline complex<double> ln_feature_terms(T g, T w, T src, T bsrc, const complex<double>& st,
-                                                   double inv_n, double eps, int me) {
-    typedef typename opmath<T>::type A;
-    double mean, rstd; ln_stats(st, inv_n, eps, mean, rstd);
-    A xhat = me ? (A)(((A)src - (A)bsrc) / (A)w) : (A)(((A)src - (A)mean) * (A)rstd);
-    return complex<double>((double)(A)g, (double)(A)g * (double)xhat);
-}
-"""
-
-
-def _ln_feature_sums_kernel(me: bool):
+def _ln_sums_kernel(me: bool, per_row: bool):
+    """The backward's sums of ``(q, q x_hat)``: per row with ``q = w g`` (``per_row``, for
+    x's gradient), per feature with ``q = g`` (the weight's and bias's gradients)."""
     params, _ = _XHAT[me]
 
     def reference(g, w, src, *rest, axis):
         b, (st, inv_n, eps) = (rest[0], rest[1:]) if me else (None, rest)
         a = opmath_dtype(g.dtype)
+        q = g.astype(a) * np.asarray(w).astype(a) if per_row else g.astype(a)
         xh = _xhat(me, a, src, st, inv_n, eps, w, b)
-        gd = g.astype(a).astype(np.float64)
-        return gd.sum(axis) + 1j * (gd * xh.astype(np.float64)).sum(axis)
+        qd = q.astype(np.float64)
+        return qd.sum(axis) + 1j * (qd * xh.astype(np.float64)).sum(axis)
 
+    what = "row" if per_row else "feature"
     return reduction(
         "T gin, T win, " + params,
-        "complex128 f",
-        f"ln_feature_terms<T>(gin, win, {'yin, bin' if me else 'xin, xin'}, st, inv_n, eps, {int(me)})",
+        "complex128 r",
+        f"ln_sum_terms<T>(gin, win, {'yin, bin' if me else 'xin, xin'}, st, inv_n, eps, {int(me)}, {int(per_row)})",
         "a + b",
-        "f = a",
+        "r = a",
         "0",
-        f"fused_ln_feature_sums{'_me' if me else ''}",
+        f"fused_ln_{what}_sums{'_me' if me else ''}",
         reference,
         _ln_sums_takes(me),
         reduce_type="complex<double>",
@@ -337,8 +289,22 @@ def _ln_feature_sums_kernel(me: bool):
     )
 
 
-ln_row_sums = {me: _ln_row_sums_kernel(me) for me in (False, True)}
-ln_feature_sums = {me: _ln_feature_sums_kernel(me) for me in (False, True)}
+# (q, q x_hat) of one element, in double precision, for the sums: q = w g (by_w) or g.
+_LN_TERMS = r"""
+template <typename T>
+__device__ inline complex<double> ln_sum_terms(T g, T w, T src, T bsrc, const complex<double>& st, double inv_n,
+                                               double eps, int me, int by_w) {
+    typedef typename opmath<T>::type A;
+    double mean, rstd; ln_stats(st, inv_n, eps, mean, rstd);
+    A xhat = me ? (A)(((A)src - (A)bsrc) / (A)w) : (A)(((A)src - (A)mean) * (A)rstd);
+    A q = by_w ? (A)((A)g * (A)w) : (A)g;
+    return complex<double>((double)q, (double)q * (double)xhat);
+}
+"""
+
+
+ln_row_sums = {me: _ln_sums_kernel(me, per_row=True) for me in (False, True)}
+ln_feature_sums = {me: _ln_sums_kernel(me, per_row=False) for me in (False, True)}
 
 
 def _ln_backward_kernel(me: bool, affine: bool):
