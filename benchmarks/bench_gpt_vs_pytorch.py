@@ -70,14 +70,7 @@ def ours(name: str, batch: int | None = None):
     model = GPT(**shape)
     opt = build_optimizer(config_from_dict(OPTIM), list(model.parameters()))
     x, y = (fw.tensor(a) for a in _batch(shape, batch or default_batch))
-
-    def step():
-        opt.zero_grad()
-        _, loss = model(x, y)
-        loss.backward()
-        opt.step()
-
-    return step, model
+    return _training_step(model, opt, x, y), model
 
 
 def theirs(name: str, model, batch: int | None = None):
@@ -95,10 +88,15 @@ def theirs(name: str, model, batch: int | None = None):
     ]
     opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99))
     x, y = (torch.from_numpy(a) for a in _batch(shape, batch or default_batch))
+    return _training_step(twin, opt, x, y)
+
+
+def _training_step(model, opt, x, y):
+    """One training step of either framework's GPT (the same names in both), as a callable."""
 
     def step():
         opt.zero_grad()
-        _, loss = twin(x, y)
+        _, loss = model(x, y)
         loss.backward()
         opt.step()
 
