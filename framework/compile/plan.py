@@ -44,6 +44,9 @@ from . import kernels
 from .alias import AliasClasses, alias_classes
 
 ALIGN = 16
+# Program inputs that live in the model or the optimizer (parameters, module buffers,
+# optimizer state, gradients): what backward reads from them is not saved for it.
+PERSISTENT = ("param", "buffer", "state", "grad")
 
 
 @dataclass
@@ -504,8 +507,9 @@ def floor_bytes(program, plan: Plan) -> int:
 def saved_bytes(program, plan: Plan) -> int:
     """What backward reads from forward, at the boundary between them (the first backward
     node, or the first node recomputed for backward): the classes (other than parameters)
-    made before it that a backward node reads as saved values or a recomputed node reads,
-    plus what forward kernels keep privately for backward."""
+    made before it that a backward node reads as saved values or a recomputed node reads
+    (the batch counts; what lives in the model or the optimizer, :data:`PERSISTENT`, does
+    not), plus what forward kernels keep privately for backward."""
     values, classes = program.values, plan.classes
     boundary = next((n.index for n in program.nodes if n.kind == "backward" or "recomputes" in n.info), None)
     if boundary is None:
@@ -521,7 +525,7 @@ def saved_bytes(program, plan: Plan) -> int:
         for vid in reads:
             c = classes.of[vid]
             src = values[c].source
-            if (src is None or src.kind != "param") and plan.intervals[c][0] < boundary:
+            if (src is None or src.kind not in PERSISTENT) and plan.intervals[c][0] < boundary:
                 held.add(c)
     private = 0
     for last, f in plan.ctx_done.items():  # a forward context from before the boundary, used after it

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 
 from .alias import alias_classes, writers
 from .dce import draws_random
+from .plan import PERSISTENT
 from .program import Node
 from .refs import Ref, StatsOut
 
@@ -70,6 +71,9 @@ _PASSES = {
     "Gelu": 8,
     "CrossEntropy": 4,
 }
+# Creation recipes that make the same values every time (``fw.zeros`` in a shortcut's
+# padding): run again like ops. ``empty`` is not one (its values are whatever was there).
+_SAME_EVERY_TIME = ("zeros", "ones", "full")
 # Prices of memory tried (bytes kept against picoseconds of recompute): 2 ** (k / 4) for k
 # in this range. The budget takes the lowest one whose cut keeps no more than it allows.
 _PRICES = range(-80, 161)
@@ -125,6 +129,8 @@ def op_cost(node, program) -> tuple[int, int]:
     ins = [values[t.id] for t in node.inputs if isinstance(t, Ref)]
     out = values[node.outputs[0]]
     moved = sum(v.nbytes for v in ins) + out.nbytes
+    if node.kind == "create":  # one pass writing the output
+        return math.prod(out.shape), out.nbytes
     if node.op.is_view:
         return 0, 0
     name = node.op.__name__
@@ -248,8 +254,8 @@ class _Graph:
                 self.gone.add(vid)
             if gone or kind == "view":
                 self.save[vid] = None  # cannot be kept: written over, or a view (its base is kept)
-            elif owner.source is not None and owner.source.kind == "param":
-                self.save[vid] = 0  # parameters live anyway (the floor counts them apart)
+            elif owner.source is not None and owner.source.kind in PERSISTENT:
+                self.save[vid] = 0  # lives in the model or the optimizer anyway
             else:
                 self.save[vid] = owner.nbytes
             if kind == "fixed":
@@ -271,8 +277,10 @@ class _Graph:
         if v.producer is None:
             return "fixed", None
         n = self.program.nodes[v.producer]
+        if n.kind == "create" and n.info.get("label") in _SAME_EVERY_TIME:
+            return "op", None
         if n.kind != "call" or not n.outputs or n.outputs[0] != v.id:
-            return "fixed", None  # made by a recipe, a side output, the same array seen again after a write
+            return "fixed", None  # another recipe, a side output, the same array seen again after a write
         why = None
         if draws_random(n):
             why = "draws random numbers"
@@ -365,7 +373,7 @@ def _rewrite(program, graph: _Graph, recomputed: set) -> int:
     for i in order:
         f = nodes[i]
         v = f.outputs[0]
-        if f.op.is_view and f.inputs[0].id not in remap:
+        if f.kind == "call" and f.op.is_view and f.inputs[0].id not in remap:
             continue  # a view of a buffer that is kept: backward reads the view itself
         copy = _copy_node(program, f, remap, temp)
         temp += 1
@@ -441,15 +449,17 @@ def _copy_node(program, f, remap: dict, index: int):
     inputs = [fix(t) for t in f.inputs]
     params = {k: fix(t) for k, t in f.params.items()}
     v = values[f.outputs[0]]
-    edge = ("view", inputs[0].id) if f.op.is_view else None
+    edge = ("view", inputs[0].id) if f.kind == "call" and f.op.is_view else None
     out = _new_like(program, v, index, edge)
     info = {key: f.info[key] for key in ("needs", "kept", "saved_consts", "events") if key in f.info}
+    if f.kind == "create":  # the recipe again (zeros, ones, full)
+        info.update({key: f.info[key] for key in ("recipe", "shape", "dtype", "device", "label")})
     saved = {name: remap.get(vid, vid) for name, vid in f.info.get("saved", {}).items()}
     for name, i in f.info.get("saved_copies", {}).items():  # out of place: backward reads the input itself
         saved[name] = inputs[i].id
     saved = {name: (out if vid == f.outputs[0] else vid) for name, vid in saved.items()}
     info.update(saved=saved, saved_copies={}, recomputes=f.outputs[0], recompute_cost=op_cost(f, program))
-    return Node(index, "call", op=f.op, inputs=inputs, params=params, outputs=[out], site=f.site, info=info)
+    return Node(index, f.kind, op=f.op, inputs=inputs, params=params, outputs=[out], site=f.site, info=info)
 
 
 def _new_like(program, v, producer: int, edge) -> int:
