@@ -23,6 +23,10 @@ compiled steps of a workload timed in rounds that alternate (the machine is shar
 falls on all alike), the median per step. Each of our compiled steps is also checked
 bitwise against the eager step under policy ``off`` (losses of the first steps).
 
+With PyTorch the run also checks its budget 0 on a step with dropout (two Linear layers,
+dropout 0.5 between): the loss at budget 0 and at budget 1, same weights and seed, and how
+far apart the two gradients are (0 when backward reuses forward's mask).
+
 Run:  OMP_NUM_THREADS=1 python benchmarks/bench_memory_budget.py [--repeats 7] [--quick] [--only gpt-block resnet20]
           [--width 256] [--figure docs/img/memory_budget.png] [--json PATH] [--no-torch]
 """
@@ -188,6 +192,46 @@ def torch_kept(step, model) -> int:
     return sum(saved.values())
 
 
+def torch_dropout_check() -> dict:
+    """PyTorch's budget 0 on a step with dropout: two Linear layers with ReLU and dropout
+    (p=0.5) between, the same weights and generator seed at budget 1 and at budget 0. The
+    forward (the loss) is the same; if backward recomputes the dropout with a new draw, the
+    gradient is another mask's. Returns the loss of each and the largest difference of the
+    first layer's weight gradient."""
+    import torch  # noqa: PLC0415
+    import torch._functorch.config as functorch_config  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Sequential(  # noqa: E731
+        torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(32, 32)
+    )
+    base, x = make(), torch.randn(64, 32)
+    out = {}
+    for budget in (1.0, 0.0):
+        model = make()
+        model.load_state_dict(base.state_dict())
+
+        def forward(x, model=model):
+            return model(x).square().mean()
+
+        code = forward.__code__.replace(co_name=f"dropout_budget_{round(budget * 100)}")
+        forward = types.FunctionType(code, forward.__globals__, code.co_name, forward.__defaults__)
+        compiled = torch.compile(forward, backend="aot_eager_decomp_partition")
+        functorch_config.activation_memory_budget = budget
+        try:
+            torch.manual_seed(123)
+            loss = compiled(x)
+            loss.backward()
+        finally:
+            functorch_config.activation_memory_budget = 1.0
+        out[budget] = (loss.item(), model[0].weight.grad.clone())
+    return {
+        "loss_budget_1": out[1.0][0],
+        "loss_budget_0": out[0.0][0],
+        "max_grad_difference": float((out[1.0][1] - out[0.0][1]).abs().max()),
+    }
+
+
 # --- the run ---------------------------------------------------------------------------------------
 
 
@@ -307,6 +351,12 @@ def main(argv=None) -> dict:
         import torch  # noqa: PLC0415
 
         payload["torch"] = torch.__version__
+        check = payload["torch_dropout_check"] = torch_dropout_check()
+        print(
+            "\nPyTorch, dropout at budget 0 against budget 1 (same weights, same seed): loss "
+            f"{check['loss_budget_0']:.8g} against {check['loss_budget_1']:.8g}, first layer's weight gradient "
+            f"differs by up to {check['max_grad_difference']:.3g} (0 when backward reuses forward's mask)"
+        )
     if args.figure:
         print(f"\nfigure: {figure(results, args.figure, with_torch)}")
     if args.json:

@@ -578,7 +578,11 @@ class CompiledStep:
         own buffer), ``kernel_owned`` (buffers not in the arena, with the reason),
         ``replay_copy_bytes`` (bytes inplace ops whose kernel returned another array copied
         back, over all replays: eager copies them too), ``nodes``,
-        ``captures``, ``replays``, ``capture_seconds``, ``build_seconds``.
+        ``captures``, ``replays``, ``capture_seconds``, ``build_seconds``; under a memory
+        budget: ``saved_bytes`` (of the floor, what backward reads from forward),
+        ``memory_budget``, ``recomputed`` (each node backward runs again, with its FLOPs and
+        bytes), ``recompute_flops``, ``recompute_bytes``, ``saved_bytes_eager`` and
+        ``saved_bytes_least`` (nothing recomputed; the least any choice keeps).
         """
 
         return make_report(self, self._current())

@@ -19,9 +19,11 @@ recompute cost. A value whose ``in`` ends on the sink's side is recomputed; a cu
 reads besides saved values) is an edge ``in -> sink``: kept unless the op runs again.
 Where PyTorch trades memory for time with a knapsack over the ops its heuristics banned,
 this pass prices memory (bytes against the cost of the ops that run again) and takes the
-lowest price whose cut keeps no more than the budget allows: the minimum cuts of a
-parametric flow are nested, so the kept bytes fall as ``b`` falls, and at every price the
-cut is the cheapest recomputation that keeps its bytes.
+lowest price whose cut keeps no more than the budget allows. Each cut is the cheapest at
+its own price, so a higher price never keeps more bytes (for prices p < q with cuts A and
+B: cost(A) + p bytes(A) <= cost(B) + p bytes(B) and cost(B) + q bytes(B) <= cost(A) + q
+bytes(A) give bytes(B) <= bytes(A)): the kept bytes fall as ``b`` falls, and the chosen cut
+is the cheapest recomputation that fits.
 
 What is never recomputed (kept if backward needs it):
 
@@ -32,14 +34,16 @@ What is never recomputed (kept if backward needs it):
 - an inplace write through a view, into a strided buffer, or whose backward rebuilds a
   base (``CopySlices``); other inplace writes run again out of place (the policy's
   promise: an op's inplace and out-of-place forms compute the same bits);
-- a value whose buffer is written again before backward reads it (the alias classes
-  say which): it is gone, so only recomputing it brings it back, from values that are
-  still there.
+- a value whose buffer is written again before backward is done (the alias classes say
+  which) cannot be kept: only recomputing it brings it back, from values that are still
+  there;
+- creation recipes other than ``zeros``, ``ones`` and ``full`` (which make the same
+  values every time, and run again like ops).
 
-A recomputed node is a ``call`` like any other: its backward reads its context, so the
-re-inplace pass, dead-code elimination and the memory plan see an ordinary program (a
-recomputed value dies at its last reader; a forward value backward no longer reads dies
-in forward and may be written over there). The replayed step computes bitwise what eager
+A recomputed node is a ``call`` (or ``create``) like any other, and backward reads its
+context: the re-inplace pass, dead-code elimination and the memory plan see an ordinary
+program (a recomputed value dies at its last reader; a forward value backward no longer
+reads dies in forward and may be written over there). The replayed step computes bitwise what eager
 ``off`` computes: the same kernels on the same values.
 """
 

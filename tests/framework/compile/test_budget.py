@@ -91,6 +91,8 @@ def test_every_budget_replays_bitwise_eager_off_and_the_floor_falls_with_it(mode
             least, most = r["saved_bytes_least"], r["saved_bytes_eager"]
             assert r["saved_bytes"] == f._current().recompute.kept_bytes <= least + budget * (most - least)
             assert r["recomputed"] and most == saved[0]
+        if model == "resnet" and budget == 0.0:  # the shortcut's zero padding is made again too
+            assert "zeros" in {row["op"] for row in r["recomputed"]}
         floors.append(r["floor_bytes"])
         saved.append(r["saved_bytes"])
     assert floors == sorted(floors, reverse=True), f"the floor does not fall with the budget: {floors}"
@@ -294,15 +296,17 @@ def test_report_and_explain_show_what_was_recomputed_and_its_cost(capsys):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("kind,norm", [("mlp", None), ("resnet", "bn")])
-def test_a_recomputing_step_replays_as_one_cuda_graph_bitwise_eager_off(kind, norm):
+@pytest.mark.parametrize("kind,norm,budget", [("mlp", None, 0.5), ("resnet", "bn", 0.0)])
+def test_a_recomputing_step_replays_as_one_cuda_graph_bitwise_eager_off(kind, norm, budget):
+    # at budget 0 ResNet-20 also makes its shortcut's zeros again (a creation recipe)
     steps = 6
     eager = run(kind, "off", False, steps, norm, device="cuda")
-    compiled = run(kind, "off", True, steps, norm, device="cuda", memory_budget=0.5)
+    compiled = run(kind, "off", True, steps, norm, device="cuda", memory_budget=budget)
     _assert_bitwise(eager[:2], compiled[:2])
     f = compiled[2]
     report = f.report()
     assert report["recomputed"] and report["replay_mode"] == "cuda graph"
+    assert (kind == "resnet") == ("zeros" in {row["op"] for row in report["recomputed"]})
     graph = f._current().executor.cuda_graph
     assert graph.captures == 1 and graph.launches == steps - 3 and graph.uncaptured == 0
 
