@@ -286,6 +286,13 @@ class ZeroRedundancyOptimizer:
                     _wrap(s).mul_(scale)
         return total
 
+    def gradient_bytes(self) -> int:
+        """Bytes of the gradients this rank holds between steps: every parameter's (stage
+        1), or its shard of them (stage 2, padding included)."""
+        if self.stage == 1 or self.comm.size == 1:
+            return sum(p.nbytes for p in self._params() if p.requires_grad)
+        return sum(plan.part * plan.dtype.itemsize for plan in self.plans.values())
+
     # --- the shards --------------------------------------------------------------------------
     def _grad_shard(self, dtype, plan: ShardPlan):
         """This rank's averaged gradients, ``hi - lo`` elements from ``lo`` (or more), or None
