@@ -1156,6 +1156,8 @@ class Trainer:
                         if stop:
                             progress.update(self.step)  # its last line names the step it stopped after
                             break
+                        if self.step >= self.total_steps:
+                            break  # before the loop takes another batch: the saved loader names the next one
         finally:
             progress.close()
         if saved_at != self.step:
