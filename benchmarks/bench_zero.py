@@ -66,11 +66,11 @@ def mlp(width: int) -> nn.Module:
     return nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
 
 
-def measure(comm, stage: int, optimizer: str, width: int, batch: int) -> dict:
+def measure(comm, stage: int, optimizer: str, width: int, batch: int, bucket_mb: float) -> dict:
     """Two steps; this rank's parameters + gradients + optimizer state after the second, and the peak."""
     gc.collect()
     model = mlp(width)
-    dp = DataParallel(model, comm=comm)
+    dp = DataParallel(model, comm=comm, bucket_mb=bucket_mb)
     cls, kwargs, _ = OPTIMIZERS[optimizer]
     if stage:
         opt = ZeroRedundancyOptimizer(dp.parameters(), cls, data_parallel=dp, stage=stage, **kwargs)
@@ -103,7 +103,7 @@ def run_world(argv: list[str], args) -> int:
     rows = []
     for optimizer, (_, _, state) in OPTIMIZERS.items():
         for stage in (0, 1, 2):
-            mine = measure(comm, stage, optimizer, width, batch)
+            mine = measure(comm, stage, optimizer, width, batch, args.bucket_mb)
             every = comm.allgather_object(mine)
             want = model_state_bytes(numel, 4, state, stage, comm.size)
             rows.append(
@@ -117,6 +117,7 @@ def run_world(argv: list[str], args) -> int:
                     "parts_rank0": every[0]["parts"],
                     "formula": want,
                     "peak_max": max(r["peak"] for r in every),
+                    "bucket_mb": args.bucket_mb,
                 }
             )
     if comm.rank == 0:
@@ -162,7 +163,8 @@ def report(rows: list[dict], load_before: str) -> str:
     psi = rows[0]["params"]
     worlds = sorted({r["ranks"] for r in rows})
     lines = [
-        f"ZeRO per rank: an MLP of {psi:,} float32 parameters (Ψ), batch 8 per rank, after the update of step 2",
+        f"ZeRO per rank: an MLP of {psi:,} float32 parameters (Ψ), batch 8 per rank, buckets of "
+        f"{rows[0]['bucket_mb']:g} MiB, after the update of step 2",
         common.machine_line(),
         f"load average (1 / 5 / 15 min) before: {load_before}, after: {_load()}",
         "",
@@ -198,6 +200,7 @@ def main(argv: list[str] | None = None):
     argv = list(sys.argv[1:] if argv is None else argv)
     p = common.parser(__doc__.splitlines()[0], default_repeats=1)
     p.add_argument("--ranks", default="2,4", help="the world sizes to measure (default 2,4)")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DataParallel's bucket size (default 25, its own)")
     p.add_argument("--rows", default=None, help=argparse.SUPPRESS)  # where a job writes its rows
     args = p.parse_args(argv)
     args.ranks = [int(n) for n in args.ranks.split(",")]

@@ -302,7 +302,9 @@ class DataParallel(Module):
         if self.poll_in_hooks and self._next_launch:
             for launched in self.buckets[: self._next_launch]:
                 launched.handle.test()  # progress only: completion is taken in finish()
-        if self.inplace and self._plans is None:
+        if self._plans is not None:
+            self._pack(b, i, p)
+        elif self.inplace:
             self._adopt(b, i, p)
         b.ready.add(id(p))
         if len(b.ready) == len(b.params):
@@ -449,18 +451,34 @@ class DataParallel(Module):
         object.__setattr__(self, "_plans", dict(plans))
         object.__setattr__(self, "_shards", dict.fromkeys(plans))
 
+    def _pack(self, b: _Bucket, i: int, p: Tensor) -> None:
+        """Moves ``p``'s gradient (zeros when it has none) into bucket ``b``'s send buffer and
+        lets ``.grad`` go: a rank keeps its shard of the average, nothing else. The buffer
+        is made at the bucket's first gradient; a bucket of one parameter (without padding)
+        sends that parameter's gradient itself, with no copy."""
+        g = p.grad
+        p.grad = None
+        if b.buffer is None:
+            if len(b.params) == 1 and not b.pad and g is not None and g._data.flags.c_contiguous:
+                b.buffer = g._data.reshape(-1)
+                return
+            b.buffer = memory.empty((b.numel + b.pad,), b.dtype, self.xp, "gradients")
+            b.buffer[b.numel :] = 0
+        dst = b.slice(i, b.buffer)
+        if id(p) in b.ready:  # a second synced backward before finish(): its gradient adds up, as in .grad
+            if g is not None:
+                dst += g._data
+        elif g is None:
+            dst[...] = 0
+        else:
+            dst[...] = g._data
+
     def _reduce_scatter(self, b: _Bucket):
-        """Packs bucket ``b``'s gradients, lets them go and starts their reduce-scatter."""
-        send = memory.empty((b.numel + b.pad,), b.dtype, self.xp, "gradients")
+        """Starts bucket ``b``'s reduce-scatter (packing the gradients not packed yet)."""
         for i, p in enumerate(b.params):
-            dst = b.slice(i, send)
-            if p.grad is None:
-                dst[...] = 0
-            else:
-                dst[...] = p.grad._data
-            p.grad = None  # not kept: this rank's shard of the average is all it needs
-        if b.pad:
-            send[b.numel :] = 0
+            if id(p) not in b.ready:  # finish(): no gradient this step, or not yet moved in
+                self._pack(b, i, p)
+        send, b.buffer = b.buffer, None
         shard = self._step_shard(b.dtype)
         lo, hi = b.span
         if self._fresh[b.dtype]:
