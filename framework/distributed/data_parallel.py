@@ -48,6 +48,12 @@ accumulating.
 :meth:`DataParallel.no_sync` skips the allreduce for the backward of forwards run inside
 it (gradient accumulation); the first synced backward after it reduces the accumulated sum.
 
+ZeRO stage 2 (:class:`~framework.distributed.zero.ZeroRedundancyOptimizer` calls
+:meth:`DataParallel._shard_gradients`): under every policy each gradient moves into its
+bucket's send buffer as it arrives and ``.grad`` is let go; a complete bucket is
+reduce-scattered straight into this rank's shard of the averaged gradients
+(:meth:`grad_shard`), which is all a rank keeps.
+
 Buffers (BatchNorm running statistics) are broadcast from rank 0 at every forward, as
 PyTorch DDP does by default (``broadcast_buffers=True``), so every rank evaluates and
 checkpoints the same statistics.
@@ -345,8 +351,9 @@ class DataParallel(Module):
 
         Launches the buckets not launched yet (parameters without a gradient this step
         contribute their current ``.grad`` or zeros), waits for every allreduce and divides
-        by the world size. Calling it again, or after a ``no_sync`` backward, does nothing.
-        Every rank must call it the same number of times.
+        by the world size (gradients sharded: every reduce-scatter, and this rank's shard).
+        Calling it again, or after a ``no_sync`` backward, does nothing. Every rank must
+        call it the same number of times.
         """
         if self.comm.size == 1 or not (self._expect_sync or self._hooks_fired):
             return
