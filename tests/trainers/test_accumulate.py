@@ -1,11 +1,14 @@
 """train.accumulate (gradient accumulation) on one process, and the settings a run refuses."""
 
+import os
+import signal
+
 import numpy as np
 import pytest
 
 from trainers.cli import run_cli
 from trainers.config import ConfigError, load_config
-from trainers.trainer import Trainer, check_zero
+from trainers.trainer import Interrupted, Trainer, check_zero
 
 CONFIG = """\
 experiment: acc
@@ -67,3 +70,29 @@ def test_zero_on_one_process_exits_2_with_one_line(tmp_path, capsys):
     assert run_cli(lambda: Trainer(config(tmp_path, "distributed.zero=1"))) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(err) == 1 and "distributed.zero: 1" in err[0] and "mpiexec -n N" in err[0], err
+
+
+def test_a_signal_between_micro_batches_stops_after_the_step_and_the_resume_goes_on_from_there(tmp_path):
+    """SIGINT during step 2's second micro-batch: the step's other micro-batches and its
+    update run, the checkpoint is at step 2 and the resumed run is the one never stopped."""
+    settings = ("data.batch_size=16", "train.accumulate=3", "train.max_steps=4", "checkpoint.every=0")
+    full = Trainer(config(tmp_path, *settings, "logging.run_name=full"))
+    full_result = full.fit()
+    cut = Trainer(config(tmp_path, *settings, "logging.run_name=cut"))
+    forward, calls = cut.net.forward, []
+
+    def forward_then_signal(*args):
+        calls.append(1)
+        if len(calls) == 5:  # step 2 (micro-batches 4 to 6), its second
+            os.kill(os.getpid(), signal.SIGINT)
+        return forward(*args)
+
+    cut.net.forward = forward_then_signal
+    with pytest.raises(Interrupted) as info:
+        cut.fit()
+    assert info.value.step == 2 and len(calls) == 6 and cut.loader.state_dict() == {"epoch": 0, "batch": 6}
+    resumed = Trainer(config(tmp_path, *settings, "logging.run_name=cut"), resume="auto")
+    assert resumed.step == 2
+    assert resumed.fit().losses == full_result.losses[2:]
+    for a, b in zip(resumed.model.parameters(), full.model.parameters()):
+        assert a.detach().numpy().tobytes() == b.detach().numpy().tobytes()
