@@ -188,7 +188,7 @@ class DataParallel(Module):
         object.__setattr__(self, "_plans", None)  # ZeRO stage 2: dtype -> shard plan (see _shard_gradients)
         object.__setattr__(self, "_shards", {})  # ZeRO stage 2: dtype -> this rank's gradient shard, or None
         object.__setattr__(self, "_fresh", {})  # ZeRO stage 2: dtype -> the shard is new this step
-        object.__setattr__(self, "_pending", {})  # ZeRO stage 2: dtype -> [(shard slice, sum)] to add at finish
+        object.__setattr__(self, "_pending", {})  # ZeRO stage 2: dtype -> [(lo, hi, this step's sum)] to add
         if self.comm.size == 1:
             return
         for p in module.parameters():

@@ -45,7 +45,7 @@ def two_groups(model):
     return [{"params": [p for p in ps if p.ndim >= 2]}, {"params": [p for p in ps if p.ndim < 2], "weight_decay": 0.0}]
 
 
-def train(world, stage, optimizer="adam", steps=4, groups=False, micro=1, state=None, after=None):
+def train(world, stage, optimizer="adam", steps=4, groups=False, micro=1, state=None, after=None, reset=True):
     """``steps`` steps of the MLP over ``world``; ZeRO ``stage`` (0: a plain optimizer).
 
     Returns the parameters, the losses, the parameters/gradients/state bytes after the last
@@ -69,7 +69,8 @@ def train(world, stage, optimizer="adam", steps=4, groups=False, micro=1, state=
         x, y = data(step, n * B * micro)
         mine = slice(r * B * micro, (r + 1) * B * micro)
         x, y = fw.tensor(x[mine], device=DEVICE), fw.tensor(y[mine], device=DEVICE)
-        opt.zero_grad()
+        if reset or step == 0:
+            opt.zero_grad()
         total = 0.0
         for k in range(micro):
             part = slice(k * B, (k + 1) * B)
@@ -231,7 +232,9 @@ def train_from(world, stage, state, first_step):
 
 
 def check_accumulate(world):
-    """Micro-batches under no_sync: stage 2 reduce-scatters the accumulated sum once."""
+    """Micro-batches under no_sync: stage 2 reduce-scatters the accumulated sum once. Without
+    zero_grad between steps the gradients add up across steps (stage 2: in its shard, the
+    step's average added to the one kept: the same up to rounding)."""
     ref, ref_losses, _, _, _ = train(world, 0, "adamw", steps=2, micro=2)
     for stage in (1, 2):
         got, losses, _, _, _ = train(world, stage, "adamw", steps=2, micro=2)
@@ -239,6 +242,9 @@ def check_accumulate(world):
             same(got, ref, f"accumulated, stage {stage}")
         else:
             np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    kept = train(world, 0, "sgd", steps=3, reset=False)[0]
+    for got, want in zip(train(world, 2, "sgd", steps=3, reset=False)[0], kept):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg="gradients kept across steps")
 
 
 def check_clip(world):
