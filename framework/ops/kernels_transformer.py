@@ -432,7 +432,11 @@ def causal_allowed(shape, xp=np, row0=0):
 def attention_probs_reference(sc, scale, causal, p, useed, index=None):
     """Probabilities (after dropout) and each row's log-sum-exp of raw scores ``sc``
     (..., L, S), in the accumulation type: what ``attn_softmax`` computes (``index``: the
-    scores' indices in the whole, for a chunk's dropout mask: :func:`keep_mask`)."""
+    scores' indices in the whole, for a chunk's dropout mask: :func:`keep_mask`).
+
+    A fully masked row (every score -inf) keeps +inf as its log-sum-exp, so that every
+    ``exp(score - lse)`` of it, here and in backward, is 0: its output is zeros and its
+    gradients are finite, as PyTorch's (softmax of -inf everywhere would be NaN)."""
     a = opmath_dtype(sc.dtype)
     s = sc.astype(a) * a.type(scale)
     if causal:
@@ -440,7 +444,7 @@ def attention_probs_reference(sc, scale, causal, p, useed, index=None):
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         m = s.max(axis=-1, keepdims=True)
         total = np.exp(s - m).sum(axis=-1, keepdims=True)
-        lse = m + np.log(total)
+        lse = np.where(m == -np.inf, a.type(np.inf), m + np.log(total))
         probs = np.exp(s - lse)
     if p > 0:
         keep = keep_mask(np.asarray(useed), s.shape, p, index=index)
@@ -455,8 +459,8 @@ def _attn_softmax(sc, n, lq, scale, causal, p, useed, pr, lse):
 
 
 # One thread per row of scores (``size=`` rows): its max, its sum of exponentials, then the
-# probabilities written from the log-sum-exp, dropout applied. Fully masked rows give NaN, as
-# softmax of -inf everywhere does.
+# probabilities written from the log-sum-exp, dropout applied. A fully masked row (its max
+# -inf) keeps +inf as its log-sum-exp: its probabilities, here and in backward, are 0.
 attn_softmax = elementwise(
     "raw T sc, int64 n, int64 lq, float64 scale, int32 causal, float64 p, raw float64 useed",
     "raw T pr, raw F lse",
@@ -466,7 +470,7 @@ attn_softmax = elementwise(
     " for (long long j = 1; j < lim; ++j) m = max(m, (A)((A)sc[row * n + j] * (A)scale));"
     " A s = (A)0;"
     " for (long long j = 0; j < lim; ++j) s += exp((A)sc[row * n + j] * (A)scale - m);"
-    " A l = m + log(s); lse[row] = (F)l;"
+    " A l = isinf(m) && m < (A)0 ? -m : m + log(s); lse[row] = (F)l;"
     " unsigned long long seed = p > 0.0 ? attn_seed(useed[0]) : 0ULL;"
     " A ks = p < 1.0 ? (A)(1.0 / (1.0 - p)) : (A)0;"
     " for (long long j = 0; j < n; ++j) {"

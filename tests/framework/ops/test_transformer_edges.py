@@ -84,3 +84,154 @@ def test_an_inplace_op_on_a_view_of_a_transposed_base_runs_backward_as_torch(tor
         (g * g).sum().backward()
         grads.append(t.grad)
     np.testing.assert_allclose(to_numpy(grads[0]), grads[1].numpy(), rtol=1e-12)
+
+
+# --- attention with a fully masked query row ------------------------------------------------------
+
+
+def _masked_rows(kind, shape, dtype=np.float64):
+    """A mask of ``shape`` (L, S) whose row 1 is fully masked and row 2 half: bool (True:
+    take part) or float (-inf: masked)."""
+    keep = np.ones(shape, dtype=bool)
+    keep[1] = False
+    keep[2, ::2] = False
+    return keep if kind == "bool" else np.where(keep, 0.0, -np.inf).astype(dtype)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["", "dropout"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_attention_of_a_fully_masked_row_is_zero_with_finite_gradients_as_torch(kind, dropout, torch, backend):
+    # torch 2.13 (math and flash paths alike, on the CPU): zeros for that row, and every
+    # gradient finite (the row's is zero); we had NaN, and NaN gradients for the whole head
+    rng = np.random.default_rng(2)
+    q, tq = _pair(torch, rng.standard_normal((2, 2, 4, 3)), backend)
+    k, tk = _pair(torch, rng.standard_normal((2, 2, 5, 3)), backend)
+    v, tv = _pair(torch, rng.standard_normal((2, 2, 5, 3)), backend)
+    m = _masked_rows(kind, (4, 5))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=fw.tensor(m, device=backend), dropout_p=dropout)
+    ty = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=torch.tensor(m), dropout_p=dropout)
+    gy = rng.standard_normal(y.shape)
+    (y * fw.tensor(gy, device=backend)).sum().backward()
+    (ty * torch.tensor(gy)).sum().backward()
+    out = to_numpy(y)
+    assert (out[:, :, 1] == 0).all() and np.isfinite(out).all()
+    for ours, theirs in ((q, tq), (k, tk), (v, tv)):
+        g = to_numpy(ours.grad)
+        assert np.isfinite(g).all()
+        if dropout == 0:  # with dropout the two draw different masks
+            np.testing.assert_allclose(g, theirs.grad.numpy(), rtol=1e-10, atol=1e-12)
+    assert (to_numpy(q.grad)[:, :, 1] == 0).all()
+    if dropout == 0:
+        np.testing.assert_allclose(out, ty.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_a_fully_masked_row_of_a_float_mask_that_requires_grad_gets_a_zero_gradient(torch, backend):
+    rng = np.random.default_rng(3)
+    q, tq = _pair(torch, rng.standard_normal((2, 4, 3)), backend)
+    m, tm = _pair(torch, _masked_rows("float", (4, 4)), backend)
+    y = F.scaled_dot_product_attention(q, q, q, attn_mask=m)
+    ty = torch.nn.functional.scaled_dot_product_attention(tq, tq, tq, attn_mask=tm)
+    (y * y).sum().backward()
+    (ty * ty).sum().backward()
+    np.testing.assert_allclose(to_numpy(m.grad), tm.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(to_numpy(q.grad), tq.grad.numpy(), rtol=1e-10, atol=1e-12)
+    assert (to_numpy(m.grad)[1] == 0).all()
+
+
+def test_a_fully_masked_row_under_create_graph_has_finite_second_derivatives_as_torch(torch, backend):
+    rng = np.random.default_rng(4)
+    q, tq = _pair(torch, rng.standard_normal((1, 2, 4, 3)), backend)
+    m = _masked_rows("bool", (4, 4))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    grads = []
+    for x, lib, mask in ((q, fw, fw.tensor(m, device=backend)), (tq, torch, torch.tensor(m))):
+        with sdpa_kernel(SDPBackend.MATH):  # torch's flash path has no second derivative
+            y = lib.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask)
+        (g,) = lib.autograd.grad((y * y).sum(), x, create_graph=True)
+        (g * g).sum().backward()
+        grads.append((g.detach(), x.grad))
+    for ours, theirs in zip(grads[0], grads[1]):
+        assert np.isfinite(to_numpy(ours)).all()
+        np.testing.assert_allclose(to_numpy(ours), theirs.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_the_cpu_chunks_give_a_fully_masked_row_zeros_too(monkeypatch):
+    # the chunked CPU path (a block of one sample's rows at a time) gives the same numbers
+    from framework.ops import attention
+
+    rng = np.random.default_rng(5)
+    q = fw.tensor(rng.standard_normal((2, 2, 4, 3)), requires_grad=True)
+    m = fw.tensor(_masked_rows("bool", (4, 5)))
+    kv = fw.tensor(rng.standard_normal((2, 2, 5, 3)))
+    whole = F.scaled_dot_product_attention(q, kv, kv, attn_mask=m)
+    whole.sum().backward()
+    gw = q.grad.numpy().copy()
+    q.grad = None
+    monkeypatch.setattr(attention, "CHUNK_SCORES_BYTES", 40)  # two rows a chunk
+    chunked = F.scaled_dot_product_attention(q, kv, kv, attn_mask=m)
+    chunked.sum().backward()
+    # to rounding (a block of rows is a smaller product), the masked row exactly
+    np.testing.assert_allclose(chunked.detach().numpy(), whole.detach().numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(q.grad.numpy(), gw, rtol=1e-12, atol=1e-14)
+    assert (chunked.detach().numpy()[:, :, 1] == 0).all() and np.isfinite(q.grad.numpy()).all()
+
+
+# --- the masks attention refuses, and its dropout probability ------------------------------------
+
+_MASK_DTYPES = ["int64", "int32", "uint8", "int16", "float16", "float64", "bfloat16", "bool", "float32"]
+
+
+@pytest.mark.parametrize("dtype", _MASK_DTYPES)
+def test_attention_takes_the_mask_dtypes_torch_takes(dtype, torch):
+    # bool, float32 or the query's dtype; an integer mask was added to the scores
+    import ml_dtypes
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    a = np.ones((4, 4)).astype(np_dtype)
+    q = np.random.default_rng(6).standard_normal((2, 3, 4, 8)).astype(np.float32)
+    mask = torch.tensor(a.astype(np.float32)).to(getattr(torch, dtype))
+    theirs = _raised(lambda: torch.nn.functional.scaled_dot_product_attention(*[torch.tensor(q)] * 3, attn_mask=mask))
+    ours = _raised(lambda: F.scaled_dot_product_attention(*[fw.tensor(q)] * 3, attn_mask=fw.tensor(a)))
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("case", ["1-d, 4-d inputs", "0-d, 4-d inputs", "1-d, 3-d inputs", "1-d, dropout", "1-d, grad"])
+def test_attention_refuses_a_mask_of_fewer_than_2_dims_where_torch_does(case, torch):
+    # torch 2.13's CPU flash check reads the mask's dim -2 (4-D inputs, no dropout, a mask
+    # needing no gradient); its math path, taken otherwise, broadcasts it
+    ndim = 3 if "3-d" in case else 4
+    q = np.random.default_rng(7).standard_normal((2, 3, 4, 8)[4 - ndim :])
+    m = np.zeros(() if case.startswith("0-d") else (4,))
+    p = 0.5 if "dropout" in case else 0.0
+    grad = "grad" in case
+    theirs = _raised(
+        lambda: torch.nn.functional.scaled_dot_product_attention(
+            *[torch.tensor(q)] * 3, attn_mask=torch.tensor(m, requires_grad=grad), dropout_p=p
+        )
+    )
+    ours = _raised(
+        lambda: F.scaled_dot_product_attention(
+            *[fw.tensor(q)] * 3, attn_mask=fw.tensor(m, requires_grad=grad), dropout_p=p
+        )
+    )
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("p", [1.5, float("inf"), 1.0, 0.0])
+def test_attention_refuses_a_dropout_probability_above_1_as_torch(p, torch):
+    q = np.random.default_rng(8).standard_normal((2, 3, 4, 8))
+    theirs = _raised(lambda: torch.nn.functional.scaled_dot_product_attention(*[torch.tensor(q)] * 3, dropout_p=p))
+    ours = _raised(lambda: F.scaled_dot_product_attention(*[fw.tensor(q)] * 3, dropout_p=p))
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("p", [-0.1, float("nan")])
+def test_attention_refuses_a_negative_or_nan_dropout_probability(p, torch):
+    # torch 2.13 refuses it for 4-D inputs (with a message about its flash kernel) and takes it
+    # as no dropout on its math path; here always refused, with the range's message
+    q = np.random.default_rng(8).standard_normal((2, 3, 4, 8))
+    theirs = _raised(lambda: torch.nn.functional.scaled_dot_product_attention(*[torch.tensor(q)] * 3, dropout_p=p))
+    assert theirs is not None and theirs[0] == "RuntimeError"
+    with pytest.raises(RuntimeError, match="dropout probability has to be between 0 and 1, but got"):
+        F.scaled_dot_product_attention(*[fw.tensor(q)] * 3, dropout_p=p)
