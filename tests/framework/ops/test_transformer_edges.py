@@ -235,3 +235,61 @@ def test_attention_refuses_a_negative_or_nan_dropout_probability(p, torch):
     assert theirs is not None and theirs[0] == "RuntimeError"
     with pytest.raises(RuntimeError, match="dropout probability has to be between 0 and 1, but got"):
         F.scaled_dot_product_attention(*[fw.tensor(q)] * 3, dropout_p=p)
+
+
+# --- multinomial of weights it cannot draw from --------------------------------------------------
+
+_WEIGHTS = {
+    "zeros": [0.0, 0.0, 0.0],
+    "nan": [1.0, float("nan"), 1.0],
+    "inf": [1.0, float("inf"), 1.0],
+    "negative": [1.0, -1.0, 1.0],
+    "a row of zeros": [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]],
+    "zeros before a negative": [[0.0, 0.0, 0.0], [1.0, -1.0, 1.0]],
+    "nan before inf": [[1.0, 1.0, 1.0], [float("nan"), float("inf"), 1.0]],
+    "inf before negative": [[float("inf"), -1.0, 1.0]],
+    "fine": [[0.0, 2.0, 1.0], [1.0, 0.0, 0.0]],
+}
+
+
+@pytest.mark.parametrize("draws", [(1, False), (2, True), (1, True)], ids=["one", "two-replacement", "one-replacement"])
+@pytest.mark.parametrize("name", list(_WEIGHTS))
+def test_multinomial_refuses_what_torch_refuses(name, draws, torch, backend):
+    n, replacement = draws
+    w = np.asarray(_WEIGHTS[name], dtype=np.float32)
+    theirs = _raised(lambda: torch.multinomial(torch.tensor(w), n, replacement=replacement))
+    ours = _raised(lambda: fw.multinomial(fw.tensor(w, device=backend), n, replacement=replacement))
+    assert ours == theirs
+
+
+# --- masked_fill with a wider mask, embedding's index dtypes ---------------------------------------
+
+
+def test_masked_fill_broadcasts_a_mask_wider_than_its_input_as_torch(torch, backend):
+    # the ordinary form takes the broadcast shape (and sums the input's gradient back); the
+    # inplace form cannot grow its input: PyTorch's RuntimeError
+    rng = np.random.default_rng(9)
+    x, tx = _pair(torch, rng.standard_normal((2, 1, 3)), backend)
+    v, tv = _pair(torch, np.asarray(2.5), backend)
+    m = rng.standard_normal((4, 1, 2, 3)) > 0
+    y = x.masked_fill(fw.tensor(m, device=backend), v)
+    ty = tx.masked_fill(torch.tensor(m), tv)
+    w = rng.standard_normal(ty.shape)
+    (y * fw.tensor(w, device=backend)).sum().backward()
+    (ty * torch.tensor(w)).sum().backward()
+    assert tuple(y.shape) == tuple(ty.shape) == (4, 2, 2, 3)
+    np.testing.assert_array_equal(to_numpy(y), ty.detach().numpy())
+    np.testing.assert_allclose(to_numpy(x.grad), tx.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(to_numpy(v.grad), tv.grad.numpy(), rtol=1e-12)
+    a = np.zeros(3)
+    wide = np.ones((2, 3), dtype=bool)
+    ours = _raised(lambda: fw.tensor(a, device=backend).masked_fill_(fw.tensor(wide, device=backend), 1.0))
+    assert ours == _raised(lambda: torch.tensor(a).masked_fill_(torch.tensor(wide), 1.0))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "int64", "bool", "float32", "float64"])
+def test_embedding_takes_the_index_dtypes_torch_takes(dtype, torch):
+    w = np.random.default_rng(10).standard_normal((5, 2))
+    idx = np.ones(3, dtype=dtype)
+    theirs = _raised(lambda: torch.nn.functional.embedding(torch.tensor(idx), torch.tensor(w)))
+    assert _raised(lambda: F.embedding(fw.tensor(idx), fw.tensor(w))) == theirs
