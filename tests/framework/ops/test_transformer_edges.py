@@ -293,3 +293,15 @@ def test_embedding_takes_the_index_dtypes_torch_takes(dtype, torch):
     idx = np.ones(3, dtype=dtype)
     theirs = _raised(lambda: torch.nn.functional.embedding(torch.tensor(idx), torch.tensor(w)))
     assert _raised(lambda: F.embedding(fw.tensor(idx), fw.tensor(w))) == theirs
+
+
+@pytest.mark.parametrize("p", [1.5, -0.1, float("nan"), 1.0])
+def test_dropout_refuses_the_probabilities_torch_refuses_with_its_exception(p, torch):
+    x = np.ones(4, dtype=np.float32)
+    assert _raised(lambda: F.dropout(fw.tensor(x), p)) == _raised(
+        lambda: torch.nn.functional.dropout(torch.tensor(x), p)
+    )
+    theirs = _raised(lambda: torch.nn.Dropout(p)(torch.tensor(x)))
+    t = fw.tensor(x)
+    assert _raised(lambda: fw.nn.Dropout(p)(t)) == theirs
+    assert t.numpy().tolist() == x.tolist()  # a refused call consumed nothing
