@@ -14,6 +14,7 @@ import pytest
 
 import framework as fw
 import framework.nn.functional as F
+from framework import memory
 from framework.testing import to_numpy
 
 
@@ -305,3 +306,78 @@ def test_dropout_refuses_the_probabilities_torch_refuses_with_its_exception(p, t
     t = fw.tensor(x)
     assert _raised(lambda: fw.nn.Dropout(p)(t)) == theirs
     assert t.numpy().tolist() == x.tolist()  # a refused call consumed nothing
+
+
+# --- memory-efficient LayerNorm with tiny weights -------------------------------------------------
+
+
+def _ln_grads(lib, x, w, b, g, **kw):
+    ts = [lib.tensor(a, requires_grad=True) for a in (x, w, b)]
+    y = lib.nn.functional.layer_norm(ts[0], (x.shape[-1],), ts[1], ts[2], **kw)
+    y.backward(lib.tensor(g))
+    return [np.asarray(t.grad.numpy(), dtype=np.float64) for t in ts], y.detach().numpy()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("tiny", [1e-6, 1e-30, 0.0])
+def test_memory_efficient_layer_norm_is_right_for_tiny_weights(tiny, dtype, torch):
+    # (y - bias) / weight cancels (1e-6 beside a bias of 0.1: the weight's gradient was off by
+    # 0.05 in float32) or is 0 / 0; such features keep their input column, computed as the
+    # standard mode computes them: bit for bit the standard mode's there, torch's to rounding
+    rng = np.random.default_rng(11)
+    x, g = rng.standard_normal((6, 8)).astype(dtype), rng.standard_normal((6, 8)).astype(dtype)
+    w = rng.uniform(0.5, 1.5, 8).astype(dtype)
+    b = rng.uniform(-0.5, 0.5, 8).astype(dtype)
+    w[[1, 5]] = (tiny, -tiny)
+    b[1] = 0.1
+    ours, y = _ln_grads(fw, x, w, b, g, memory_efficient=True)
+    standard, y_std = _ln_grads(fw, x, w, b, g)
+    theirs, _ = _ln_grads(torch, x, w, b, g)
+    assert y.tobytes() == y_std.tobytes()
+    for name, a, s_, t in zip(("x", "weight", "bias"), ours, standard, theirs):
+        assert np.isfinite(a).all(), name
+        np.testing.assert_allclose(a, t, rtol=1e-4 if dtype == "float32" else 1e-10, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(a, s_, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6, err_msg=name)
+    assert ours[1][[1, 5]].tobytes() == standard[1][[1, 5]].tobytes()  # the fallback features: exactly
+
+
+def test_memory_efficient_layer_norm_keeps_an_input_column_per_untrusted_feature_only():
+    from framework.ops import layer_norm as LN
+
+    x = fw.randn(8, 64, requires_grad=True) * 1
+    w, b = fw.ones(64), fw.zeros(64)
+    before = memory.saved_bytes(parameters=False)
+    y = F.layer_norm(x, (64,), w, b, memory_efficient=True)
+    trusted = memory.saved_bytes(parameters=False) - before
+    del y
+    with fw.no_grad():
+        w[3] = 0.0
+        b[7], w[7] = 1.0, 0.05  # |b| > 16 |w|
+    assert LN.untrusted_features(w.numpy(), b.numpy(), np.float32).tolist() == [3, 7]
+    y = F.layer_norm(x, (64,), w, b, memory_efficient=True)
+    # two input columns and each row's mean beside the output and 1/std
+    assert memory.saved_bytes(parameters=False) - before == trusted + 2 * 8 * 4 + 8 * 4
+    (gx,) = fw.autograd.grad(y.sum(), x, create_graph=False)
+    assert np.isfinite(gx.numpy()).all()
+    with pytest.raises(NotImplementedError, match="second derivative"):
+        fw.autograd.grad(F.layer_norm(x, (64,), w, b, memory_efficient=True).sum(), x, create_graph=True)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_memory_efficient_layer_norm_refuses_an_untrusted_feature_with_nan(cupy):
+    # no host read (a CUDA graph could not hold one): the rebuild of such a feature is NaN, so
+    # every gradient that reads it, never a wrong number
+    x = fw.randn(4, 8, device="cuda", requires_grad=True)
+    w = fw.ones(8, device="cuda", requires_grad=True)
+    b = fw.zeros(8, device="cuda", requires_grad=True)
+    with fw.no_grad():
+        w[2] = 1e-6
+        b[2] = 0.1
+    F.layer_norm(x, (8,), w, b, memory_efficient=True).sum().backward()
+    assert np.isnan(to_numpy(w.grad)[2]) and np.isnan(to_numpy(x.grad)).all()
+    assert np.isfinite(np.delete(to_numpy(w.grad), 2)).all() and np.isfinite(to_numpy(b.grad)).all()
+    x.grad = w.grad = None
+    with fw.no_grad():
+        b[2] = 1e-5  # |b| <= 16 |w|, a normal number: rebuilt
+    F.layer_norm(x, (8,), w, b, memory_efficient=True).sum().backward()
+    assert np.isfinite(to_numpy(w.grad)).all() and np.isfinite(to_numpy(x.grad)).all()
