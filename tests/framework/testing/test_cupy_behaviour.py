@@ -180,6 +180,14 @@ def _served_from_existing_memory(xp):
     return y.get().tolist(), y.data.ptr == slab.data.ptr
 
 
+def _references(xp, make):
+    """How a view or array made from ``a`` refers to it: ``(data is a.data, data.mem is
+    a.data.mem, base is a)``: what holds ``a``'s memory alive."""
+    a = xp.zeros((2, 3), dtype=xp.float32)  # an array that owns its memory: base None
+    v = make(xp, a)
+    return v.data is a.data, v.data.mem is a.data.mem, v.base is a
+
+
 def _axis_error(axis, ndim):
     return AxisErrorRow(f"axis {axis} is out of bounds for array of dimension {ndim}")
 
@@ -327,6 +335,33 @@ ROWS = [
         "ReductionKernel, CUB path: x alone",
         lambda xp: _cub_moments(xp, "moment((double)x)", "F", _MOMENT),
         256 + 256j,
+    ),
+    # What holds an array's memory (cupy/cuda/memory.pyx, cupy/_core/core.pyx,
+    # _routines_indexing.pyx, cupy/lib/stride_tricks.py): a pointer holds its memory object,
+    # `+` makes a new pointer over the same one (CuPy's `+=` moves the pointer itself, and its
+    # arrays with it: the stand-in refuses it, test_cupy_standin.py); a view made by `_view`
+    # shares its owner's pointer, one made by indexing gets `a.data + offset`; both name the
+    # owner as base; as_strided is `ndarray(memptr=x.data)`, with no base.
+    (
+        "MemoryPointer: p + 4 holds the same memory",
+        lambda xp: (lambda a: (a.data + 4).mem is a.data.mem)(_arange(xp)),
+        True,
+    ),
+    ("view: transpose", lambda xp: _references(xp, lambda xp, a: a.T), (True, True, True)),
+    ("view: reshape", lambda xp: _references(xp, lambda xp, a: a.reshape(3, 2)), (True, True, True)),
+    ("view: view()", lambda xp: _references(xp, lambda xp, a: a.view()), (True, True, True)),
+    ("view: a[1:]", lambda xp: _references(xp, lambda xp, a: a[1:]), (False, True, True)),
+    ("view: a[:] (no offset)", lambda xp: _references(xp, lambda xp, a: a[:]), (False, True, True)),
+    ("view: a[1:][:, 1:] names the owner", lambda xp: _references(xp, lambda xp, a: a[1:][:, 1:]), (False, True, True)),
+    (
+        "as_strided: memptr=x.data, no base",
+        lambda xp: _references(xp, lambda xp, a: xp.lib.stride_tricks.as_strided(a, (2,), (4,))),
+        (True, True, False),
+    ),
+    (
+        "UnownedMemory: holds its owner",
+        lambda xp: (lambda a: xp.cuda.UnownedMemory(a.data.ptr, a.nbytes, a, 0)._owner is a)(_arange(xp)),
+        True,
     ),
     # NCCL errors: NcclError(status), the message CuPy's name and NCCL's string.
     (
