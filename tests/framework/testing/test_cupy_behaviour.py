@@ -143,6 +143,44 @@ def _other_thread_during_capture(xp):
     return _captured(xp, body)
 
 
+def _forked(xp, join: bool):
+    """Capture on ``s`` forks onto ``s2`` (``s2`` waits on an event recorded in the capture:
+    it joins the capture) and, when ``join``, joins back (``s`` waits on an event recorded
+    on ``s2``). Returns ``(s2 capturing while forked, a after the capture, a after one launch,
+    how the capture ended)``: the kernel launched on ``s2`` is in the graph."""
+    a = xp.zeros(2, dtype=xp.float32)
+    s, s2 = xp.cuda.Stream(non_blocking=True), xp.cuda.Stream(non_blocking=True)
+    graphs: list = []
+    with s:
+        s.begin_capture()
+        try:
+            s2.wait_event(s.record())
+            joined = s2.is_capturing()
+            with s2:
+                xp.add(a, 1, out=a)
+            if join:
+                s.wait_event(s2.record())
+        finally:
+            ended = _raised(lambda: graphs.append(s.end_capture())) or "graph"
+    after_capture = a.get().tolist()
+    for graph in graphs:
+        graph.launch(stream=s)
+        s.synchronize()
+    return joined, after_capture, a.get().tolist(), ended, s2.is_capturing()
+
+
+def _event_done_in_capture(xp):
+    """``Event.done`` of an event recorded in the capture: cudaEventQuery fails (CuPy's
+    ``done`` answers False) and the capture is invalid."""
+    return _captured(xp, lambda s: s.record().done)
+
+
+def _wait_on_an_uncaptured_event(xp):
+    """A capturing stream waits on an event recorded before the capture began."""
+    e = xp.cuda.Stream(non_blocking=True).record()
+    return _captured(xp, lambda s: _raised(s.wait_event, e))
+
+
 def _set_allocator_inside_using_allocator(xp):
     with xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
         return _raised(xp.cuda.set_allocator, None)
@@ -314,6 +352,31 @@ ROWS = [
     ),
     ("capture: another thread allocates and computes meanwhile", _other_thread_during_capture, (599998.0, "graph")),
     ("capture: an allocator serving existing memory", _served_from_existing_memory, ([2.0, 2.0, 2.0, 2.0], True)),
+    # Cross-stream capture (CUDA's programming guide, "Cross-stream Dependencies and Events"):
+    # a stream that waits on an event recorded in a capture joins it; the origin stream must
+    # wait on the forked work before end_capture. Querying a captured event is invalid, and
+    # so is a capturing stream waiting on work outside the capture.
+    (
+        "capture: a stream waiting on a captured event joins it",
+        lambda xp: _forked(xp, True),
+        (True, [0.0, 0.0], [1.0, 1.0], "graph", False),
+    ),
+    (
+        "capture: a fork not joined back fails end_capture",
+        lambda xp: _forked(xp, False),
+        (True, [0.0, 0.0], [0.0, 0.0], "CUDARuntimeError: cudaErrorStreamCaptureUnjoined", False),
+    ),
+    (
+        "capture: Event.done of a captured event",
+        _event_done_in_capture,
+        (False, "CUDARuntimeError: cudaErrorStreamCaptureInvalidated"),
+    ),
+    (
+        "capture: waiting on an event from before the capture",
+        _wait_on_an_uncaptured_event,
+        ("CUDARuntimeError: cudaErrorStreamCaptureIsolation", "CUDARuntimeError: cudaErrorStreamCaptureInvalidated"),
+    ),
+    ("Event.done outside a capture", lambda xp: xp.cuda.Stream(non_blocking=True).record().done, True),
     (
         "using_allocator: set_allocator inside it",
         _set_allocator_inside_using_allocator,
