@@ -367,6 +367,11 @@ ROWS = [
         (True, [0.0, 0.0], [0.0, 0.0], "CUDARuntimeError: cudaErrorStreamCaptureUnjoined", False),
     ),
     (
+        "capture: is_capturing of an invalidated capture",
+        lambda xp: _captured(xp, lambda s: (_raised(s.synchronize), _raised(s.is_capturing)))[0][1],
+        "RuntimeError: the stream was capturing, but an error has invalidated the capture sequence",
+    ),
+    (
         "capture: Event.done of a captured event",
         _event_done_in_capture,
         (False, "CUDARuntimeError: cudaErrorStreamCaptureInvalidated"),

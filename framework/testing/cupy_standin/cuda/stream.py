@@ -135,8 +135,13 @@ class _BaseStream:
         return _graph._end(self)
 
     def is_capturing(self) -> bool:
-        """Whether the stream is in capture mode (a failed capture too, until ``end_capture``)."""
-        return _graph.capture_of(self) is not None
+        """Whether the stream is in capture mode; for a capture an error invalidated (it stays
+        in capture mode until ``end_capture``), CuPy's RuntimeError, as ``streamIsCapturing``
+        raises on CUDA's cudaStreamCaptureStatusInvalidated."""
+        capture = _graph.capture_of(self)
+        if capture is not None and capture.invalidated:
+            raise RuntimeError("the stream was capturing, but an error has invalidated the capture sequence")
+        return capture is not None
 
     def record(self, event: Event | None = None) -> Event:
         """Records an event on this stream (a new one when ``event`` is None)."""
