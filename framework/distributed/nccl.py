@@ -36,12 +36,18 @@ def import_nccl():
         )
     nccl = _backend.nccl_module()
     if nccl is None:
-        raise RuntimeError(
-            "CuPy cannot load the NCCL library (libnccl.so.2): install it "
-            "(pip install 'nvidia-nccl-cu12>=2.18,<3'), or set distributed.backend 'mpi' "
-            "to stage GPU buffers through host memory"
-        )
+        raise RuntimeError(nccl_missing_message(_backend.cuda_major()))
     return nccl
+
+
+def nccl_missing_message(major: int) -> str:
+    """What to install when CuPy cannot load NCCL: the wheel built for the CUDA major
+    version CuPy runs on (the project's ``gpu-cuda12``/``gpu-cuda13`` extras carry it)."""
+    extra = f" or pip install -e '.[gpu-cuda{major}]'" if major in (12, 13) else ""
+    return (
+        f"CuPy (CUDA {major}) cannot load the NCCL library (libnccl.so.2): install it (pip install "
+        f"nvidia-nccl-cu{major}{extra}), or set distributed.backend 'mpi' to stage GPU buffers through host memory"
+    )
 
 
 def nccl_bootstrap(mpi: Communicator, nccl: Any) -> Any:
