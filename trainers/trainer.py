@@ -50,8 +50,9 @@ from .interrupt import StopAgreement, StopSignals, signal_name
 from .logging import MB, Progress, RunLogger, default_run_name, format_summary, run_dir
 
 
-def out_of_memory_message(error: MemoryError, device, step: int, batch: int, peak: int) -> str:
-    """One line for a step that ran out of memory: what it asked for, the peak, the batch.
+def out_of_memory_message(error: MemoryError, device, step: int, batch: int, peak: int, during: str = "") -> str:
+    """One line for a step that ran out of memory: what it asked for, the peak, the batch
+    (``during``: what ran instead of a training step, e.g. the model's check before step 1).
 
     ``error`` is CuPy's ``OutOfMemoryError`` (its ``_size``, ``_total`` and ``_limit``: the
     request, what the pool held, the pool's limit) or any other MemoryError (its message).
@@ -64,8 +65,9 @@ def out_of_memory_message(error: MemoryError, device, step: int, batch: int, pea
             asked += f" (pool limit {limit / MB:,.1f} MB)"
     else:
         asked = str(error).strip().rstrip(".") or "an allocation failed"
+    where = f"running {during}" if during else f"at step {step} (batch {batch})"
     return (
-        f"out of memory on {device} at step {step} (batch {batch}): {asked}; this run's peak so far "
+        f"out of memory on {device} {where}: {asked}; this run's peak so far "
         f"{peak / MB:,.1f} MB. Lower data.batch_size (or set inplace: on)"
     )
 
@@ -690,6 +692,11 @@ class Trainer:
         except (TypeError, ValueError) as e:
             raise ConfigError(
                 f"model {self.cfg.model.name!r} does not fit data {self.cfg.data.name!r}: {e}; check model.args"
+            ) from None
+        except MemoryError as e:  # CuPy's OutOfMemoryError is one: one sample did not fit
+            peak = memory.max_allocated_bytes(self.mem_device)
+            raise ConfigError(
+                out_of_memory_message(e, self.device, 0, 1, peak, "one sample through the model")
             ) from None
         finally:
             self.model.train()

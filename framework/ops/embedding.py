@@ -22,6 +22,7 @@ from .. import backend, memory
 from ..autograd.function import Function
 from ..backend import get_array_module
 from ..tensor import Tensor
+from . import kernels_transformer as K
 from . import loss as _loss
 from .promotion import tensor_type_name
 from .view import IndexAdd
@@ -47,6 +48,8 @@ class Embedding(Function):
     def backward(ctx, g):
         indices = ctx.indices
         xp = get_array_module(g)
+        if g.__class__ is not Tensor and _gathers(g, getattr(indices, "_data", indices), ctx.wshape, ctx.wdtype):
+            return _gather_backward(g, getattr(indices, "_data", indices), ctx.wshape, ctx.padding_idx, xp), None
         if ctx.padding_idx is not None:  # the padding row gets no gradient
             g = xp.where(xp.expand_dims(getattr(indices, "_data", indices) == ctx.padding_idx, -1), 0, g)
         gw = memory.zeros(ctx.wshape, ctx.wdtype, get_array_module(getattr(indices, "_data", indices)), "gradients")
@@ -55,6 +58,30 @@ class Embedding(Function):
             return IndexAdd.apply(gw, g, index=index), None
         backend.scatter_add(gw, index, g)
         return gw, None
+
+
+# The deterministic gather kernel scans every index for every weight element: it runs where
+# rows * indices stays below this (a character-level GPT: 89 rows x 1,024 indices), a
+# scatter-add beyond (atomics: its sums' rounding can differ from call to call, as
+# PyTorch's index_add_ on CUDA; docs/GPU.md).
+GATHER_LIMIT = 1 << 24
+
+
+def _gathers(g, indices, wshape, wdtype) -> bool:
+    """Whether embedding's backward runs the fused gather kernel (a GPU array, dtypes it takes)."""
+    if not K.embedding_backward.fits(g) or g.dtype != wdtype or indices.dtype.name not in ("int32", "int64"):
+        return False
+    return wshape[0] * indices.size <= GATHER_LIMIT
+
+
+def _gather_backward(g, indices, wshape, padding_idx, xp):
+    """The weight's gradient by one deterministic gather kernel (kernels_transformer.embedding_backward)."""
+    d = wshape[1]
+    g = g if g.flags.c_contiguous else memory.track(xp.ascontiguousarray(g), "workspace")
+    idx = indices if indices.flags.c_contiguous else memory.track(xp.ascontiguousarray(indices), "workspace")
+    gw = memory.empty(wshape, g.dtype, xp, "gradients")
+    K.embedding_backward(g.reshape(-1, d), idx.reshape(-1), idx.size, d, -1 if padding_idx is None else padding_idx, gw)
+    return gw
 
 
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):

@@ -633,3 +633,42 @@ def _tri(upper: bool):
 
 tril = _tri(False)
 triu = _tri(True)
+
+
+# --- embedding's backward: a deterministic gather --------------------------------------------
+#
+# Each weight-gradient element sums, in index order, the output gradients of the positions that
+# picked its row (padding_idx's row: none). A scatter-add (``cupyx.scatter_add``) adds repeated
+# indices with atomics, in an order that changes from call to call: two runs of a GPT step
+# differed in the last bit on an H200, so a compiled step was not bitwise eager's. Each thread
+# scans every index, so the kernel is for the vocabularies and batches it pays for (the op
+# decides: framework/ops/embedding.py).
+
+
+def _embedding_backward(g, idx, n, d, pad, gw):
+    acc = np.zeros(gw.shape, opmath_dtype(gw.dtype))
+    rows = idx.reshape(-1)[: int(n)]
+    keep = (rows != pad) & (rows >= 0) & (rows < gw.shape[0])  # an index out of range picks no row
+    np.add.at(acc, rows[keep], g.reshape(int(n), int(d))[keep].astype(acc.dtype))  # in index order
+    gw[...] = acc
+
+
+embedding_backward = elementwise(
+    "raw T g, raw I idx, int64 n, int64 d, int64 pad",
+    "T gw",
+    "typedef typename opmath<T>::type A;"
+    " const long long v = i / d, c = i % d;"
+    " A acc = (A)0;"
+    " if (v != pad) {"
+    "   for (long long k = 0; k < n; ++k) {"
+    "     if ((long long)idx[k] == v) acc += (A)g[k * d + c];"
+    "   }"
+    " }"
+    " gw = (T)acc;",
+    "fused_embedding_backward",
+    _embedding_backward,
+    Takes(
+        each(T=FLOATS, I=("int32", "int64")), layouts=("contiguous",), scalars=("n", "d", "pad"), raw={"g": 2, "idx": 1}
+    ),
+    preamble=_OPMATH,
+)

@@ -95,6 +95,18 @@ def _bfloat16_add_at(xp):
     return _raised(xp.add.at, a, xp.asarray([0, 0]), xp.ones(2, dtype=ml_dtypes.bfloat16))
 
 
+def _raw_in_array_out(xp, out_shape, in_shape=(6,)):
+    """An elementwise kernel over raw inputs: its (non-raw) output gives the loop size."""
+    k = xp.ElementwiseKernel("raw T a", "T out", "out = a[i % a.size()] * 2", "behaviour_raw_in_array_out")
+    if hasattr(xp, "counting"):  # the stand-in runs a NumPy reference in place of CUDA
+        k.reference = lambda a, out: out.__setitem__(
+            ..., (a.reshape(-1)[np.arange(out.size) % a.size] * 2).reshape(out.shape)
+        )
+    out = xp.zeros(out_shape, dtype=xp.float32)
+    k(_arange(xp).reshape(in_shape), out)
+    return out.get().tolist()
+
+
 def _set_refused(xp):
     a = xp.zeros(2, dtype=xp.float32)
     return _captured(xp, lambda s: _raised(a.set, np.ones(2, np.float32)))
@@ -267,6 +279,26 @@ class AxisErrorRow:
 
 # (id, f(xp), expected value or AxisErrorRow)
 ROWS = [
+    (
+        "asarray of a permuted host array: C-contiguous",
+        lambda xp: xp.asarray(np.zeros((2, 3, 4), np.float32).transpose(1, 2, 0)).strides,
+        (32, 8, 4),
+    ),
+    (
+        "asarray of an F-contiguous host array: F-contiguous",
+        lambda xp: xp.asarray(np.asfortranarray(np.zeros((2, 3), np.float32))).strides,
+        (4, 8),
+    ),
+    (
+        "ElementwiseKernel: raw inputs, the output sets the loop",
+        lambda xp: _raw_in_array_out(xp, (2, 3)),
+        [[0, 2, 4], [6, 8, 10]],
+    ),
+    (
+        "ElementwiseKernel: raw inputs, no output",
+        lambda xp: _raised(xp.ElementwiseKernel("raw T a", "T out", "out = a[i]", "behaviour_raw_only"), _arange(xp)),
+        "ValueError: Loop size is undecided.",
+    ),
     # shares_memory compares element addresses from a kernel; a 0-d element's is a local's.
     ("shares_memory: two distinct 0-d arrays", lambda xp: xp.shares_memory(xp.asarray(1.0), xp.asarray(2.0)), True),
     ("shares_memory: a 0-d array with itself", lambda xp: (lambda a: xp.shares_memory(a, a))(xp.asarray(1.0)), True),
