@@ -73,7 +73,7 @@ def run(args) -> dict:
 
         def go():
             for x, y in batches:
-                trainer._train_step(x, y, lr)
+                trainer._train_step([x], [y], lr)  # one micro-batch a step
                 if agree is not None:
                     agree()
 

@@ -191,7 +191,9 @@ def test_matmul_is_the_batched_product_of_strided_operands_in_float64_one_launch
     np.testing.assert_allclose(out.get(), a[:1] @ b.transpose(0, 2, 1), rtol=1e-12, atol=1e-12)
 
 
-def test_matmul_float32_is_tf32_unless_tensor_cores_are_deselected_and_refuses_bad_shapes():
+def test_matmul_float32_is_tf32_whatever_is_deselected_and_refuses_bad_shapes():
+    """As measured on an H200 (cuDNN 9.19, frontend 1.32): every engine of a float32 matmul
+    is TF32, none noted TENSOR_CORE, so deselecting that note changes nothing."""
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((1, 8, 64)).astype(np.float32), rng.standard_normal((1, 64, 8)).astype(np.float32)
     exact = a.astype(np.float64) @ b.astype(np.float64)
@@ -201,7 +203,7 @@ def test_matmul_float32_is_tf32_unless_tensor_cores_are_deselected_and_refuses_b
         out = cp.empty(exact.shape, dtype=np.float32)
         g.execute({ta: cp.asarray(a), tb: cp.asarray(b), tc: out}, cp.empty(g.get_workspace_size(), dtype=np.uint8))
         errors[tf32] = np.abs(out.get() - exact).max() / np.abs(exact).max()
-    assert errors[False] < 1e-7 and 1e-5 < errors[True] < 1e-2, errors
+    assert 1e-5 < errors[False] == errors[True] < 1e-2, errors
     with pytest.raises(sc.cudnnGraphNotSupportedError, match="matmul of"):
         _matmul_graph((1, 8, 5), (40, 5, 1), (1, 4, 8), (32, 8, 1))
     with pytest.raises(sc.cudnnGraphNotSupportedError, match="matmul of"):
