@@ -205,8 +205,8 @@ class Function(Node):
         """
         if not (ctx.differentiable and any(ctx.needs_input_grad)):
             return
-        if op_mode is not None:
-            op_mode.kept(ctx, arrays)
+        if _node.op_mode is not None:
+            _node.op_mode.kept(ctx, arrays)
         saved = ctx.__dict__.get("_saved")
         if saved is None:
             saved = ctx._saved = {}
@@ -267,15 +267,6 @@ def _check_inplace_target(cls, target, grad_on: bool, any_needs: bool = False) -
 # Called with the target of every inplace op before it is checked for overlap and
 # written, while autograd.graph.allow_mutation_on_saved_tensors() is active.
 before_write = None
-
-# The op mode of a checkpointed region (framework.utils.checkpoint) while its forward or
-# its recompute runs, else None. It sees every op call, as PyTorch's TorchDispatchMode
-# sees every call below autograd: ``before(cls, inputs, inplace)`` once the inputs are
-# read (after policy auto decided: it never holds a tensor, so no proof changes),
-# ``kernel(ctx, cls, arrays, params, inplace)`` in place of the kernel, ``kept(ctx,
-# arrays)`` with what the kernel keeps, ``after(ctx, cls, inputs, params, out, inplace)``
-# with the output.
-op_mode = None
 
 
 def _check_view_rewrite(cls, target) -> None:
@@ -373,7 +364,7 @@ def _apply(cls, inputs, params, inplace):
     # it could be checked).
     grad_on = state.enabled and not (cls.is_view and inputs[0]._vc.__class__ is InferenceVersionCounter)
     arrays, needs, any_needs = _read_inputs(cls, inputs, grad_on)
-    mode = op_mode
+    mode = _node.op_mode  # (see node.op_mode: a checkpointed region's)
     if mode is not None:
         mode.before(cls, inputs, inplace)
     ctx = cls.__new__(cls)

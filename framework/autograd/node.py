@@ -65,6 +65,16 @@ class GraphTask:
 # The backward the engine is running (a GraphTask), else None.
 graph_task = None
 
+# The op mode of a checkpointed region (framework.utils.checkpoint) while its forward or
+# its recomputation runs, else None. It sees every op call, as PyTorch's TorchDispatchMode
+# sees every call below autograd: the apply path (autograd.function) calls
+# ``before(cls, inputs, inplace)`` once the inputs are read (after policy auto decided: a
+# mode never holds a tensor, so no proof changes), ``kernel(ctx, cls, arrays, params,
+# inplace)`` in place of the kernel, ``kept(ctx, arrays)`` with what the kernel keeps,
+# ``after(ctx, cls, inputs, params, out, inplace)`` with the output; the creation
+# functions call ``created(tensor)`` with each tensor they make.
+op_mode = None
+
 
 def _as_array(a):
     # NumPy ufuncs and reductions return scalars for 0-d results; tensors and gradients

@@ -13,10 +13,10 @@ The checks are PyTorch's, with more said, plus two it does not make:
 
 - an input of ``fn`` modified in place after the forward raises when the recomputation
   needs it, naming the op and its line (the inputs are saved tensors);
-- beyond PyTorch: a tensor ``fn`` read that is not one of its inputs (a closure's)
-  modified in place after the forward raises too, and so does a recomputation that
-  would write a second time into a tensor from outside ``fn`` that it read: both would
-  give a silently wrong gradient;
+- beyond PyTorch: a tensor from outside ``fn`` that is not one of its inputs (a
+  closure's) and that changed after ``fn`` read it (later in the forward, or after it)
+  raises too, and so does a recomputation that would write a second time into a tensor
+  ``fn`` did not make: PyTorch recomputes silently with the new values;
 - ``determinism_check="default"``: the recomputation saves as many tensors as the forward,
   with the same shapes, dtypes and devices (here also by the same op, under the same
   name), else :class:`CheckpointError` says which (with ``debug=True``, with the ops of
@@ -161,7 +161,7 @@ class _Holder:
 
 class _Read:
     """A tensor from outside the checkpointed function that its forward read: the
-    version it has at the end of that forward, which op read it, what it was."""
+    version it had then, which op read it first, what it was."""
 
     __slots__ = ("version", "op", "what")
 
@@ -175,13 +175,14 @@ class _Frame:
 
     def __init__(self, fn, kwargs, early_stop, check, debug, recompute_context, preserve_rng_state):
         self.fn, self.kwargs = fn, kwargs
-        self.label = f"checkpoint({getattr(fn, '__qualname__', None) or type(fn).__name__})"
+        self.label = f"checkpoint({getattr(fn, '__name__', None) or type(fn).__name__})"
         self.early_stop, self.check = early_stop, check
         self.recompute_context = recompute_context
         self.inputs = []  # per positional argument: (SavedTensor, edge) for a tensor, (None, value) else
         self.holders = []  # weak references to the forward's _Holders, in the order it saved
         self.reads = {}  # VersionCounter -> _Read: tensors from outside fn that its forward read
-        self.made = set()  # VersionCounters of the tensors the forward's ops made (while it runs)
+        self.writes = set()  # VersionCounters of tensors from outside fn that its forward wrote in place
+        self.made = set()  # VersionCounters of the tensors the forward made (while it runs)
         self.rng = {} if preserve_rng_state else None  # generator key -> (xp, state at fn's first draw)
         self.recomputed = {}  # GraphTask -> True once recomputed in that backward
         self.forward_completed = False
@@ -229,16 +230,17 @@ class _Frame:
         return args
 
     def check_reads(self) -> None:
-        """Raises where a tensor from outside fn that its forward read changed since."""
+        """Raises where a tensor from outside fn changed since its forward read it (later
+        in that forward, or after it): the recomputation would read other values."""
         for vc, read in self.reads.items():
             if vc.value != read.version:
                 raise RuntimeError(
                     "one of the variables needed for gradient computation has been modified by an inplace "
-                    f"operation: {read.what}, which {self.label} read in its forward (input of {read.op}; "
-                    f"not an argument of the checkpoint), is at version {vc.value}; expected version "
-                    f"{read.version} instead.{modified_by(vc, read.version)} Recomputing the function now would "
-                    "read the new values and give wrong gradients. Hint: modify it after backward, or pass it to "
-                    "the function as an argument of checkpoint(), or clone() it before modifying it."
+                    f"operation: {read.what}, which {self.label} read in its forward (an input of {read.op}, "
+                    f"from outside the function), is at version {vc.value}; expected version {read.version} "
+                    f"instead.{modified_by(vc, read.version)} Recomputing the function would read the new values "
+                    "and give a wrong gradient (PyTorch's checkpoint does that silently). Hint: modify it after "
+                    "backward, or clone() it before modifying it."
                 )
 
     # --- the forward's pack hook --------------------------------------------------
@@ -321,16 +323,16 @@ class _Frame:
         self.check_reads()
         run = _Recomputation(self, task)
         saved_before = memory.saved_bytes(parameters=False)
-        prev = _function.op_mode, _node.graph_mode, _grad_state.recomputing
+        prev = _node.op_mode, _node.graph_mode, _grad_state.recomputing
         _node.saved_hooks.append(run)
-        _function.op_mode, _node.graph_mode, _grad_state.recomputing = run, False, True
+        _node.op_mode, _node.graph_mode, _grad_state.recomputing = run, False, True
         try:
             with enable_grad(), self.replay_rng(), self.recompute_context:
                 self.fn(*args, **self.kwargs)
         except _StopRecomputation:
             pass
         finally:
-            _function.op_mode, _node.graph_mode, _grad_state.recomputing = prev
+            _node.op_mode, _node.graph_mode, _grad_state.recomputing = prev
             if _node.saved_hooks.pop() is not run:
                 raise RuntimeError(f"{self.label}: saved-tensor hooks were left unbalanced by the recomputation")
             self.recompute_log = run.log
@@ -400,9 +402,13 @@ class _Forward:
         frame.op = cls.__name__
         made, reads = frame.made, frame.reads
         for i, t in enumerate(inputs):
-            if isinstance(t, Tensor) and not (inplace and i == 0):
+            if isinstance(t, Tensor):
                 vc = t._vc
-                if vc.__class__ is VersionCounter and vc not in made and vc not in reads:
+                if vc.__class__ is not VersionCounter or vc in made:
+                    continue
+                if inplace and i == 0:
+                    frame.writes.add(vc)
+                elif vc not in reads:
                     reads[vc] = _Read(vc.value, cls.__name__, f"[{t.dtype} tensor of shape {tuple(t.shape)}]")
         if frame.log is not None:
             frame.log.append(_logged(cls))
@@ -415,6 +421,9 @@ class _Forward:
     def kept(self, ctx, arrays):
         if self.cache is not None:
             self.cache.pending = dict(arrays)
+
+    def created(self, t):
+        self.frame.made.add(t._vc)
 
     def after(self, ctx, cls, inputs, params, out, inplace):
         self.frame.op = None
@@ -467,16 +476,14 @@ class _Recomputation:
     def before(self, cls, inputs, inplace):
         self.op = cls.__name__
         self.ops += 1
-        if inplace:
-            read = self.frame.reads.get(inputs[0]._vc)
-            if read is not None:
-                raise CheckpointError(
-                    f"{self.frame.label}: the recomputation would write in place ({cls.inplace_name}) into "
-                    f"{read.what}, which the forward read (input of {read.op}) and which is not the "
-                    "function's own: the forward wrote it already, so the recomputation reads other values "
-                    "than the forward did and would write it a second time. Write into a clone(), or move the "
-                    "write out of the checkpointed function."
-                )
+        if inplace and inputs[0]._vc in self.frame.writes:
+            t = inputs[0]
+            raise CheckpointError(
+                f"{self.frame.label}: the recomputation would write in place ({cls.inplace_name}) into "
+                f"[{t.dtype} tensor of shape {tuple(t.shape)}], which the function did not make: its forward wrote it "
+                "already, and this would write it a second time (PyTorch's checkpoint does that silently). Write "
+                "into a clone(), or move the write out of the checkpointed function."
+            )
         if self.log is not None:
             self.log.append(_logged(cls))
 
@@ -488,12 +495,15 @@ class _Recomputation:
     def kept(self, ctx, arrays):
         pass
 
+    def created(self, t):
+        pass
+
     def after(self, ctx, cls, inputs, params, out, inplace):
         self.op = None
 
 
 def _attach(mode_type, what):
-    mode = _function.op_mode
+    mode = _node.op_mode
     if not isinstance(mode, mode_type):
         raise RuntimeError(
             f"the {what} context of create_selective_checkpoint_contexts works only as checkpoint's context_fn: "
@@ -795,9 +805,9 @@ def checkpoint(
     )
     frame.save_inputs(args)
     mode = _Forward(frame)
-    prev_mode = _function.op_mode
+    prev_mode = _node.op_mode
     _node.saved_hooks.append(frame)
-    _function.op_mode = mode
+    _node.op_mode = mode
     if preserve:
         _random.watchers.append(frame.watch_rng)
     suppressed = True
@@ -808,7 +818,7 @@ def checkpoint(
     finally:
         if preserve:
             _random.watchers.remove(frame.watch_rng)
-        _function.op_mode = prev_mode
+        _node.op_mode = prev_mode
         if _node.saved_hooks.pop() is not frame:
             raise RuntimeError(f"{frame.label}: saved-tensor hooks were left unbalanced by the function")
     if suppressed:
@@ -819,8 +829,6 @@ def checkpoint(
         )
     frame.forward_completed = True
     frame.made = None
-    for vc, read in frame.reads.items():
-        read.version = vc.value  # what the recomputation will read (the forward's own writes included)
     return out
 
 
