@@ -51,7 +51,7 @@ class GraphTask:
     """One run of the engine (PyTorch's graph task), ``graph_task`` while it runs: what a
     checkpoint keys the values it recomputed by. ``cleanups`` run when the run ends."""
 
-    __slots__ = ("cleanups", "__weakref__")
+    __slots__ = ("cleanups",)
 
     def __init__(self):
         self.cleanups = []
@@ -207,8 +207,9 @@ def _input_detached(node, name) -> bool:
 
 
 def modified_by(vc, version: int) -> str:
-    """ " It was modified by add_ at train.py:10 (version 1)." for the writes of ``vc``
-    since ``version`` (the last eight are remembered), or "" when there were none."""
+    """The sentence that names the writes of ``vc`` since ``version`` (the last eight are
+    remembered), as ``' It was modified by add_ at train.py:10 (version 1).'``; ``''``
+    when there were none."""
     writes = [w for w in (vc.writes or ()) if w[0] > version]
     if writes:
         parts = [f"{op} at {file}:{line} (version {v})" for v, op, (file, line) in writes]
