@@ -23,7 +23,7 @@ def manual_seed(seed: int) -> None:
     _generators.clear()
 
 
-# Called with ``(key, xp, generator)`` each time :func:`generator` hands one out, while
+# Called with ``(key, generator)`` each time :func:`generator` hands one out, while
 # a checkpoint records or replays the draws of its region (framework.utils.checkpoint):
 # every draw of the framework goes through :func:`generator`.
 watchers: list = []
@@ -39,7 +39,7 @@ def generator(xp=np):
         _generators[key] = gen
     if watchers:
         for watch in watchers:
-            watch(key, xp, gen)
+            watch(key, gen)
     return gen
 
 

@@ -183,7 +183,7 @@ class _Frame:
         self.reads = {}  # VersionCounter -> _Read: tensors from outside fn that its forward read
         self.writes = set()  # VersionCounters of tensors from outside fn that its forward wrote in place
         self.made = set()  # VersionCounters of the tensors the forward made (while it runs)
-        self.rng = {} if preserve_rng_state else None  # generator key -> (xp, state at fn's first draw)
+        self.rng = {} if preserve_rng_state else None  # generator key -> its state at fn's first draw
         self.recomputed = {}  # GraphTask -> True once recomputed in that backward
         self.forward_completed = False
         self.ignore_mismatch = False  # a backward inside the forward recomputed part of it
@@ -262,8 +262,8 @@ class _Frame:
             array = holder.values.get(task)
             if array is None:
                 raise CheckpointError(
-                    f"{self.label}: a tensor its forward saved was not recomputed (a backward inside the "
-                    "checkpointed function ran with early stop off?)" + _DEBUG_TIP
+                    f"{self.label}: a tensor its forward saved was not recomputed: the recomputation stopped "
+                    "before it (a backward inside the checkpointed function, with early stop off)." + _DEBUG_TIP
                 )
             return array
         except CheckpointError as e:
@@ -287,10 +287,10 @@ class _Frame:
             yield from self.cache.held(self.label)
 
     # --- random draws -------------------------------------------------------------
-    def watch_rng(self, key, xp, gen) -> None:
+    def watch_rng(self, key, gen) -> None:
         """The state of each generator at the function's first draw from it."""
         if key not in self.rng:
-            self.rng[key] = (xp, _random.generator_state(gen))
+            self.rng[key] = _random.generator_state(gen)
 
     @contextlib.contextmanager
     def replay_rng(self):
@@ -301,11 +301,11 @@ class _Frame:
             return
         around = {}
 
-        def watch(key, xp, gen):
+        def watch(key, gen):
             if key not in around:
                 around[key] = (gen, _random.generator_state(gen))
                 if key in self.rng:
-                    _random.set_generator_state(gen, self.rng[key][1])
+                    _random.set_generator_state(gen, self.rng[key])
 
         _random.watchers.append(watch)
         try:
