@@ -784,7 +784,8 @@ def checkpoint(
     if _node.capture is not None:
         raise RuntimeError(
             "checkpoint is not supported inside a compiled step (fw.compile): the compiled step plans its memory "
-            "itself (docs/COMPILE.md); run the checkpointed model eagerly"
+            "itself; recompute there with fw.compile(step, memory_budget=...) (docs/COMPILE.md), or run the "
+            "checkpointed model eagerly"
         )
     debug = _debug if _debug is not None else debug
     if debug and context_fn is not noop_context_fn:

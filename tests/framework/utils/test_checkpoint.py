@@ -508,3 +508,18 @@ def test_selective_checkpoint_errors():
     with pytest.raises(RuntimeError, match="works only as checkpoint's context_fn"):
         with forward:
             pass
+
+
+def test_a_compiled_step_refuses_a_checkpoint():
+    lin = nn.Linear(3, 3)
+    opt = fw.optim.SGD(lin.parameters(), lr=0.1)
+
+    def step(x):
+        opt.zero_grad()
+        loss = checkpoint(lin, x, use_reentrant=False).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with pytest.raises(RuntimeError, match=r"checkpoint is not supported inside a compiled step .*memory_budget"):
+        fw.compile(step)(fw.randn(2, 3))
