@@ -16,13 +16,30 @@ with its bytes and the paper's term it is (or why it is none), then measures per
 - ``+meln``: memory-efficient LayerNorms (they keep their output, which the next linear
   keeps anyway): ``58sbh + 9as^2b``;
 - ``+fused``: attention as one ``scaled_dot_product_attention``: no ``as^2`` term, ``66sbh``;
-- ``+meln+fused``: ``58sbh``.
+- ``+meln+fused``: ``58sbh``;
+- ``+selective``: Korthikanti et al.'s selective recomputation (the attention core, from q,
+  k, v to ``@ v``, checkpointed: it keeps q, k and v and runs again in backward): the
+  ``as^2`` terms gone, ``66sbh``; during the block's backward the core's ``9as^2b`` come
+  back for a while (``66sbh + 9as^2b`` with what is kept);
+- ``+full``: the whole block checkpointed: it keeps its input alone, ``4sbh`` (the paper's
+  ``2sbh`` per layer in 16 bits); during its backward, the block's activations again.
+
+Assumptions of the formulas, beside the paper's: float32 values (4 bytes) and bool
+dropout masks (1 byte), dropout on; the LayerNorms' row statistics (mean, 1/std: ``16sb``
+a block, or ``8sb`` memory-efficient) and the causal mask (``s^2`` bytes, one for every
+head and sample) are not in the paper's count, so ``held / formula`` is ``1 + (16sb +
+s^2) / formula`` for the written-out block; the parameters are not counted (held by
+nodes, but counted once, as parameters).
 
 Columns: bytes held for backward (measured: each buffer once, and equal to the growth of
-``memory.saved_bytes()``), the paper's formula for the variant, their ratio, and the peak
-of the block's forward and backward above what existed before it, twice: by the
-framework's counter (the buffers it tracks) and by tracemalloc's NumPy domain (every
-array, the temporaries inside ops' NumPy expressions included). Float32, on the CPU.
+``memory.saved_bytes()``), the paper's formula for the variant, their ratio; for the
+recomputing variants, what the recomputation held during the backward
+(``memory.stats()["recomputed_bytes"]``) and held + recomputed against the whole block's
+formula; and the peak of the block's forward and backward above what existed before it,
+twice: by the framework's counter (the buffers it tracks) and by tracemalloc's NumPy
+domain (every array, the temporaries inside ops' NumPy expressions included). Float32,
+on the CPU. Every variant of the written-out block (the policies, the recomputations)
+gives ``off``'s output and gradients bit for bit.
 
 Run from the repository root::
 
@@ -64,7 +81,11 @@ VARIANTS = {
     "on+meln": ("on", {"layer_norm": "memory_efficient"}),
     "on+fused": ("on", {"attention": "fused"}),
     "on+meln+fused": ("on", {"layer_norm": "memory_efficient", "attention": "fused"}),
+    "on+selective": ("on", {"recompute": "selective"}),
+    "on+full": ("on", {"recompute": "full"}),
 }
+# the variants that compute the written-out block as off does: bit for bit its output and gradients
+BITWISE = ("auto", "on", "on+selective", "on+full")
 
 # What each tensor of the written-out block under off is in the paper's count (float32:
 # 4 bytes a value, masks 1 byte), in the order the listing gives them (forward order).
@@ -102,27 +123,40 @@ PAPER_TERMS = [
 
 def formula(variant: str, s: int, b: int, h: int, a: int) -> int:
     """The paper's count in float32 for the variant (LayerNorm inputs gone with +meln, the
-    as^2 terms with +fused)."""
+    as^2 terms with +fused or +selective; the block's input alone with +full)."""
     sbh = s * b * h
+    if "full" in variant:
+        return 4 * sbh
     per_token = 58 if "meln" in variant else 66
-    return per_token * sbh + (0 if "fused" in variant else 9 * a * s * s * b)
+    return per_token * sbh + (0 if "fused" in variant or "selective" in variant else 9 * a * s * s * b)
 
 
 def exact(variant: str, s: int, b: int, h: int, a: int) -> int:
     """What the framework keeps, exactly: the formula plus what the paper leaves out (the
     LayerNorms' row statistics: 2 x 8sb, or 2 x 4sb memory-efficient; the causal mask, s^2
-    bytes; fused attention's log-sum-exp, 4asb, and its dropout draw, 8 bytes)."""
+    bytes; fused attention's log-sum-exp, 4asb, and its dropout draw, 8 bytes). Selective
+    recomputation recomputes the causal mask with the core; full keeps nothing else."""
+    if "full" in variant:
+        return formula(variant, s, b, h, a)
     extra = (8 if "meln" in variant else 16) * s * b
-    extra += 4 * a * s * b + 8 if "fused" in variant else s * s
+    if "fused" in variant:
+        extra += 4 * a * s * b + 8
+    elif "selective" not in variant:
+        extra += s * s
     return formula(variant, s, b, h, a) + extra
 
 
 def _block(point, settings, seed=0):
     s, b, h, a = point
+    settings = dict(settings)
+    recompute = settings.pop("recompute", "none")
     cfg = dict(vocab_size=16, block_size=s, n_layer=1, n_head=a, n_embd=h, dropout=0.1, bias=True)
     cfg.update({"attention": "math", "layer_norm": "standard", **settings})
     fw.manual_seed(seed)
-    return Block(GPTConfig(**cfg))
+    block = Block(GPTConfig(**cfg))
+    block.recompute = "full" if recompute == "full" else "none"  # as GPT.set_recompute sets them
+    block.attn.recompute_core = recompute == "selective"
+    return block
 
 
 def measure(point, variant: str, want_listing: bool = False) -> dict:
@@ -156,7 +190,9 @@ def measure(point, variant: str, want_listing: bool = False) -> dict:
         fw.manual_seed(3)
         g = fw.randn(b, s, h)
         del x
+        recomputed_before = memory.stats().get("recomputed_bytes", 0)
         y.backward(g)
+        recomputed = memory.stats().get("recomputed_bytes", 0) - recomputed_before
         peak = memory.max_allocated_bytes() - start
         numpy_peak = tracemalloc.get_traced_memory()[1] - traced0
         if traced:
@@ -167,6 +203,7 @@ def measure(point, variant: str, want_listing: bool = False) -> dict:
         "held": held,
         "formula": formula(variant, *point),
         "exact": exact(variant, *point),
+        "recomputed": recomputed,
         "peak": peak,
         "numpy_peak": numpy_peak,
         "output": y.detach().numpy().copy(),
@@ -180,11 +217,13 @@ def run(points) -> dict:
     results = {}
     for point in points:
         rows = {v: measure(point, v, want_listing=v == "off") for v in VARIANTS}
-        off, auto = rows["off"], rows["auto"]
-        if not (
-            np.array_equal(auto["output"], off["output"]) and all(map(np.array_equal, auto["grads"], off["grads"]))
-        ):
-            raise AssertionError(f"{point}: auto's output or gradients differ from off's")
+        off = rows["off"]
+        for v in BITWISE:
+            got = rows[v]
+            if not (
+                np.array_equal(got["output"], off["output"]) and all(map(np.array_equal, got["grads"], off["grads"]))
+            ):
+                raise AssertionError(f"{point}: {v}'s output or gradients differ from off's")
         results[point] = rows
     return results
 
@@ -206,8 +245,11 @@ def listing_table(entries, point) -> str:
 
 def summary_table(results) -> str:
     rows = []
-    for (s, b, h, a), by_variant in results.items():
+    for point, by_variant in results.items():
+        s, b, h, a = point
+        whole = formula("off", *point)
         for v, r in by_variant.items():
+            recomputing = "selective" in v or "full" in v
             rows.append(
                 [
                     f"s={s} b={b} h={h} a={a}",
@@ -215,18 +257,36 @@ def summary_table(results) -> str:
                     f"{r['held'] / MB:.2f}",
                     f"{r['formula'] / MB:.2f}",
                     f"{r['held'] / r['formula']:.3f}",
+                    f"{r['recomputed'] / MB:.2f}" if recomputing else "-",
+                    f"{(r['held'] + r['recomputed']) / whole:.3f}" if recomputing else "-",
                     f"{r['peak'] / MB:.2f}",
                     f"{r['numpy_peak'] / MB:.2f}",
                 ]
             )
     return common.markdown_table(
-        ["point", "variant", "held MB", "formula MB", "held / formula", "peak MB", "NumPy peak MB"],
+        [
+            "point",
+            "variant",
+            "held MB",
+            "formula MB",
+            "held / formula",
+            "recomputed MB",
+            "(held + recomputed) / 66sbh + 9as^2b",
+            "peak MB",
+            "NumPy peak MB",
+        ],
         rows,
         [
             ("held MB", "what backward keeps of one block, measured (each buffer once), MB = 2^20 bytes"),
             (
                 "formula MB",
-                "Korthikanti et al.'s count in float32: 66sbh + 9as^2b, 58sbh with +meln, no as^2 with +fused",
+                "Korthikanti et al.'s count in float32: 66sbh + 9as^2b, 58sbh with +meln, no as^2 with +fused or "
+                "+selective, 4sbh (the input) with +full",
+            ),
+            (
+                "recomputed MB",
+                "what the recomputation held during the block's backward, beyond what was kept (measured: "
+                "memory.stats()['recomputed_bytes'])",
             ),
             ("peak MB", "the highest live memory of the block's forward and backward above its start (the counter)"),
             ("NumPy peak MB", "the same by tracemalloc: every NumPy array, the temporaries inside ops included"),
@@ -290,7 +350,8 @@ def main(argv=None) -> dict:
             {
                 "point": list(point),
                 "variants": {
-                    v: {k: r[k] for k in ("held", "formula", "exact", "peak", "numpy_peak")} for v, r in rows.items()
+                    v: {k: r[k] for k in ("held", "formula", "exact", "recomputed", "peak", "numpy_peak")}
+                    for v, r in rows.items()
                 },
             }
             for point, rows in results.items()

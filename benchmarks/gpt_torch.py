@@ -3,8 +3,10 @@
 
 The same structure, parameter names and knobs (``attention``: written out or PyTorch's
 ``F.scaled_dot_product_attention``; ``layer_norm``: PyTorch has no memory-efficient mode,
-so both settings run ``F.layer_norm``); :func:`from_ours` copies a framework model's
-weights into a twin, by parameter name. Needs ``pip install torch==2.13.0``.
+so both settings run ``F.layer_norm``; ``set_recompute``: ``torch.utils.checkpoint`` around
+each block or each attention core, as ``models/gpt.py`` does with the framework's);
+:func:`from_ours` copies a framework model's weights into a twin, by parameter name.
+Needs ``pip install torch==2.13.0``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 class CausalSelfAttention(nn.Module):
+    recompute_core = False
+
     def __init__(self, cfg):
         super().__init__()
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
@@ -34,16 +39,19 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        if self.fused:
-            p = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=p, is_causal=True)
-        else:
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-            att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
-            att = self.attn_dropout(F.softmax(att, dim=-1))
-            y = att @ v
+        y = checkpoint(self.core, q, k, v, use_reentrant=False) if self.recompute_core else self.core(q, k, v)
         y = y.transpose(1, 2).contiguous().view(b, t, c)
         return self.resid_dropout(self.c_proj(y))
+
+    def core(self, q, k, v):
+        if self.fused:
+            p = self.dropout if self.training else 0.0
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=p, is_causal=True)
+        t = q.size(-2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = self.attn_dropout(F.softmax(att, dim=-1))
+        return att @ v
 
 
 class MLP(nn.Module):
@@ -59,6 +67,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    recompute = "none"
+
     def __init__(self, cfg):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
@@ -67,6 +77,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False) if self.recompute == "full" else self.block(x)
+
+    def block(self, x):
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
@@ -89,6 +102,12 @@ class TorchGPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if tie_weights:
             self.transformer.wte.weight = self.lm_head.weight
+
+    def set_recompute(self, mode: str) -> None:
+        """As ``models.gpt.GPT.set_recompute``: ``"none"``, ``"full"`` or ``"selective"``."""
+        for block in self.transformer.h:
+            block.recompute = "full" if mode == "full" else "none"
+            block.attn.recompute_core = mode == "selective"
 
     def forward(self, idx, targets=None):
         b, t = idx.shape

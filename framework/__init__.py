@@ -2,7 +2,7 @@
 
 ``import framework as fw``: tensors and creation functions, the functional ops, autograd,
 memory accounting and the inplace policy. ``fw.nn`` and ``fw.optim`` hold modules and
-optimizers.
+optimizers, ``fw.utils.checkpoint`` activation checkpointing.
 """
 
 from . import autograd, backend, inplace, memory
@@ -113,6 +113,7 @@ from . import (  # noqa: E402  (they build on everything above)
     nn,
     optim,
     random,  # noqa: E402,F401
+    utils,  # noqa: E402,F401
 )
 from .compile import compile  # noqa: E402,A004  (fw.compile, like torch.compile; above nn and optim)
 from .nn import functional as _F  # noqa: E402

@@ -26,6 +26,8 @@ def _new(array, requires_grad: bool) -> Tensor:
     t = _wrap(array)
     if requires_grad:
         t.requires_grad_(True)
+    if _node.op_mode is not None:  # a checkpointed function made it: it is its own
+        _node.op_mode.created(t)
     return t
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import backend
+from . import backend, memory
 
 _generators: dict = {}
 _seed = None
@@ -23,6 +23,12 @@ def manual_seed(seed: int) -> None:
     _generators.clear()
 
 
+# Called with ``(key, generator)`` each time :func:`generator` hands one out, while
+# a checkpoint records or replays the draws of its region (framework.utils.checkpoint):
+# every draw of the framework goes through :func:`generator`.
+watchers: list = []
+
+
 def generator(xp=np):
     """The seeded generator of an array module (``numpy.random.Generator`` or CuPy's, for
     the current GPU)."""
@@ -31,7 +37,31 @@ def generator(xp=np):
     if gen is None:
         gen = xp.random.default_rng(_seed)
         _generators[key] = gen
+    if watchers:
+        for watch in watchers:
+            watch(key, gen)
     return gen
+
+
+def generator_state(gen):
+    """A copy of ``gen``'s state, which :func:`set_generator_state` puts back to draw the
+    same numbers again: NumPy's bit generator state, or for CuPy a device copy of its
+    cuRAND states (the array behind ``bit_generator.state()``; no host transfer)."""
+    if isinstance(gen, np.random.Generator):
+        return gen.bit_generator.state
+    states = gen.bit_generator._state
+    with backend.device_context(backend.device_of(states)):
+        return memory.track(states.copy(), "other")
+
+
+def set_generator_state(gen, state) -> None:
+    """Puts back a state :func:`generator_state` copied (into the same array on a GPU)."""
+    if isinstance(gen, np.random.Generator):
+        gen.bit_generator.state = state
+        return
+    states = gen.bit_generator._state
+    with backend.device_context(backend.device_of(states)):
+        states[...] = state
 
 
 def get_state() -> dict:

@@ -16,6 +16,11 @@ plus three for the memory story (docs/TRANSFORMERS.md):
   keeps its output, which the next linear layer keeps anyway, instead of its input).
 - ``tie_weights``: share the head's weight with the token embedding (nanoGPT does).
 
+``set_recompute(mode)`` (the config's ``recompute``) checkpoints each block
+(``"full"``: a block keeps its input only and runs again in backward) or each block's
+attention core, from q, k, v to the output of ``@ v`` (``"selective"``: Korthikanti et
+al.'s selective recomputation, which drops the ``as^2b`` terms and keeps the rest).
+
 The inplace sites of a block are the policy's, as everywhere: the dropouts
 (``nn.Dropout(inplace=None)``), the two residual adds (``F.residual_add``, which writes the
 sum over the branch's output), and under ``auto`` the ordinary ops whose input is dead
@@ -32,8 +37,9 @@ import numpy as np
 import framework as fw
 import framework.nn.functional as F
 from framework import nn
+from framework.utils.checkpoint import checkpoint
 
-from .layers import check_choice, positive_int
+from .layers import RECOMPUTE, check_choice, positive_int
 from .registry import register_model
 
 ATTENTIONS = ("math", "fused")
@@ -54,7 +60,13 @@ def _layer_norm(cfg):
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention: one projection for q, k, v of every head, one out."""
+    """Multi-head causal self-attention: one projection for q, k, v of every head, one out.
+
+    ``recompute_core``: the core (scores, mask, softmax, dropout, ``@ v``) is checkpointed:
+    backward keeps q, k and v and runs it again (Korthikanti et al.'s selective recompute).
+    """
+
+    recompute_core = False
 
     def __init__(self, cfg):
         super().__init__()
@@ -74,17 +86,24 @@ class CausalSelfAttention(nn.Module):
         k = k.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         q = q.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
         v = v.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-        if self.fused:
-            p = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=p, is_causal=True)
+        if self.recompute_core:
+            y = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
-            att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
-            att = F.softmax(att, dim=-1)
-            att = self.attn_dropout(att)
-            y = att @ v  # (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)
+            y = self.core(q, k, v)
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # the heads side by side
         return self.resid_dropout(self.c_proj(y))
+
+    def core(self, q, k, v):
+        """Attention proper, ``(B, nh, T, hs)`` each: softmax(q k^T / sqrt(hs), causal) v."""
+        if self.fused:
+            p = self.dropout if self.training else 0.0
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=p, is_causal=True)
+        t = q.shape[-2]
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        return att @ v  # (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)
 
 
 class MLP(nn.Module):
@@ -108,7 +127,10 @@ class Block(nn.Module):
 
     nanoGPT writes ``x = x + self.attn(self.ln_1(x))``; here the add is the policy's
     residual-add site, written over the branch's output (the same sum bit for bit).
+    ``recompute = "full"``: the block is checkpointed (it keeps its input only).
     """
+
+    recompute = "none"
 
     def __init__(self, cfg):
         super().__init__()
@@ -118,6 +140,11 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x):
+        if self.recompute == "full":
+            return checkpoint(self.block, x, use_reentrant=False)
+        return self.block(x)
+
+    def block(self, x):
         x = F.residual_add(self.attn(self.ln_1(x)), x)
         x = F.residual_add(self.mlp(self.ln_2(x)), x)
         return x
@@ -211,6 +238,14 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    def set_recompute(self, mode: str) -> None:
+        """``"none"``, ``"full"`` (each block checkpointed) or ``"selective"`` (each block's
+        attention core checkpointed: Korthikanti et al.'s selective recompute)."""
+        check_choice("recompute", mode, RECOMPUTE)
+        for block in self.transformer.h:
+            block.recompute = "full" if mode == "full" else "none"
+            block.attn.recompute_core = mode == "selective"
 
     def get_num_params(self, non_embedding: bool = True) -> int:
         """Parameters of the model (without the position embeddings: ``non_embedding``)."""

@@ -13,6 +13,27 @@ from framework import nn
 
 LEAKY_SLOPE = 0.01
 
+# What a model recomputes in backward instead of keeping (the config's top-level
+# ``recompute``, Megatron's names): nothing; whole blocks (``full``: each block keeps its
+# input only); or part of each block (``selective``: the GPT's attention core, Korthikanti
+# et al.'s; a ResNet block's BatchNorms and activations, torchtitan's policy).
+RECOMPUTE = ("none", "full", "selective")
+
+
+def set_recompute(model, mode: str) -> None:
+    """Makes ``model`` recompute ``mode`` (one of :data:`RECOMPUTE`) in backward.
+
+    Raises:
+        ValueError: an unknown mode, or a model without blocks to recompute.
+    """
+    check_choice("recompute", mode, RECOMPUTE)
+    if hasattr(model, "set_recompute"):
+        model.set_recompute(mode)
+    elif mode != "none":
+        raise ValueError(
+            f"recompute: {mode} needs a model made of blocks (resnet*, gpt); {type(model).__name__} has none"
+        )
+
 
 class ABN(nn.InPlaceABN):
     """BatchNorm + leaky ReLU as InPlace-ABN, and a site of the inplace policy.

@@ -50,18 +50,29 @@ output; the block input is the previous block's ``y``):
 Under policy ``off`` every fused site takes the out-of-place path (``leaky_relu(
 batch_norm(c, weight=|w| + eps) + identity)``, models/layers.py), so ``off`` stays the
 unfused reference with the same function and the same parameters.
+
+``set_recompute(mode)`` (the config's ``recompute``) checkpoints each basic block:
+``"full"`` keeps the block's input only; ``"selective"`` keeps its convolutions' outputs
+too and recomputes the BatchNorms, activations and the add (torchtitan's policy,
+``framework.utils.checkpoint.save_matmuls_policy``). The stem and the head are not
+checkpointed.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import framework as fw
 from framework import nn
 from framework.nn import functional as F
+from framework.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, save_matmuls_policy
 
-from .layers import ABN, LEAKY_SLOPE, check_choice, positive_int
+from .layers import ABN, LEAKY_SLOPE, RECOMPUTE, check_choice, positive_int
 from .registry import register_model
+
+# A selective checkpoint of a block: its convolutions' outputs kept, the rest recomputed.
+_SELECTIVE = functools.partial(create_selective_checkpoint_contexts, save_matmuls_policy)
 
 NORMS = ("bn", "inplace_abn")
 DEPTHS = (8, 14, 20, 32)  # the registered aliases; any 6n + 2 is accepted
@@ -107,7 +118,10 @@ class BasicBlock(nn.Module):
 
     With ``norm="inplace_abn"`` the second unit is one fused site, ``abn2(conv2_out,
     residual=identity)`` = ``leaky_relu(BN(conv2_out) + identity)`` (no ``bn2``/``relu``).
+    ``recompute``: ``"none"``, ``"full"`` or ``"selective"`` (see the module's docstring).
     """
+
+    recompute = "none"
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1, norm: str = "bn"):
         super().__init__()
@@ -123,6 +137,13 @@ class BasicBlock(nn.Module):
         self.shortcut = ShortcutA(in_planes, planes, stride)
 
     def forward(self, x):
+        if self.recompute == "full":
+            return checkpoint(self.block, x, use_reentrant=False)
+        if self.recompute == "selective":
+            return checkpoint(self.block, x, use_reentrant=False, context_fn=_SELECTIVE)
+        return self.block(x)
+
+    def block(self, x):
         # Written as nested calls, so that each output reaches the next layer as a
         # temporary that policy auto can prove dead (a name like ``out = ...`` would hold it).
         if self.fused:
@@ -175,6 +196,12 @@ class ResNet(nn.Module):
         self.flatten = nn.Flatten()
         self.fc = nn.Linear(in_planes, num_classes)
         self._init_weights()
+
+    def set_recompute(self, mode: str) -> None:
+        """``"none"``, ``"full"`` or ``"selective"``: what each basic block recomputes."""
+        check_choice("recompute", mode, RECOMPUTE)
+        for block in self.layers:
+            block.recompute = mode
 
     def _init_weights(self) -> None:
         """He-normal convolutions (fan_out, as torchvision); BN weight 1, bias 0."""

@@ -10,7 +10,10 @@ after ``+``, which change what backward keeps without changing the function:
 ``+abn`` fuses the model's BatchNorm + activation as InPlace-ABN (``model.args.norm``);
 for the GPT, ``+meln`` makes its LayerNorms memory-efficient (``model.args.layer_norm``)
 and ``+fused`` runs attention as one ``scaled_dot_product_attention``
-(``model.args.attention``); they combine (``on+meln+fused``). ``auto`` is policy auto,
+(``model.args.attention``); they combine (``on+meln+fused``). ``+full`` and
+``+selective`` recompute in backward what the model would keep (``recompute``,
+docs/RECOMPUTE.md: whole blocks, or a GPT's attention core / a ResNet block's
+BatchNorms and activations), at a step-time cost the samples/s column shows. ``auto`` is policy auto,
 which runs an op in place only where it proves the input dead (the table then shows how
 many ops per step and the MB they saved). ``compiled`` runs the step compiled
 (``compile: true``, captured under policy ``off``): the table then adds the compiled
@@ -64,6 +67,8 @@ MODEL_VARIANTS = {
     "abn": "model.args.norm=inplace_abn",  # BatchNorm + activation as InPlace-ABN (MLP, ConvNet, ResNet)
     "meln": "model.args.layer_norm=memory_efficient",  # GPT: LayerNorms keep their output, not their input
     "fused": "model.args.attention=fused",  # GPT: attention as one scaled_dot_product_attention
+    "full": "recompute=full",  # ResNet, GPT: each block keeps its input and runs again in backward
+    "selective": "recompute=selective",  # GPT: the attention core recomputed; ResNet: BN and activations
 }
 # the step compiled (fw.compile) and captured under off: every inplace decision is the
 # compiler's (docs/COMPILE.md)
@@ -93,7 +98,7 @@ def variant(name: str):
     overrides = [_override(e) for e in extras]
     keys = [o.split("=")[0] for o in overrides if o is not None]
     if policy not in POLICIES or None in overrides or len(set(keys)) != len(keys):
-        return None  # unknown, or two variants of one key (+zero1+zero2, +acc2+acc4, +abn+abn)
+        return None  # unknown, or two variants of one key (+zero1+zero2, +acc2+acc4, +full+selective)
     return policy, overrides
 
 

@@ -28,7 +28,7 @@ LAYERS = [
     ["framework.autograd.node", "framework.autograd.engine", "framework.autograd.view_meta"],
     # tensor and ops: the op contract and the apply path work on tensors
     ["framework.tensor", "framework.ops", "framework.autograd", "framework.creation"],
-    ["framework.nn.functional"],
+    ["framework.nn.functional", "framework.utils"],  # utils: checkpointing, over autograd and the ops
     ["framework.nn"],
     ["framework.optim"],
     ["framework.distributed"],

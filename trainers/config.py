@@ -115,6 +115,16 @@ SCHEMA: dict[str, Any] = {
         "the whole step; the run name gets `_compiled`. On a GPU it replays as one CUDA graph where the "
         "step can be captured (report() says whether and why not); not with train.grad_clip",
     ),
+    "recompute": Field(
+        "str",
+        "none",
+        "What backward recomputes instead of keeping (activation checkpointing, docs/RECOMPUTE.md; "
+        "Megatron's names): `none`; `full` (each block keeps its input and runs again in backward: "
+        "a ResNet's basic blocks, a GPT's Transformer blocks); `selective` (a GPT's attention core, "
+        "Korthikanti et al.'s; a ResNet block's BatchNorms and activations, its convolutions' outputs "
+        "kept); the run name gets `_recompute-<mode>`; not with compile",
+        choices=("none", "full", "selective"),
+    ),
     "conv2d": Field(
         "str",
         "auto",

@@ -42,6 +42,7 @@ from framework.distributed.zero import ZeroRedundancyOptimizer, model_state_byte
 from framework.ops import conv as conv_ops
 from framework.ops.loss import check_targets
 from models import build_model, model_signature
+from models.layers import set_recompute
 
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict
@@ -190,6 +191,11 @@ def compiled(cfg: Config) -> bool | None:
     """The config's ``compile`` switch; None where this version's config has no such key."""
     value = cfg["compile"] if "compile" in cfg else None
     return value if isinstance(value, bool) else None
+
+
+def recompute_mode(cfg: Config) -> str:
+    """The config's ``recompute`` (``"none"`` where this version's config has no such key)."""
+    return cfg["recompute"] if "recompute" in cfg else "none"
 
 
 def conv2d_mode(cfg: Config) -> str:
@@ -551,6 +557,10 @@ class Trainer:
         # accuracy (classes), mse (regression) or a language model's loss per token (text)
         self.eval_name = getattr(self.train_set, "eval_metric", "accuracy" if self.classification else "mse")
         self.model = build_model_for(cfg, self.train_set)
+        try:
+            set_recompute(self.model, recompute_mode(cfg))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.model.to(self.device)
         self._check_model_fits_data()
         self.inplace_abn = uses_inplace_abn(self.model)
@@ -623,6 +633,7 @@ class Trainer:
                 self.comm.size,
                 "inplace_abn" if self.inplace_abn else None,
                 "compiled" if compiled(cfg) else None,
+                f"recompute-{recompute_mode(cfg)}" if recompute_mode(cfg) != "none" else None,
                 "conv-fast" if conv2d_mode(cfg) == "fast" else None,
                 "conv-tf32" if conv_math(cfg) == "tf32" else None,
                 f"zero{cfg.distributed.zero}" if cfg.distributed.zero else None,
@@ -1217,6 +1228,8 @@ class Trainer:
         hp = {"run": self.run_name, "inplace": self.policy, "inplace_abn": self.inplace_abn}
         if compiled(cfg) is not None:
             hp["compiled"] = compiled(cfg)
+        if "recompute" in cfg:
+            hp["recompute"] = recompute_mode(cfg)
         if "conv2d" in cfg:
             hp["conv2d"] = conv2d_mode(cfg)
         if "conv_math" in cfg:
@@ -1338,6 +1351,11 @@ def _check_compile(cfg: Config, device) -> None:
     """``compile: true`` needs what a captured step can replay."""
     if not cfg.compile:
         return
+    if recompute_mode(cfg) != "none":
+        raise ConfigError(
+            f"compile: true cannot run a checkpointed model (recompute: {recompute_mode(cfg)}): a compiled step "
+            "plans its memory itself (docs/COMPILE.md); set recompute: none or compile: false"
+        )
     if cfg.train.grad_clip > 0:
         raise ConfigError(
             "compile: true cannot clip gradients: train.grad_clip reads the gradient norm into Python, "

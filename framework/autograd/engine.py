@@ -178,13 +178,18 @@ def _execute(roots, retain_graph: bool, targets=None, accumulate: bool = True, c
     history (grad mode on, ``node.graph_mode`` set: saved tensors read back as tensors),
     so the gradients can be differentiated again. No gradient buffer is reused then:
     the gradients are tensors other nodes may have saved.
+
+    The run is a ``node.GraphTask`` (``node.graph_task`` while it runs; a backward inside a
+    backward is another): what a checkpoint recomputes is kept for one run, then dropped.
     """
-    prev_mode = _node.graph_mode
+    prev_mode, prev_task = _node.graph_mode, _node.graph_task
     _node.graph_mode = create_graph
+    task = _node.graph_task = _node.GraphTask()
     try:
         return _run(roots, retain_graph, targets, accumulate, create_graph)
     finally:
-        _node.graph_mode = prev_mode
+        _node.graph_mode, _node.graph_task = prev_mode, prev_task
+        task.finish()
 
 
 def _run(roots, retain_graph, targets, accumulate, create_graph):

@@ -205,6 +205,8 @@ class Function(Node):
         """
         if not (ctx.differentiable and any(ctx.needs_input_grad)):
             return
+        if _node.op_mode is not None:
+            _node.op_mode.kept(ctx, arrays)
         saved = ctx.__dict__.get("_saved")
         if saved is None:
             saved = ctx._saved = {}
@@ -362,6 +364,9 @@ def _apply(cls, inputs, params, inplace):
     # it could be checked).
     grad_on = state.enabled and not (cls.is_view and inputs[0]._vc.__class__ is InferenceVersionCounter)
     arrays, needs, any_needs = _read_inputs(cls, inputs, grad_on)
+    mode = _node.op_mode  # (see node.op_mode: a checkpointed region's)
+    if mode is not None:
+        mode.before(cls, inputs, inplace)
     ctx = cls.__new__(cls)
     ctx.needs_input_grad = needs
     if inplace:
@@ -374,13 +379,18 @@ def _apply(cls, inputs, params, inplace):
             saved, copied = _save_inputs(ctx, cls, inputs, arrays, needs, inplace)
         if state.anomaly:
             ctx._trace = traceback.format_stack()[:-2]
-    result = _run_kernel(ctx, cls, arrays, params, inplace)
+    if mode is None:
+        result = _run_kernel(ctx, cls, arrays, params, inplace)
+    else:
+        result = mode.kernel(ctx, cls, arrays, params, inplace)
     if inplace:
         out = _write_target(ctx, cls, inputs[0], result, copied, where)
     else:
         out = _new_output(cls, inputs, params, result, grad_on)
     if any_needs:
         _record_history(ctx, cls, inputs, needs, out, saved, inplace)
+    if mode is not None:
+        mode.after(ctx, cls, inputs, params, out, inplace)
     return out
 
 

@@ -12,12 +12,16 @@ import functools
 
 
 class _State:
-    __slots__ = ("enabled", "anomaly", "inference")
+    __slots__ = ("enabled", "anomaly", "inference", "recomputing")
 
     def __init__(self):
         self.enabled = True
         self.anomaly = False
         self.inference = False  # inside inference_mode(): new tensors are inference tensors
+        # A checkpoint runs its function again in backward (framework.utils.checkpoint):
+        # updates of model state that the forward made already are not made twice
+        # (BatchNorm's running statistics and its batch count).
+        self.recomputing = False
 
 
 state = _State()
@@ -106,6 +110,7 @@ class InferenceVersionCounter:
 
     __slots__ = ()
     writes = None
+    packed = 0  # (VersionCounter's: no saved tensor can watch an inference tensor)
 
     @property
     def value(self):

@@ -5,6 +5,9 @@
   write, so backward still sees the value it saved (and computes the right gradient).
   The copies are memory the inplace op did not save (category ``inplace_copies``).
 - :func:`increment_version`: bumps a tensor's version counter, as an inplace op would.
+- :class:`saved_tensors_hooks`: every tensor autograd saves inside it goes through a
+  pack hook, and comes back through an unpack hook when backward reads it (the
+  mechanism ``framework.utils.checkpoint`` is built on).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import weakref
 from .. import memory
 from ..backend import get_array_module
 from ..callsite import call_site
+from ..tensor import Tensor, _wrap
 from . import function as _function
 from . import node as _node
 
@@ -97,6 +101,47 @@ class allow_mutation_on_saved_tensors:
             saved.array, saved.vc = copy, None  # a private copy: nobody else writes it
 
 
+class saved_tensors_hooks:
+    """Context manager: how autograd keeps the tensors it saves for backward inside it.
+
+    ``pack_hook(tensor)`` is called with each tensor an op saves (a tensor sharing its
+    memory and version counter, without history) and may return anything; autograd keeps
+    that instead of the tensor. When backward needs the tensor, ``unpack_hook(packed)``
+    must return a tensor with the same values (after the usual version check: a saved
+    tensor modified in place still raises). The innermost context applies; a tensor is
+    packed by the hooks active when it was saved, wherever backward runs. As PyTorch's
+    ``torch.autograd.graph.saved_tensors_hooks``; a pack hook that returns its argument
+    keeps the tensor as usual.
+    """
+
+    def __init__(self, pack_hook, unpack_hook):
+        self.pack_hook = pack_hook
+        self.unpack_hook = unpack_hook
+
+    def __enter__(self):
+        _node.saved_hooks.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        if not _node.saved_hooks or _node.saved_hooks[-1] is not self:
+            raise RuntimeError("saved_tensors_hooks contexts must be exited in the order they were entered")
+        _node.saved_hooks.pop()
+        return False
+
+    def pack(self, saved, array):
+        t = _wrap(array)
+        if saved.vc is not None:
+            t._vc = saved.vc
+        packed = self.pack_hook(t)
+        return array if packed is t else packed
+
+    def unpack(self, packed):
+        t = self.unpack_hook(packed)
+        if not isinstance(t, Tensor):
+            raise TypeError(f"unpack_hook must return a Tensor, got {type(t).__name__}")
+        return t._live()
+
+
 def increment_version(tensor) -> None:
     """Bumps the version counter of ``tensor`` (or of each tensor in an iterable), as an
     inplace op would, so saved copies of it become stale. A no-op for inference tensors."""
@@ -106,4 +151,4 @@ def increment_version(tensor) -> None:
         t._vc.bump("increment_version", site)
 
 
-__all__ = ["allow_mutation_on_saved_tensors", "increment_version"]
+__all__ = ["allow_mutation_on_saved_tensors", "increment_version", "saved_tensors_hooks"]

@@ -38,6 +38,43 @@ before_backward: list = []
 graph_mode = False
 higher = None
 
+# Saved-tensor hooks (PyTorch's ``saved_tensors_hooks``): a stack of hook objects, pushed by
+# :class:`framework.autograd.graph.saved_tensors_hooks` and by ``framework.utils.checkpoint``.
+# A SavedTensor made while one is on top hands its array to the hook's ``pack(saved,
+# array)`` and keeps what that returns in place of the array (the array itself: kept as
+# usual); ``unpack(packed)`` gives the array back when backward reads it, after the
+# version check. ``None`` on top suspends the hooks below it.
+saved_hooks: list = []
+
+
+class GraphTask:
+    """One run of the engine (PyTorch's graph task), ``graph_task`` while it runs: what a
+    checkpoint keys the values it recomputed by. ``cleanups`` run when the run ends."""
+
+    __slots__ = ("cleanups",)
+
+    def __init__(self):
+        self.cleanups = []
+
+    def finish(self) -> None:
+        cleanups, self.cleanups = self.cleanups, []
+        for fn in cleanups:
+            fn()
+
+
+# The backward the engine is running (a GraphTask), else None.
+graph_task = None
+
+# The op mode of a checkpointed region (framework.utils.checkpoint) while its forward or
+# its recomputation runs, else None. It sees every op call, as PyTorch's TorchDispatchMode
+# sees every call below autograd: the apply path (autograd.function) calls
+# ``before(cls, inputs, inplace)`` once the inputs are read (after policy auto decided: a
+# mode never holds a tensor, so no proof changes), ``kernel(ctx, cls, arrays, params,
+# inplace)`` in place of the kernel, ``kept(ctx, arrays)`` with what the kernel keeps,
+# ``after(ctx, cls, inputs, params, out, inplace)`` with the output; the creation
+# functions call ``created(tensor)`` with each tensor they make.
+op_mode = None
+
 
 def _as_array(a):
     # NumPy ufuncs and reductions return scalars for 0-d results; tensors and gradients
@@ -56,6 +93,10 @@ class VersionCounter:
 
     value = 0
     writes = None
+    # Saved tensors that recorded this version while a hook packed them away (they hold
+    # no array, so nothing counts them as a reference): an inplace site never writes over
+    # such a tensor, as it never writes over one autograd holds.
+    packed = 0
 
     def bump(self, op_name: str, site) -> None:
         self.value += 1
@@ -72,21 +113,46 @@ def _describe(array) -> str:
     return f"[{array.dtype} tensor of shape {tuple(array.shape)}]"
 
 
+def _describe_saved(saved) -> str:
+    """``_describe`` of a saved tensor's array, or, where a hook packed it away, what the
+    hook says of it (its ``describe(packed)``)."""
+    if saved.array is not None:
+        return _describe(saved.array)
+    hooks, packed = saved.packed or (None, None)
+    describe = getattr(hooks, "describe", None)
+    return describe(packed) if describe is not None else "[a tensor a saved-tensor hook packed]"
+
+
 # Called with every new SavedTensor of a tensor others can write, while
 # autograd.graph.allow_mutation_on_saved_tensors() is active (None otherwise).
 on_save = None
 
 
 class SavedTensor:
-    """An array that a node keeps for backward, with the version it had when saved."""
+    """An array that a node keeps for backward, with the version it had when saved.
 
-    __slots__ = ("array", "vc", "version", "name", "__weakref__")
+    Made while a saved-tensor hook is active (:data:`saved_hooks`), it keeps what the
+    hook's ``pack`` returned instead (``packed``: the hook and its value; ``array`` is
+    None), and ``unpack`` asks the hook for the array, after the same version check.
+    """
+
+    __slots__ = ("array", "vc", "version", "name", "packed", "__weakref__")
 
     def __init__(self, array, vc, name):
-        self.array = array
+        self.array = self.packed = None
         self.vc = vc  # None for private copies nobody else can modify
         self.version = vc.value if vc is not None else 0
         self.name = name
+        if saved_hooks:
+            hooks = saved_hooks[-1]
+            if hooks is not None:
+                packed = hooks.pack(self, array)
+                if packed is not array:
+                    self.packed = (hooks, packed)
+                    if vc is not None:
+                        vc.packed += 1
+                    return
+        self.array = array
         memory.note_saved(array)
         if on_save is not None and vc is not None:
             on_save(self)
@@ -101,15 +167,22 @@ class SavedTensor:
                     "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_()."
                     "This is not supported, please use out-of-place `.detach()` instead"
                 )
+        packed = self.packed
+        if packed is not None:
+            return packed[0].unpack(packed[1])
         return self.array
 
     def release(self):
         if self.array is not None:
             memory.note_released(self.array)
             self.array = None
+        elif self.packed is not None:
+            self.packed = None
+            if self.vc is not None:
+                self.vc.packed -= 1
 
     def __del__(self):
-        if self.array is None:
+        if self.array is None and self.packed is None:
             return
         try:
             self.release()
@@ -133,22 +206,33 @@ def _input_detached(node, name) -> bool:
     return False
 
 
+def modified_by(vc, version: int) -> str:
+    """The sentence that names the writes of ``vc`` since ``version`` (the last eight are
+    remembered), as ``' It was modified by add_ at train.py:10 (version 1).'``; ``''``
+    when there were none."""
+    writes = [w for w in (vc.writes or ()) if w[0] > version]
+    if writes:
+        parts = [f"{op} at {file}:{line} (version {v})" for v, op, (file, line) in writes]
+        return " It was modified by " + ", then ".join(parts) + "."
+    if vc.value > version:
+        return " The op that modified it is no longer recorded (more than 8 inplace ops since)."
+    return ""
+
+
 def _version_error(saved: SavedTensor, node) -> str:
     what = "the output" if saved.name == "result" else f"input '{saved.name}'"
     msg = (
         "one of the variables needed for gradient computation has been modified by an "
-        f"inplace operation: {_describe(saved.array)}, which is {what} of {node.name()}, "
+        f"inplace operation: {_describe_saved(saved)}, which is {what} of {node.name()}, "
         f"is at version {saved.vc.value}; expected version {saved.version} instead."
     )
-    writes = [w for w in (saved.vc.writes or ()) if w[0] > saved.version]
-    if writes:
-        parts = [f"{op} at {file}:{line} (version {v})" for v, op, (file, line) in writes]
-        msg += " It was modified by " + ", then ".join(parts) + "."
-    elif saved.vc.value > saved.version:
-        msg += " The op that modified it is no longer recorded (more than 8 inplace ops since)."
-    return msg + (
-        " Hint: make the inplace op out of place (e.g. x = x.exp() instead of x.exp_()), "
-        "or clone() the tensor before modifying it."
+    return (
+        msg
+        + modified_by(saved.vc, saved.version)
+        + (
+            " Hint: make the inplace op out of place (e.g. x = x.exp() instead of x.exp_()), "
+            "or clone() the tensor before modifying it."
+        )
     )
 
 

@@ -69,29 +69,45 @@ def _saved_of(node) -> dict:
 
 
 def saved_tensors(*outputs) -> list[SavedEntry]:
-    """Every tensor the graph of ``outputs`` keeps for backward, in forward order."""
+    """Every tensor the graph of ``outputs`` keeps for backward, in forward order.
+
+    A tensor a saved-tensor hook packed away is not kept; what the hook itself keeps is
+    listed where the hook says (its ``held()``: a checkpoint's inputs, a selective
+    checkpoint's cached outputs), once per hook, under the name it gives.
+    """
     roots = [t.grad_fn for t in outputs if getattr(t, "grad_fn", None) is not None]
-    entries, seen = [], set()
+    entries, seen, hooks_seen = [], set(), set()
+
+    def add(node_name, name, array):
+        if array is None or not hasattr(array, "shape"):
+            return
+        root = memory.root_buffer(array)
+        key = id(root)
+        entries.append(
+            SavedEntry(
+                node=node_name,
+                name=name,
+                shape=tuple(array.shape),
+                dtype=str(array.dtype),
+                nbytes=int(array.nbytes),
+                buffer_bytes=int(root.nbytes),
+                category=memory.category_of(root),
+                first=key not in seen,
+            )
+        )
+        seen.add(key)
+
     for node in _nodes_in_forward_order(roots):
         for name, saved in _saved_of(node).items():
-            array = saved.array
-            if array is None or not hasattr(array, "shape"):
+            if saved.packed is not None:
+                hooks = saved.packed[0]
+                held = getattr(hooks, "held", None)
+                if held is not None and id(hooks) not in hooks_seen:
+                    hooks_seen.add(id(hooks))
+                    for holder, what, array in held():
+                        add(holder, what, array)
                 continue
-            root = memory.root_buffer(array)
-            key = id(root)
-            entries.append(
-                SavedEntry(
-                    node=node.name(),
-                    name=name,
-                    shape=tuple(array.shape),
-                    dtype=str(array.dtype),
-                    nbytes=int(array.nbytes),
-                    buffer_bytes=int(root.nbytes),
-                    category=memory.category_of(root),
-                    first=key not in seen,
-                )
-            )
-            seen.add(key)
+            add(node.name(), name, saved.array)
     return entries
 
 

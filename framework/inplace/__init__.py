@@ -147,8 +147,9 @@ def site_target(tensor, site: str, *, saves_differ: bool = False):
         return None
     if tensor._requires_grad and tensor._grad_fn is None and tensor._base is None:
         return None  # a leaf that requires grad is what its .grad belongs to (any grad mode)
-    if memory.saved_refcount(tensor._data):
-        # Autograd holds it for backward: writing would make backward raise.
+    if memory.saved_refcount(tensor._data) or tensor._vc.packed:
+        # Autograd holds it for backward (or a saved-tensor hook packed it, as a checkpoint
+        # does, and backward checks its version): writing would make backward raise.
         memory.count("inplace_site_fallbacks")
         return None
     if not _sole_array(tensor):
@@ -239,8 +240,8 @@ def auto_target(cls, inputs, params):
         return None
     nbytes = data.nbytes
     del data  # the proof counts references: hold none of our own
-    if not _sole_array(x):
-        return None
+    if not _sole_array(x) or x._vc.packed:
+        return None  # shared, or saved for backward (held, or packed away by a saved-tensor hook)
     frame = proof.dead_at(x, sys._getframe(2), "apply")
     if frame is None:
         return None

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from .. import creation
 from .. import inplace as _inplace
 from ..autograd.grad_mode import no_grad
+from ..autograd.grad_mode import state as grad_state
 from ..ops.dropout import check_probability
 from . import functional as F
 from . import init
@@ -193,8 +194,9 @@ class _BatchNorm(Module):
             )
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            with no_grad():
-                self.num_batches_tracked.add_(1)
+            if not grad_state.recomputing:  # a checkpoint's recompute: the forward counted this batch
+                with no_grad():
+                    self.num_batches_tracked.add_(1)
             # momentum=None: the cumulative moving average (factor 1/n at the n-th batch)
             factor = 1.0 / int(self.num_batches_tracked.item()) if self.momentum is None else self.momentum
         bn_training = self.training or (self.running_mean is None and self.running_var is None)

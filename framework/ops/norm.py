@@ -51,6 +51,7 @@ import numpy as np
 from .. import backend, memory
 from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
+from ..autograd.grad_mode import state as grad_state
 from ..backend import get_array_module
 from ..tensor import Tensor
 from . import kernels as K
@@ -735,9 +736,11 @@ class RunningStatUpdate(Function):
 
 def _update_running(running_mean, running_var, stats, momentum):
     """Moves the running statistics toward the batch mean and UNBIASED variance, in place
-    under no_grad: one inplace op per buffer, so its version bumps once per call (PyTorch)."""
+    under no_grad: one inplace op per buffer, so its version bumps once per call (PyTorch).
+    Not while a checkpoint recomputes the forward in backward: the forward updated them
+    (PyTorch updates them again, moving them twice toward the same batch)."""
     m = stats["count"]
-    if running_mean is None and running_var is None:
+    if (running_mean is None and running_var is None) or grad_state.recomputing:
         return
     if "mean" in stats:
         mean, var, moments = stats["mean"], stats["var"], {}

@@ -53,3 +53,20 @@ def test_auto_finds_the_block_s_inplace_sites(quick):
         assert auto.get("inplace_site_fallbacks") == 1
         assert rows["on"]["stats"].get("inplace_site_fallbacks") == 1
         assert "auto_inplace_ops.Gelu" not in auto  # its backward reads its input
+
+
+def test_recomputation_keeps_what_korthikanti_et_al_count_within_2_percent(quick):
+    """Selective (the attention core): 66sbh, the as^2 terms gone; full: the block's input,
+    4sbh. During the backward the recomputation brings back exactly what the block would
+    have kept (held + recomputed = off's bytes); the outputs and gradients are off's bit
+    for bit (the benchmark checks it as it runs)."""
+    for point, rows in quick.items():
+        s, b, h, a = point
+        sbh = s * b * h
+        assert rows["on+selective"]["held"] == 66 * sbh + 16 * s * b  # q, k, v kept; no scores, no causal mask
+        assert rows["on+full"]["held"] == 4 * sbh  # the input alone
+        for v in ("on+selective", "on+full"):
+            r = rows[v]
+            assert abs(r["held"] / r["formula"] - 1) < 0.02, v
+            assert r["held"] + r["recomputed"] == rows["off"]["held"], v
+            assert abs((r["held"] + r["recomputed"]) / B.formula("off", *point) - 1) < 0.02, v

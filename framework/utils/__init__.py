@@ -1,0 +1,6 @@
+"""Utilities over the autograd engine, with PyTorch's names (``torch.utils``):
+:mod:`.checkpoint` (activation checkpointing and selective recomputation)."""
+
+from . import checkpoint
+
+__all__ = ["checkpoint"]
