@@ -134,7 +134,9 @@ def test_a_signal_during_the_final_evaluation_finishes_it_then_stops_the_complet
     cut = Trainer(tiny_config(tmp_path, *COMMON, "logging.run_name=cut"))
     with pytest.raises(Interrupted, match=r"after step 10 of 10 \(the run is complete\)") as info:
         cut.fit()
-    assert "SIGINT: finishing the run's final evaluation and summary, then writing a checkpoint" in capfd.readouterr().err
+    assert (
+        "SIGINT: finishing the run's final evaluation and summary, then writing a checkpoint" in capfd.readouterr().err
+    )
     assert info.value.checkpoint.endswith("step_00000010.npz")
     # The final evaluation and the summary are logged, as in the run never stopped.
     assert comparable(read_scalars(cut.run_dir)) == comparable(read_scalars(full.run_dir))

@@ -117,7 +117,10 @@ def test_resume_refuses_a_checkpoint_of_another_model(tmp_path):
     Trainer(tiny_config(tmp_path)).fit()
     path = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))[-1][1]
     # One line naming both runs and what tells them apart.
-    both = r"is run inplace-auto_np1 \(id \w{12}\), not this config's run \(id \w{12}\): model.args.hidden \[16\] there, \[8\] here"
+    both = (
+        r"is run inplace-auto_np1 \(id \w{12}\), not this config's run \(id \w{12}\): "
+        r"model.args.hidden \[16\] there, \[8\] here"
+    )
     with pytest.raises(CheckpointError, match=both):
         Trainer(tiny_config(tmp_path, "model.args.hidden=[8]"), resume=path)
 
