@@ -267,10 +267,11 @@ def _fsync_directory(directory: str) -> None:
 
 
 def _pickle_message(path: str) -> str:
+    # Nothing short of unpickling tells whose pickle it is: it is not said to be ours.
     return (
-        f"checkpoint {path!r} is a pickle from an earlier version of this project; pickles "
-        "can run code when loaded, so it is not read. If you trust the file, convert it with: "
-        + CONVERT_HINT.format(path=path)
+        f"checkpoint {path!r} is a pickle, which can run code when loaded, so it is not read; if it is a "
+        "checkpoint of an earlier version of this project (they were pickles) and you trust the file, "
+        "convert it with: " + CONVERT_HINT.format(path=path)
     )
 
 
