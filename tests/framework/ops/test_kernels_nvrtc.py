@@ -402,9 +402,9 @@ def test_a_kernel_compiles_with_the_headers_of_the_gpu_extras_runtime_wheel_alon
     leg's nvrtc extra installs (``nvidia-cuda-runtime`` 13): the one include folder CuPy's
     compile takes outside CuPy itself must be that wheel's, at a version the extra accepts
     (``gpu-cuda12``'s set is resolved by tests/benchmarks/test_gpu_check.py)."""
-    import tomllib  # noqa: PLC0415 - Python 3.11; the nvrtc extra's leg runs on it
     from importlib.metadata import distribution  # noqa: PLC0415
 
+    import tomllib  # noqa: PLC0415 - Python 3.11; the nvrtc extra's leg runs on it
     from packaging.requirements import Requirement  # noqa: PLC0415
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
