@@ -517,6 +517,12 @@ def device_properties(dev: Device) -> dict:
     }
 
 
+def cuda_major() -> int:
+    """The major version of the CUDA runtime CuPy runs on (12 for 12.8): the one its
+    companion wheels (``nvidia-nccl-cu12``, ...) must be built for."""
+    return _cupy_or_raise().cuda.runtime.runtimeGetVersion() // 1000
+
+
 def current_stream():
     """CuPy's current stream of the current device (where kernels are queued now)."""
     return _cupy_or_raise().cuda.get_current_stream()

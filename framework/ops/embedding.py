@@ -16,11 +16,14 @@ compiled step runs it at every call too.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import backend, memory
 from ..autograd.function import Function
 from ..backend import get_array_module
 from ..tensor import Tensor
 from . import loss as _loss
+from .promotion import tensor_type_name
 from .view import IndexAdd
 
 
@@ -58,14 +61,15 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     """Rows ``weight[input]``: ``(*input.shape, embedding_dim)``.
 
     Args:
-        input: integer tensor of indices into the rows of ``weight``.
+        input: int64 or int32 tensor of indices into the rows of ``weight`` (others
+            raise PyTorch's RuntimeError).
         weight: ``(num_embeddings, embedding_dim)``.
         padding_idx: a row that gets no gradient (negative counts from the end).
         max_norm, norm_type, scale_grad_by_freq, sparse: PyTorch's; only their defaults
             are supported (NotImplementedError otherwise).
     """
-    if not isinstance(input, Tensor) or input.dtype.kind not in "iu":
-        got = input.dtype if isinstance(input, Tensor) else type(input).__name__
+    if not isinstance(input, Tensor) or input.dtype not in (np.int64, np.int32):  # Long, Int: PyTorch's
+        got = tensor_type_name(input.dtype, input.device.type) if isinstance(input, Tensor) else type(input).__name__
         raise RuntimeError(
             f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
             f"but got {got} instead (while checking arguments for embedding)"

@@ -212,6 +212,14 @@ def launch(kernel, *args, out=None):
     return kernel(*args) if out is None else kernel(*args, out)
 
 
+def pair(real, imag):
+    """``complex<double>(real, imag)`` as CUDA builds it: each part as given (NumPy's
+    ``real + 1j * imag`` makes the real part NaN where ``imag`` is NaN or inf)."""
+    out = np.empty(np.broadcast_shapes(np.shape(real), np.shape(imag)), np.complex128)
+    out.real, out.imag = real, imag
+    return out
+
+
 def _put(out, value):
     out[...] = value
 
@@ -375,7 +383,7 @@ def moments(x, axis):
     ``ln_moments``): the sum and the sum of squares along ``axis``, in float64, as one
     complex128 (real: sum, imaginary: sum of squares)."""
     xd = x.astype(np.float64)
-    return xd.sum(axis) + 1j * (xd * xd).sum(axis)
+    return pair(xd.sum(axis), (xd * xd).sum(axis))
 
 
 bn_moments = reduction(
@@ -396,7 +404,7 @@ bn_eval_stats = elementwise(
     "complex128 s",
     "s = complex<double>(mean, 1.0 / sqrt((double)var + eps));",
     "fused_bn_eval_stats",
-    lambda mean, var, eps, s: _put(s, mean.astype(np.float64) + 1j * (1.0 / np.sqrt(var.astype(np.float64) + eps))),
+    lambda mean, var, eps, s: _put(s, pair(mean.astype(np.float64), 1.0 / np.sqrt(var.astype(np.float64) + eps))),
     _RUNNING,
 )
 
@@ -450,7 +458,7 @@ bn_forward = elementwise(
 
 def _bn_grad_sums(g, x, s, inv_m, eps, axis):
     gd = g.astype(np.float64)
-    return gd.sum(axis) + 1j * (gd * _bn_xhat(x, s, inv_m, eps).astype(np.float64)).sum(axis)
+    return pair(gd.sum(axis), (gd * _bn_xhat(x, s, inv_m, eps).astype(np.float64)).sum(axis))
 
 
 bn_grad_sums = reduction(
@@ -592,7 +600,7 @@ def _abn_parts(y, g, r, b, w, aeps, slope):
 def _abn_grad_sums(y, g, r, b, w, aeps, slope, axis):
     dz, xhat, _ = _abn_parts(y, g, r, b, w, aeps, slope)
     dzd = dz.astype(np.float64)
-    return dzd.sum(axis) + 1j * (dzd * xhat.astype(np.float64)).sum(axis)
+    return pair(dzd.sum(axis), (dzd * xhat.astype(np.float64)).sum(axis))
 
 
 abn_grad_sums = reduction(

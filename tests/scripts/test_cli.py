@@ -65,6 +65,7 @@ def test_train_succeeds_and_prints_the_summary(tmp_path):
         (["--set", "data.batch_size=0"], ["data.batch_size"]),
         (["--set", "nonsense"], ["nonsense", "="]),
         (["--resume", "nowhere.ckpt"], ["nowhere.ckpt", "does not exist"]),
+        (["--set", "distributed.zero=1"], ["distributed.zero: 1", "this run has one", "mpiexec -n N"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, fragments):
