@@ -810,7 +810,12 @@ class Trainer:
         saved_run = state.get("run") or {}
         if not runs.same_run(saved_cfg.to_dict(), ours):
             raise CheckpointError(
-                runs.another_run(f"checkpoint {path}", saved_run.get("name", "?"), saved_cfg.to_dict(), ours)
+                runs.another_run(
+                    f"checkpoint {path}",
+                    saved_run.get("name") or os.path.basename(os.path.dirname(os.path.abspath(path))),  # its folder
+                    saved_cfg.to_dict(),
+                    ours,
+                )
                 + "; resume it with its config, or leave out --resume to start this run"
             )
         # A checkpoint goes on in its own folders (earlier versions' name none: the run's name).
