@@ -17,9 +17,12 @@ where importable), then runs, one after the other, each with its output shown as
 
 and ends with one summary table (exit status, seconds and the last line of each). Exit
 status: 0 when every step passed, 1 when one failed, 2 (one line on stderr, nothing run)
-when no CUDA GPU is usable. ``--list`` prints the steps it would run and exits.
+when no CUDA GPU is usable or the test suite's tools are missing (the GPU extras do not
+install pytest: the line gives the install command). ``--list`` prints the steps it would
+run and exits.
 
-Run:  python benchmarks/gpu_check.py [--list] [--out DIR]
+Install and run (CUDA 13 driver; ``gpu-cuda12`` for a CUDA 12 one):
+    pip install -e ".[test,gpu-cuda13]" && python benchmarks/gpu_check.py [--list] [--out DIR]
 """
 
 from __future__ import annotations
@@ -84,6 +87,16 @@ def steps(out_dir: str) -> list[tuple[str, list[str]]]:
             ],
         ),
     ]
+
+
+# What the first step (the test suite) imports beyond the GPU extras: the test extra's.
+TEST_TOOLS = ("pytest", "hypothesis")
+INSTALL = 'pip install -e ".[test,gpu-cuda13]"  (gpu-cuda12 for a CUDA 12 driver)'
+
+
+def missing_test_tools() -> list[str]:
+    """The test extra's modules the first step needs that are not installed here."""
+    return [m for m in TEST_TOOLS if importlib.util.find_spec(m) is None]
 
 
 def versions() -> dict:
@@ -153,6 +166,14 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the steps it would run, and exit")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "gpu_check"), help="folder for bench_gpu.json")
     args = ap.parse_args(argv)
+    missing = missing_test_tools()
+    if missing and not args.list:
+        print(
+            f"error: gpu_check.py's first step runs the test suite, which needs {' and '.join(missing)} "
+            f"(the test extra); install with: {INSTALL}; nothing was run",
+            file=sys.stderr,
+        )
+        return 2
     # Real CuPy only, here and in every step: a missing GPU must not run the stand-in.
     os.environ[backend.CUPY_ENV] = "cupy"
     backend.forget_cupy()

@@ -209,6 +209,33 @@ def cuda_unavailable_reason() -> str | None:
     )
 
 
+# CUDA's own words for "no GPU": no device, or (on a machine without NVIDIA's driver) no driver.
+_NO_GPU_ERRORS = ("cudaErrorNoDevice", "cudaErrorInsufficientDriver", "CUDA reports no device")
+
+
+def _driver_loads() -> bool:
+    """Whether NVIDIA's driver library loads here (``libcuda.so.1``; ``nvcuda.dll`` on Windows)."""
+    import ctypes  # noqa: PLC0415 - only where CuPy failed
+
+    try:
+        ctypes.CDLL("nvcuda.dll" if os.name == "nt" else "libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def cupy_broken() -> bool:
+    """Whether CuPy is installed but broken: it failed to load for a reason other than this
+    machine having no GPU (a wheel for another CUDA, a driver too old for it, a damaged
+    install). CUDA's "no device" or "insufficient driver" where NVIDIA's driver library does
+    not load at all only means no GPU here, which a run that asks for none need not hear of
+    (the test run says it in its header; :func:`cuda_unavailable_reason` gives the error to
+    whoever asks for a GPU)."""
+    if is_cuda_available() or _cupy_error is None or cupy_choice() == "none":
+        return False
+    return not (any(e in _cupy_error for e in _NO_GPU_ERRORS) and not _driver_loads())
+
+
 def xp_for(dev: Device):
     """The array module for a device: NumPy for ``cpu``, CuPy for ``cuda``."""
     if dev.type == "cpu":

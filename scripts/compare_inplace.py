@@ -5,7 +5,10 @@
 
 Each policy trains the same config (same seed, same data) into the same TensorBoard
 experiment folder, so the runs overlay in one dashboard; its progress display is
-labelled with the policy. A policy (``off``, ``on``, ``auto``) may carry model variants
+labelled with the policy. A comparison takes an experiment folder no run has written:
+``runs/<experiment>``, or where that holds runs already, its next version
+``runs/<experiment>_v2`` (and so on; checkpoints alike), so that one folder holds one
+comparison's runs and its figure (trainers/runs.py). A policy (``off``, ``on``, ``auto``) may carry model variants
 after ``+``, which change what backward keeps without changing the function:
 ``+abn`` fuses the model's BatchNorm + activation as InPlace-ABN (``model.args.norm``);
 for the GPT, ``+meln`` makes its LayerNorms memory-efficient (``model.args.layer_norm``)
@@ -34,8 +37,9 @@ and each policy's memory timeline of one step against the position in the step. 
 run's ``memory/timeline`` image is logged once every policy has run, all on one MB scale.
 
 Ctrl-C, SIGTERM or SIGUSR1 stop the policy in training after the step in flight, write
-its checkpoint and print the command that resumes the comparison: ``--resume`` skips the
-policies whose runs finished, resumes the one that was stopped, then trains the rest.
+its checkpoint and print the command that resumes the comparison: ``--resume`` goes on in
+the newest version of the experiment folder that holds a checkpoint of one of its runs,
+skips the policies whose runs finished, resumes the one that was stopped, then trains the rest.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from framework.distributed.comm import get_world  # noqa: E402
+from trainers import runs  # noqa: E402
 from trainers.cli import run_cli  # noqa: E402
 from trainers.config import ConfigError, load_config  # noqa: E402
 from trainers.logging import (  # noqa: E402
@@ -158,8 +164,8 @@ def parse_policies(text: str):
     return names
 
 
-def policy_config(args, name: str):
-
+def policy_config(args, name: str, experiment: str | None = None):
+    """The config of one policy's run (in ``experiment`` where given: the comparison's folder)."""
     policy, variants = variant(name)
     # Each policy gets its own run folder, named after it (logging.run_name would put them in one;
     # a model variant that the run name does not show, +meln or +fused, gets it spelled out).
@@ -169,7 +175,41 @@ def policy_config(args, name: str):
         f"logging.run_name={'inplace-' + name.replace('+', '_') if unnamed else 'null'}",
         f"compile={str(name == COMPILED).lower()}",
     ]
+    if experiment is not None:
+        overrides.append(f"experiment={experiment}")
     return load_config(args.config, overrides + variants)
+
+
+def comparison_experiment(args, names, configs) -> str:
+    """The experiment folder of this comparison (trainers/runs.py): a new comparison takes one
+    no run has written (the configured one, or its next version); ``--resume`` the newest one
+    that holds a checkpoint of one of its runs. Rank 0 decides, every rank follows."""
+    first = configs[names[0]]
+    logdir, ckpt_dir, experiment = first.logging.logdir, first.checkpoint.dir, first.experiment
+    comm = get_world()
+    chosen = None
+    if comm.is_main:
+        if args.resume:
+            chosen = runs.find_experiment(experiment, logdir, ckpt_dir, [c.to_dict() for c in configs.values()])
+        else:
+            chosen = runs.next_free_experiment(experiment, logdir, ckpt_dir)
+    if comm.size > 1:
+        chosen = comm.broadcast_object(chosen, root=0)
+    if chosen is None:
+        raise ConfigError(
+            f"--resume: no checkpoint of this comparison's runs in {os.path.join(ckpt_dir, experiment)} (nor in a "
+            "later version of it), so nothing to resume; leave out --resume to start the comparison"
+        )
+    if chosen != experiment and comm.is_main:
+        if args.resume:
+            print(f"resuming the comparison in {os.path.join(logdir, chosen)}", flush=True)
+        else:
+            print(
+                f"{os.path.join(logdir, experiment)} already holds runs: this comparison writes "
+                f"{os.path.join(logdir, chosen)}",
+                flush=True,
+            )
+    return chosen
 
 
 def compare(args) -> int:
@@ -178,16 +218,9 @@ def compare(args) -> int:
     if args.rounds < 1 or args.round_steps < 1:
         raise ConfigError(f"--rounds and --round-steps must be >= 1, got {args.rounds} and {args.round_steps}")
     configs = {name: policy_config(args, name) for name in names}
-    if args.resume:
-        # The policies run in order and a stopped run always leaves a checkpoint, so a
-        # comparison that can be resumed has one for its first policy.
-        first = Trainer(configs[names[0]], resume="auto")
-        if first.nothing_to_resume:
-            raise ConfigError(
-                f"--resume: no checkpoint of {names[0]}'s run in {first.nothing_to_resume}, so nothing to resume; "
-                "leave out --resume to start the comparison"
-            )
-        del first
+    experiment = comparison_experiment(args, names, configs)
+    if experiment != configs[names[0]].experiment:
+        configs = {name: policy_config(args, name, experiment) for name in names}
 
     # The first training steps of a process run slower for a while: on the quickstart
     # config, the first of three identical runs logged about half the samples/s of the
@@ -246,7 +279,8 @@ def resume_line(name: str, trainer) -> str:
         return f"{name}: finished at step {trainer.step} ({trainer.last_checkpoint}); kept as it is"
     if trainer.resumed:
         return f"{name}: resumed from step {trainer.step} ({trainer.last_checkpoint})"
-    return f"{name}: no checkpoint in {trainer.nothing_to_resume} yet; training from step 0"
+    line = f"{name}: no checkpoint in {trainer.nothing_to_resume} yet; training from step 0"
+    return line + (f" ({trainer.new_version_note()})" if trainer.new_version_note() else "")
 
 
 def log_timelines(results: dict) -> None:

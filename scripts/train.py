@@ -9,23 +9,27 @@ loss stops training with status 3.
 
 Ctrl-C, SIGTERM or SIGUSR1 stop the run after the step in flight, write a checkpoint and
 print the command that resumes it (exit status 128 + the signal). ``--resume`` says
-where it resumed from; with no checkpoint to resume it says so and exits with status 2
-(``checkpoint.resume: auto`` instead starts from step 0 when there is none, for job
-scripts that run the same command again). Resuming a run that has already finished
-says so and changes nothing.
+where it resumed from; with no checkpoint of this config's run to resume it says so (and
+names the other run it found) and exits with status 2 (``checkpoint.resume: auto``
+instead starts from step 0 when there is none, for job scripts that run the same command
+again). Resuming a run that has already finished changes nothing and prints what the run
+printed at its end: its summary and, for a language model, its sample. A new run never
+writes into folders another run has written: it writes the next version of its name
+(``inplace-auto_np1_v2``) and says so (trainers/runs.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainers.cli import run_cli  # noqa: E402
 from trainers.config import ConfigError, load_config  # noqa: E402
-from trainers.trainer import DASHBOARD_URL, Trainer, summary_table  # noqa: E402
+from trainers.trainer import DASHBOARD_URL, Interrupted, Trainer, summary_table  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -67,6 +71,11 @@ def _train(args):
     cfg = load_config(args.config, args.overrides)
     trainer = Trainer(cfg, resume=args.resume)
     if trainer.nothing_to_resume and args.resume:
+        if trainer.other_runs:  # one line naming both runs
+            raise ConfigError(
+                f"--resume: no checkpoint of this config's run in {trainer.ckpt_root}: {trainer.other_runs[0]}; "
+                "resume with that run's config, or leave out --resume to start this run at step 0"
+            )
         raise ConfigError(
             f"--resume: no checkpoint of run {trainer.run_name} in {trainer.nothing_to_resume}, so nothing to "
             "resume; leave out --resume to start the run at step 0"
@@ -76,6 +85,8 @@ def _train(args):
             print(trainer.describe_data())
         if trainer.nothing_to_resume:
             print(f"checkpoint.resume: no checkpoint in {trainer.nothing_to_resume} yet; training from step 0")
+        if trainer.new_version_note():
+            print(trainer.new_version_note())
         elif trainer.resumed and not trainer.finished:
             print(f"resumed from step {trainer.step} ({trainer.last_checkpoint})", flush=True)
     result = trainer.fit()
@@ -87,9 +98,16 @@ def _train(args):
             f"{trainer.step} of {trainer.total_steps}; nothing was trained, logged or saved. To train "
             "longer, raise train.max_steps or train.epochs."
         )
-        return 0
+        if not trainer.totals_restored:  # an earlier version's checkpoint holds no summary to show
+            return 0
+        result = trainer.result()  # what the run printed at its end, in case that was lost
     print(summary_table([result]))
-    sample = trainer.sample_text()
+    try:
+        sample = trainer.sample_text()
+    except KeyboardInterrupt:  # the run is complete, and its checkpoint written: --resume writes the sample
+        raise Interrupted(
+            signal.SIGINT, trainer.step, trainer.total_steps, trainer.last_checkpoint, trainer.run_name
+        ) from None
     if sample is not None:
         baseline = trainer.train_set.unigram_loss
         print(

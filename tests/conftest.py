@@ -18,7 +18,6 @@ reason otherwise.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -38,7 +37,9 @@ def _choose_cupy() -> str:
     if os.environ.get(fw_backend.CUPY_ENV, "").strip():
         return fw_backend.cupy_choice()  # chosen by the user: never replaced (cupy without a GPU skips)
     choice = "cupy" if fw_backend.is_cuda_available() else "standin"
-    if choice == "standin" and importlib.util.find_spec("cupy") is not None:
+    # A CuPy that cannot see a GPU because there is none (the nvrtc extra installs CuPy on
+    # machines without a driver) is no news; a broken one is.
+    if choice == "standin" and fw_backend.cupy_broken():
         FALLBACK_REASON = fw_backend.cuda_unavailable_reason()
     os.environ[fw_backend.CUPY_ENV] = choice  # inherited by the jobs the tests launch
     fw_backend.forget_cupy()

@@ -39,9 +39,11 @@ __all__ = [
     "CheckpointError",
     "checkpoint_path",
     "config_hash",
+    "has_checkpoints",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "read_config",
     "save_checkpoint",
     "write_checkpoint",
 ]
@@ -66,6 +68,11 @@ def checkpoint_path(directory: str, step: int) -> str:
 def list_checkpoints(directory: str) -> list[tuple[int, str]]:
     """``(step, path)`` of the checkpoints in ``directory``, oldest first."""
     return _matching(directory, _NAME)
+
+
+def has_checkpoints(directory: str) -> bool:
+    """Whether ``directory`` holds a checkpoint, of this format or an earlier version's pickle."""
+    return bool(list_checkpoints(directory) or _matching(directory, _OLD_NAME))
 
 
 def latest_checkpoint(directory: str) -> str | None:
@@ -260,10 +267,11 @@ def _fsync_directory(directory: str) -> None:
 
 
 def _pickle_message(path: str) -> str:
+    # Nothing short of unpickling tells whose pickle it is: it is not said to be ours.
     return (
-        f"checkpoint {path!r} is a pickle from an earlier version of this project; pickles "
-        "can run code when loaded, so it is not read. If you trust the file, convert it with: "
-        + CONVERT_HINT.format(path=path)
+        f"checkpoint {path!r} is a pickle, which can run code when loaded, so it is not read; if it is a "
+        "checkpoint of an earlier version of this project (they were pickles) and you trust the file, "
+        "convert it with: " + CONVERT_HINT.format(path=path)
     )
 
 
@@ -317,6 +325,27 @@ def load_checkpoint(path: str) -> dict:
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError(f"{path!r} is not a checkpoint of this project")
     return state
+
+
+def read_config(path: str) -> dict | None:
+    """The config a checkpoint was written with, read from its metadata alone (not its arrays).
+
+    For looking through a folder's checkpoints (``trainers/runs.py``) without reading
+    their weights; :func:`load_checkpoint` checks the whole file before a resume.
+
+    Returns:
+        The config dict, or None when the file is not a readable checkpoint of this
+        project or holds no config.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            meta = json.loads(archive[META].tobytes())
+        items = meta["state"]["$dict"]
+        config = next(value for key, value in items if key == "config")
+        config = _decode(config, {}, path)  # a config holds no arrays
+    except (OSError, ValueError, KeyError, TypeError, StopIteration, zipfile.BadZipFile, EOFError, CheckpointError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _damaged(path: str, size: int, error: Exception) -> str:

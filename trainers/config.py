@@ -35,6 +35,7 @@ __all__ = [
     "config_from_dict",
     "load_config",
     "reference_markdown",
+    "resumable_keys",
     "schema_keys",
 ]
 
@@ -60,6 +61,9 @@ class Field:
             ValueError for a bad one), described by ``parse_doc``.
         from_bool: Maps YAML booleans to values, because YAML 1.1 reads bare
             ``on``/``off``/``yes``/``no`` as booleans.
+        resumable: The key may change when a run is resumed and the run stays the same
+            run: where it is written, how long it trains, what it shows and how often, how
+            fast it runs. Every other key is part of the run's identity (trainers/runs.py).
     """
 
     type: str
@@ -72,6 +76,7 @@ class Field:
     parse: Callable[[str], Any] | None = None
     parse_doc: str = ""
     from_bool: Mapping[bool, Any] | None = None
+    resumable: bool = False
 
 
 def _parse_device(spec: str):
@@ -86,7 +91,10 @@ def _parse_device(spec: str):
 # fmt: off  (a table: one key per row, aligned)
 SCHEMA: dict[str, Any] = {
     "experiment": Field(
-        "str", "default", "TensorBoard experiment folder: runs are written to `<logdir>/<experiment>/<run>`"
+        "str",
+        "default",
+        "TensorBoard experiment folder: runs are written to `<logdir>/<experiment>/<run>`",
+        resumable=True,
     ),
     "seed": Field("int", 0, "Random seed for parameter init, data order and synthetic data"),
     "device": Field(
@@ -96,6 +104,7 @@ SCHEMA: dict[str, Any] = {
         "rank GPU local_rank % GPUs, `cuda:N` is GPU N)",
         parse=_parse_device,
         parse_doc="cpu, cuda or cuda:N (e.g. cuda:0)",
+        resumable=True,
     ),
     "inplace": Field(
         "str",
@@ -147,6 +156,7 @@ SCHEMA: dict[str, Any] = {
         "Threads per process for NumPy's BLAS (0: the library's default, "
         "or cores / processes under MPI); small models run fastest on 1",
         min=0,
+        resumable=True,
     ),
     "data": {
         "name": Field(
@@ -157,7 +167,7 @@ SCHEMA: dict[str, Any] = {
             choices=("digits", "synthetic_images", "synthetic_regression", "npz", "cifar10", "cifar100", "text"),
         ),
         "batch_size": Field("int", 64, "Training batch size per process", min=1),
-        "eval_batch_size": Field("int", 512, "Evaluation batch size per process", min=1),
+        "eval_batch_size": Field("int", 512, "Evaluation batch size per process", min=1, resumable=True),
         "drop_last": Field("bool", True, "Drop the last incomplete training batch of an epoch"),
         "num_train": Field("int", 2048, "Training samples (synthetic sets only)", min=1),
         "num_test": Field("int", 512, "Test samples (synthetic sets only)", min=1),
@@ -259,17 +269,25 @@ SCHEMA: dict[str, Any] = {
     },
     "sample": {
         "tokens": Field(
-            "int", 0, "Tokens a language model writes after training, printed with the summary (0: none)", min=0
+            "int",
+            0,
+            "Tokens a language model writes after training, printed with the summary (0: none)",
+            min=0,
+            resumable=True,
         ),
-        "prompt": Field("str", "", "Text the sample continues (empty: the validation text's first token)"),
-        "temperature": Field("float", 1.0, "Sampling temperature (logits are divided by it)", gt=0),
-        "top_k": Field("int?", None, "Sample among the k most likely tokens only (1: greedy); null: all", min=1),
+        "prompt": Field(
+            "str", "", "Text the sample continues (empty: the validation text's first token)", resumable=True
+        ),
+        "temperature": Field("float", 1.0, "Sampling temperature (logits are divided by it)", gt=0, resumable=True),
+        "top_k": Field(
+            "int?", None, "Sample among the k most likely tokens only (1: greedy); null: all", min=1, resumable=True
+        ),
     },
     "train": {
-        "epochs": Field("int", 1, "Training epochs", min=1),
-        "max_steps": Field("int?", None, "Stop after this many steps if set (overrides epochs)", min=1),
-        "eval_every": Field("int", 100, "Steps between evaluations", min=1),
-        "log_every": Field("int", 10, "Steps between logged training metrics", min=1),
+        "epochs": Field("int", 1, "Training epochs", min=1, resumable=True),
+        "max_steps": Field("int?", None, "Stop after this many steps if set (overrides epochs)", min=1, resumable=True),
+        "eval_every": Field("int", 100, "Steps between evaluations", min=1, resumable=True),
+        "log_every": Field("int", 10, "Steps between logged training metrics", min=1, resumable=True),
         "grad_clip": Field("float", 0.0, "Maximum global gradient norm; 0 = no clipping", min=0),
         "accumulate": Field(
             "int",
@@ -283,31 +301,36 @@ SCHEMA: dict[str, Any] = {
         ),
     },
     "logging": {
-        "logdir": Field("str", "runs", "Root folder of TensorBoard logs"),
+        "logdir": Field("str", "runs", "Root folder of TensorBoard logs", resumable=True),
         "run_name": Field(
             "str?",
             None,
             "Run folder name; null = derived from the inplace policy, the number of "
             "processes and whether the model uses InPlace-ABN (`inplace-on_np1_inplace_abn`)",
+            resumable=True,
         ),
         "progress": Field(
-            "bool", True, "Show progress on rank 0: a tqdm bar on a terminal, else a line every few seconds"
+            "bool",
+            True,
+            "Show progress on rank 0: a tqdm bar on a terminal, else a line every few seconds",
+            resumable=True,
         ),
-        "timeline": Field("bool", True, "Log a memory-timeline figure of one training step"),
+        "timeline": Field("bool", True, "Log a memory-timeline figure of one training step", resumable=True),
     },
     "checkpoint": {
-        "dir": Field("str", "checkpoints", "Folder of checkpoints"),
-        "every": Field("int", 0, "Steps between checkpoints; 0 = only at the end", min=0),
-        "keep": Field("int", 2, "Number of most recent checkpoints kept", min=1),
+        "dir": Field("str", "checkpoints", "Folder of checkpoints", resumable=True),
+        "every": Field("int", 0, "Steps between checkpoints; 0 = only at the end", min=0, resumable=True),
+        "keep": Field("int", 2, "Number of most recent checkpoints kept", min=1, resumable=True),
         "resume": Field(
             "str|bool",
             False,
             "`false`, `auto` (latest in checkpoint.dir; `true` means the same) or a checkpoint path",
             from_bool={True: "auto"},
+            resumable=True,
         ),
     },
     "distributed": {
-        "bucket_mb": Field("float", 25.0, "Gradient allreduce bucket size in MiB", gt=0),
+        "bucket_mb": Field("float", 25.0, "Gradient allreduce bucket size in MiB", gt=0, resumable=True),
         "backend": Field(
             "str",
             "auto",
@@ -315,6 +338,7 @@ SCHEMA: dict[str, Any] = {
             "one GPU per process), `mpi` (MPI; GPU buffers staged through host memory) or `auto` "
             "(NCCL for a GPU run when CuPy can load it, else MPI)",
             choices=("auto", "mpi", "nccl"),
+            resumable=True,
         ),
         "sync_bn": Field(
             "bool",
@@ -470,6 +494,11 @@ def _flatten_schema(node: Mapping[str, Any], prefix: str = "") -> Iterator[tuple
 def schema_keys() -> list[str]:
     """Returns every dotted key of the schema, in schema order (``["experiment", ..., "optim.lr", ...]``)."""
     return [key for key, _ in _flatten_schema(SCHEMA)]
+
+
+def resumable_keys() -> list[str]:
+    """The dotted keys that may change when a run is resumed (``Field.resumable``), in schema order."""
+    return [key for key, field in _flatten_schema(SCHEMA) if field.resumable]
 
 
 def _suggest(key: str, siblings: Sequence[str], prefix: str) -> str:
@@ -871,6 +900,8 @@ def reference_markdown() -> str:
             doc += f". Must be {field.parse_doc}"
         if _bounds_text(field):
             doc += f". Must be {_bounds_text(field)}"
+        if field.resumable:
+            doc += ". May change on `--resume`"
         doc = doc.replace("|", "\\|")
         lines.append(f"| `{key}` | {_TYPES[field.type][2]} | `{_fmt_default(field.default)}` | {doc}. |")
     return "\n".join(lines) + "\n"

@@ -46,16 +46,17 @@ class StopSignals:
     Args:
         announce: Write one line to stderr when the first signal arrives (rank 0 only, so
             that a job of N ranks that all get the signal says it once).
-        step: A callable giving the step in flight, named in that line.
+        doing: A callable naming what the run finishes before it stops (``"step 7"``,
+            ``"the final evaluation and summary"``), named in that line.
 
     Installing handlers needs the main thread; elsewhere (a trainer driven from another
     thread) the context manager installs nothing and :attr:`received` stays 0.
     """
 
-    def __init__(self, announce: bool = True, step=None) -> None:
+    def __init__(self, announce: bool = True, doing=None) -> None:
         self.received = 0
         self._announce = announce
-        self._step = step
+        self._doing = doing
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
@@ -77,9 +78,9 @@ class StopSignals:
             return  # already stopping
         self.received = signum
         if self._announce:
-            step = f" {self._step() + 1}" if self._step is not None else ""
+            doing = self._doing() if self._doing is not None else "the step in flight"
             again = "; Ctrl-C again stops at once, without it" if signum == signal.SIGINT else ""
-            line = f"\n{signal_name(signum)}: finishing step{step}, then writing a checkpoint{again}\n"
+            line = f"\n{signal_name(signum)}: finishing {doing}, then writing a checkpoint{again}\n"
             try:
                 os.write(sys.stderr.fileno(), line.encode())
             except (OSError, ValueError, AttributeError):  # no usable stderr: stop quietly
@@ -115,6 +116,16 @@ class StopAgreement:
         self._flag[0] = received
         self._pending = self._comm.iallreduce_(self._flag, "max")
         return agreed
+
+    def now(self, received: int) -> int:
+        """The signal any rank got, agreed at once (a blocking collective every rank must
+        call): for the run's end, where no later step would carry the agreement."""
+        agreed = self.close()
+        if self._comm.size == 1:
+            return received or agreed
+        self._flag[0] = max(received, agreed)
+        self._comm.iallreduce_(self._flag, "max").wait()
+        return int(self._flag[0])
 
     def close(self) -> int:
         """Completes the agreement in flight (every rank must: it is a collective); returns its signal."""

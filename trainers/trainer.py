@@ -44,7 +44,8 @@ from framework.ops.loss import check_targets
 from models import build_model, model_signature
 from models.layers import set_recompute
 
-from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from . import runs
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict
 from .data import DATASETS, DataError, DataLoader, load_dataset
 from .interrupt import StopAgreement, StopSignals, signal_name
@@ -625,7 +626,8 @@ class Trainer:
         # and the allocator), or the last of a shorter run.
         self.timeline_step = min(2, max(self.total_steps - 1, 0))
 
-        self.run_name = (
+        # The name the config gives the run; its folders are a version of it (trainers/runs.py).
+        self.base_name = (
             run_name
             or cfg.logging.run_name
             or default_run_name(
@@ -640,20 +642,33 @@ class Trainer:
                 f"acc{cfg.train.accumulate}" if cfg.train.accumulate > 1 else None,
             )
         )
-        self.run_dir = run_dir(cfg.logging.logdir, cfg.experiment, self.run_name)
-        self.ckpt_dir = os.path.join(cfg.checkpoint.dir, cfg.experiment, self.run_name)
+        self.log_root = os.path.dirname(run_dir(cfg.logging.logdir, cfg.experiment, self.base_name))
+        self.ckpt_root = os.path.join(cfg.checkpoint.dir, cfg.experiment)
+        self.run_id = runs.run_id(cfg.to_dict())
         self.step = 0
         self.totals = _new_totals()
         self.totals_restored = False  # from a checkpoint that holds them (earlier versions' do not)
         self.resumed = False
         self.last_checkpoint = None
-        # Where a resume looked and found no checkpoint (the run then starts at step 0):
-        # the scripts say so, or refuse when the user asked for a resume.
+        # Where a resume looked and found no checkpoint of this run (the run then starts at
+        # step 0), and the other runs it found there: the scripts say so, or refuse when the
+        # user asked for a resume.
         self.nothing_to_resume: str | None = None
+        self.other_runs: list[str] = []
         if resume is None:
             resume = cfg.checkpoint.resume
         if resume:
             self._resume(resume)
+        if not self.resumed:  # a new run: folders no other run has written
+            self._use_folders(self._agreed(lambda: runs.next_free(self.base_name, self.log_root, self.ckpt_root)))
+
+    def new_version_note(self) -> str | None:
+        """One line when this new run writes a new version of its name (its name's folders
+        hold another run, trainers/runs.py); None otherwise."""
+        if self.resumed or self.run_name == self.base_name:
+            return None
+        taken = os.path.join(self.log_root, self.base_name)
+        return f"{taken} already holds a run: this run writes {self.run_dir} (checkpoints: {self.ckpt_dir})"
 
     @property
     def finished(self) -> bool:
@@ -742,6 +757,8 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "ranks": ranks if ranks is not None else [self._rank_state()],
             "run": {
+                "name": self.run_name,  # its folders (trainers/runs.py)
+                "id": self.run_id,
                 "timed": dict(totals["timed"]),
                 "last_loss": totals["last_loss"],
                 "eval": totals["eval"],
@@ -769,19 +786,63 @@ class Trainer:
         self.last_checkpoint = path
         return path
 
+    def _use_folders(self, name: str) -> None:
+        """Writes the run's TensorBoard events and checkpoints under ``name`` (a version of its name)."""
+        self.run_name = name
+        self.run_dir = run_dir(self.cfg.logging.logdir, self.cfg.experiment, name)  # checks the name
+        self.ckpt_dir = os.path.join(self.ckpt_root, name)
+
+    def _agreed(self, decide):
+        """``decide()`` on rank 0, and its result (or its CheckpointError) on every rank: the
+        ranks write and read the same folders, and fail alike."""
+        comm = self.control_comm
+        if comm.size == 1:
+            return decide()
+        result = error = None
+        if comm.rank == 0:
+            try:
+                result = decide()
+            except CheckpointError as e:
+                error = str(e)
+        result, error = comm.broadcast_object((result, error), root=0)
+        if error is not None:
+            raise CheckpointError(error)
+        return result
+
     def _resume(self, resume) -> None:
-        path = latest_checkpoint(self.ckpt_dir) if resume in (True, "auto") else str(resume)
-        if path is None:
-            self.nothing_to_resume = self.ckpt_dir
-            return  # resume: auto with nothing saved yet starts fresh (the scripts say so)
+        """Loads this run's checkpoint: ``resume`` is a path, or ``"auto"``/True for the latest
+        checkpoint of the newest version of the run's name that is this config's run."""
+        ours = self.cfg.to_dict()
+        if resume in (True, "auto"):
+            search = self._agreed(lambda: runs.find_own(self.base_name, self.log_root, self.ckpt_root, ours))
+            if search.checkpoint is None:
+                # resume: auto with nothing of this run saved yet starts fresh (the scripts say so)
+                self.nothing_to_resume = os.path.join(self.ckpt_root, self.base_name)
+                self.other_runs = search.others
+                return
+            name, path = search.name, search.checkpoint
+        else:
+            name, path = None, str(resume)
         state = load_checkpoint(path)
         saved_cfg = config_from_dict(state["config"], source=f"checkpoint {path}")
-        for key in ("model", "data", "seed"):
-            if saved_cfg.to_dict()[key] != self.cfg.to_dict()[key]:
-                raise CheckpointError(
-                    f"checkpoint {path} was written with a different '{key}' config; "
-                    "resume with the same config, or start a new run (another checkpoint.dir or run name)"
+        saved_run = state.get("run") or {}
+        if not runs.same_run(saved_cfg.to_dict(), ours):
+            raise CheckpointError(
+                runs.another_run(
+                    f"checkpoint {path}",
+                    saved_run.get("name") or os.path.basename(os.path.dirname(os.path.abspath(path))),  # its folder
+                    saved_cfg.to_dict(),
+                    ours,
                 )
+                + "; resume it with its config, or leave out --resume to start this run"
+            )
+        # A checkpoint goes on in its own folders (earlier versions' name none: the run's name).
+        name = name or saved_run.get("name") or self.base_name
+        try:
+            self._use_folders(name)
+        except ValueError:
+            raise CheckpointError(f"checkpoint {path} names its run {name!r}, which is no folder name") from None
+        runs.check_run_file(self.run_dir, ours)
         ranks = state.get("ranks")
         if ranks is not None and len(ranks) != self.comm.size:
             raise CheckpointError(
@@ -1038,11 +1099,15 @@ class Trainer:
         stops after the same step, a checkpoint of that step is written (whatever
         ``checkpoint.every`` says), and :class:`Interrupted` is raised; resuming from
         that checkpoint logs every point once, with the values of a run never stopped.
+        After the last step, the final evaluation and the summary are logged before the
+        last checkpoint is written; a signal meanwhile lets them finish, then stops the
+        complete run.
 
         Returns:
             The run's :class:`RunResult`; None when the run had already :attr:`finished`
             (a resumed checkpoint at its last step): then nothing is trained, logged or
-            saved, and the run's event files and checkpoints stay as they were.
+            saved, the run's event files and checkpoints stay as they were, and
+            :meth:`result` gives what the run reported.
 
         Raises:
             Interrupted: a signal stopped the run (its checkpoint is written).
@@ -1050,12 +1115,14 @@ class Trainer:
         if self.finished:
             return None
         cfg = self.cfg
-        # purge_step makes TensorBoard drop the points an earlier attempt in this directory
-        # logged at or after it: a fresh run replaces all of them, a run resumed at step N
-        # those after N (up to N they were flushed before the checkpoint and are the same
-        # points this run would log). No file is deleted.
+        # purge_step makes TensorBoard drop the points an earlier attempt of this run logged
+        # at or after it: a run resumed at step N drops those after N (up to N they were
+        # flushed before the checkpoint and are the same points this run would log). No file
+        # is deleted. A new run writes folders no run has written (trainers/runs.py).
         first_step = self.step + 1 if self.resumed else 0
         logger = RunLogger(self.run_dir, enabled=self.comm.is_main, purge_step=first_step)
+        if self.comm.is_main:
+            runs.write_run_file(self.run_dir, self.run_name, cfg.to_dict())
         if not self.resumed or _read_text(os.path.join(self.run_dir, "config.yaml")) != cfg.to_yaml():
             logger.config_text(cfg.to_yaml(), step=first_step)  # again only if it changed
         eval_name = self.eval_name
@@ -1073,8 +1140,8 @@ class Trainer:
         if self.device.type == "cuda":
             memory.enable_gpu_hook()  # CuPy's hooks are per thread: fit() may run in another one
         timeline_step = self.timeline_step  # recorded (and logged) once: a run resumed after it has it
-        stop, saved_at = 0, None
-        signals = StopSignals(announce=self.comm.is_main, step=lambda: self.step)
+        stop, result = 0, None
+        signals = StopSignals(announce=self.comm.is_main, doing=self._doing)
         agreement = StopAgreement(self.control_comm)
         try:
             with signals:
@@ -1167,38 +1234,47 @@ class Trainer:
                         if self.step % cfg.train.eval_every == 0 or self.step == self.total_steps:
                             totals["eval"] = self.evaluate()
                             logger.scalars(self.step, {f"eval/{eval_name}": totals["eval"]})
+                        if self.step == self.total_steps:
+                            break  # the run's end writes the last checkpoint, after the summary
                         if (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0) or stop:
                             logger.flush()  # every point logged so far is on disk before the checkpoint
                             self.save()
-                            saved_at = self.step
                         if stop:
                             progress.update(self.step)  # its last line names the step it stopped after
                             break
-                        if self.step >= self.total_steps:
-                            break  # before the loop takes another batch: the saved loader names the next one
+                if self.step == self.total_steps:
+                    # The run's end, still under the signal handlers: the summary is logged and
+                    # flushed before the last checkpoint, so a checkpoint at the last step is a
+                    # run whose final evaluation and summary are done (a resume of it only prints
+                    # them, and the sample). A signal during the final evaluation or the summary
+                    # is taken here: the run is complete, then it stops.
+                    result = self._result(losses)
+                    logger.hparams(self.hparams(), self._summary_metrics(result))
+                    logger.flush()
+                    self.save()
+                    stop = agreement.now(stop or signals.received)
         finally:
             progress.close()
-        if saved_at != self.step:
-            logger.flush()
-            self.save()
-        if self.step < self.total_steps:  # stopped by a signal: the summary waits for the run's end
-            logger.close()
-            raise Interrupted(stop, self.step, self.total_steps, self.last_checkpoint, self.run_name)
-        result = self._result(losses)
-        logger.hparams(
-            self.hparams(),
-            {
-                "summary/peak_mb": result.peak_mb,
-                "summary/floor_mb": result.floor_mb,
-                "summary/samples_per_sec": result.samples_per_sec,
-                "summary/final_loss": result.final_loss,
-                f"summary/eval_{eval_name}": result.eval_metric if result.eval_metric is not None else float("nan"),
-            },
-        )
         logger.close()
-        if stop:  # the signal came during the last step: the run is complete, and ends here
+        if stop:  # before the end: the summary waits for it; at the end: the run is complete
             raise Interrupted(stop, self.step, self.total_steps, self.last_checkpoint, self.run_name)
         return result
+
+    def _doing(self) -> str:
+        """What the run finishes before a signal stops it (the line the signal prints)."""
+        if self.step < self.total_steps:
+            return f"step {self.step + 1}"
+        return "the run's final evaluation and summary"
+
+    def _summary_metrics(self, result: RunResult) -> dict:
+        """The one-point ``summary/*`` tags of a finished run (the HPARAMS tab's metrics)."""
+        return {
+            "summary/peak_mb": result.peak_mb,
+            "summary/floor_mb": result.floor_mb,
+            "summary/samples_per_sec": result.samples_per_sec,
+            "summary/final_loss": result.final_loss,
+            f"summary/eval_{self.eval_name}": result.eval_metric if result.eval_metric is not None else float("nan"),
+        }
 
     def result(self) -> RunResult:
         """The :class:`RunResult` of a run resumed at its end (:attr:`finished`), from its checkpoint.

@@ -70,3 +70,14 @@ def test_recomputation_keeps_what_korthikanti_et_al_count_within_2_percent(quick
             assert abs(r["held"] / r["formula"] - 1) < 0.02, v
             assert r["held"] + r["recomputed"] == rows["off"]["held"], v
             assert abs((r["held"] + r["recomputed"]) / B.formula("off", *point) - 1) < 0.02, v
+
+
+def test_without_dropout_a_block_keeps_64sbh_plus_4as2b(monkeypatch):
+    """Issue 41: the docs gave `66sbh + 9as^2b` for any block; it is the count with dropout.
+    Without it the probabilities' mask and dropped copy (as^2b + 4as^2b) and the two residual
+    masks (2sbh) are gone."""
+    block = B._block
+    monkeypatch.setattr(B, "_block", lambda point, settings, seed=0: block(point, {**settings, "dropout": 0.0}, seed))
+    s, b, h, a = point = (32, 2, 32, 2)
+    held = B.measure(point, "off")["held"]
+    assert held == 64 * s * b * h + 4 * a * s * s * b + 16 * s * b + s * s

@@ -7,6 +7,7 @@ calls (their own argument parsers), and the runner and the summary on tiny comma
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +34,19 @@ def test_without_a_gpu_it_exits_2_with_one_line():
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: gpu_check.py needs a CUDA GPU that CuPy can use")
     assert "CuPy is not installed" in r.stderr and "nothing was run" in r.stderr
+
+
+def test_without_the_test_extra_it_says_which_install_it_needs(monkeypatch, capsys):
+    """Issue 41: the GPU extras do not install pytest, and the first step runs the test
+    suite. Without it: one line naming the install command, status 2, nothing run."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pytest" else find_spec(name, *a))
+    monkeypatch.setattr(gpu_check, "run_step", lambda *a: pytest.fail("a step ran"))
+    assert gpu_check.main(["--out", "/tmp/x"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("error: gpu_check.py's first step runs the test suite, which needs pytest (the test extra)")
+    assert 'pip install -e ".[test,gpu-cuda13]"' in err and "nothing was run" in err
 
 
 def test_list_prints_the_four_steps_without_running_them():
@@ -83,21 +97,62 @@ def test_nccl_versions_read_as_nccl_writes_them():
     assert gpu_check._nccl_version(22809) == "2.28.9"
 
 
-def test_the_gpu_extras_name_a_cupy_nccl_and_cudnn_of_one_cuda_version():
-    """``pip install -e '.[gpu-cuda12]'`` or ``'.[gpu-cuda13]'``; ``gpu`` is the CUDA 12 set."""
+def _extras() -> tuple[dict, str]:
     tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml with Python 3.11's tomllib")
-    requirement = pytest.importorskip("packaging.requirements").Requirement
-
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
-    extras = project["optional-dependencies"]
+    return project["optional-dependencies"], project["name"]
+
+
+# The packages of one CUDA major the fused kernels compile with: the runtime headers and NVRTC.
+HEADERS = {
+    "12": ("nvidia-cuda-runtime-cu12", "nvidia-cuda-nvrtc-cu12"),
+    "13": ("nvidia-cuda-runtime", "nvidia-cuda-nvrtc"),
+}
+
+
+def test_the_gpu_extras_name_a_cupy_its_headers_nccl_and_cudnn_of_one_cuda_version():
+    """``pip install -e '.[gpu-cuda12]'`` or ``'.[gpu-cuda13]'``; ``gpu`` is the CUDA 12 set."""
+    requirement = pytest.importorskip("packaging.requirements").Requirement
+    extras, project = _extras()
     for cuda in ("12", "13"):
-        names = {requirement(r).name for r in extras[f"gpu-cuda{cuda}"]}
-        assert names == {
+        wanted = [requirement(r) for r in extras[f"gpu-cuda{cuda}"]]
+        assert {r.name for r in wanted} == {
             f"cupy-cuda{cuda}x",
+            *HEADERS[cuda],
             f"nvidia-nccl-cu{cuda}",
             f"nvidia-cudnn-cu{cuda}",
             "nvidia-cudnn-frontend",
         }
+        (cupy,) = [r for r in wanted if r.name.startswith("cupy")]
+        assert cupy.extras == {"ctk"}  # the CUDA libraries CuPy loads (cuBLAS, cuRAND, NVRTC, ...)
     (alias,) = (requirement(r) for r in extras["gpu"])
-    assert alias.name == project["name"] and alias.extras == {"gpu-cuda12"}
+    assert alias.name == project and alias.extras == {"gpu-cuda12"}
+
+
+@pytest.mark.parametrize("cuda", ["12", "13"])
+def test_each_gpu_extra_resolves_what_a_machine_with_only_the_driver_needs(cuda, tmp_path):
+    """Issue 41: the extras installed no CUDA headers. pip resolves each extra as on a bare
+    machine (``--ignore-installed``) and installs nothing (``--dry-run``); ``fast-deps`` reads
+    each wheel's metadata with range requests instead of downloading the wheels (about 1 GB).
+    The package index is needed: without it the test is skipped, except under CI=true."""
+    from tests.conftest import in_ci  # noqa: PLC0415
+
+    extras, _ = _extras()
+    report = tmp_path / "report.json"
+    argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
+    argv += ["--use-feature=fast-deps", "--report", str(report), *extras[f"gpu-cuda{cuda}"]]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "PIP_NO_INPUT": "1"})
+    unreachable = ("NewConnectionError", "Network is unreachable", "Temporary failure in name resolution")
+    if r.returncode != 0 and any(u in r.stderr for u in unreachable) and not in_ci():
+        pytest.skip(f"the package index cannot be reached: {r.stderr.strip().splitlines()[-1]}")
+    assert r.returncode == 0, r.stderr
+    assert "does not provide the extra" not in r.stderr, r.stderr  # a ctk extra pip would ignore
+    with open(report) as f:
+        got = {i["metadata"]["name"].lower(): i["metadata"] for i in json.load(f)["install"]}
+    cupy = got[f"cupy-cuda{cuda}x"]
+    assert int(cupy["version"].split(".")[0]) >= 14 and "ctk" in cupy.get("provides_extra", [])
+    suffix = "-cu12" if cuda == "12" else ""
+    for name in (*HEADERS[cuda], f"nvidia-cublas{suffix}"):  # headers, NVRTC, cuBLAS: of this major
+        assert name in got and got[name]["version"].split(".")[0] == cuda, (name, got.get(name, {}).get("version"))
+    assert f"nvidia-curand{suffix}" in got  # CuPy's random numbers (dropout masks)

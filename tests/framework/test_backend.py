@@ -281,6 +281,35 @@ def test_a_cupy_that_cannot_be_used_says_why(fresh_backend, monkeypatch, count, 
         backend.use_device(Device("cuda", 0))
 
 
+@pytest.mark.parametrize(
+    "error, driver, broken",
+    [
+        ("cudaErrorInsufficientDriver: CUDA driver version is insufficient", False, False),  # no driver: no GPU
+        ("cudaErrorInsufficientDriver: CUDA driver version is insufficient", True, True),  # a driver too old
+        ("cudaErrorNoDevice: no CUDA-capable device is detected", False, False),
+        ("cudaErrorNoDevice: no CUDA-capable device is detected", True, True),  # hidden, or lost: say so
+    ],
+)
+def test_a_cupy_without_a_gpu_here_is_not_broken(fresh_backend, monkeypatch, error, driver, broken):
+    import framework.testing.cupy_standin as standin  # noqa: PLC0415 - the module under test here
+
+    def device_count():
+        raise standin.cuda.runtime.CUDARuntimeError(35, error)
+
+    monkeypatch.setenv(backend.CUPY_ENV, "standin")
+    monkeypatch.setattr(standin.cuda.runtime, "getDeviceCount", device_count)
+    monkeypatch.setattr(backend, "_driver_loads", lambda: driver)
+    assert backend.cupy_broken() is broken
+    assert error in backend.cuda_unavailable_reason()  # whoever asks for a GPU hears why
+
+
+def test_a_cupy_that_does_not_import_is_broken_with_or_without_a_driver(fresh_backend, monkeypatch):
+    monkeypatch.setenv(backend.CUPY_ENV, "standin")
+    monkeypatch.setitem(backend._CUPY_MODULES, "standin", ("framework.testing.no_such_module", "x"))
+    monkeypatch.setattr(backend, "_driver_loads", lambda: False)
+    assert backend.cupy_broken()
+
+
 @pytest.mark.gpu
 @requires_gpu
 def test_device_functions_on_the_gpu_legs_cupy(cupy):

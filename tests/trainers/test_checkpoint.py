@@ -132,6 +132,9 @@ def test_a_crafted_pickle_is_refused_without_running_it(tmp_path):
             load_checkpoint(str(path))
         assert "\n" not in str(info.value)
         assert "scripts/convert_checkpoint.py --trust-pickle" in str(info.value)
+        # Whose pickle it is cannot be known without unpickling it: it is not called ours.
+        assert "is a pickle, which can run code when loaded" in str(info.value)
+        assert "if it is a checkpoint of an earlier version of this project" in str(info.value)
     assert not marker.exists()
 
 

@@ -119,6 +119,31 @@ def test_a_signal_in_the_last_step_completes_the_run_then_stops(tmp_path, signal
     assert Trainer(tiny_config(tmp_path, *COMMON), resume="auto").finished
 
 
+def test_a_signal_during_the_final_evaluation_finishes_it_then_stops_the_complete_run(tmp_path, monkeypatch, capfd):
+    """Issue 41: a Ctrl-C during the final evaluation was taken for the next step's, which
+    never came; the run went on to its end (and to the sample) as if nothing was pressed."""
+    full = Trainer(tiny_config(tmp_path, *COMMON, "logging.run_name=full")).fit()
+    evaluate = Trainer.evaluate
+
+    def ctrl_c_in_the_final_evaluation(self):
+        if self.step == self.total_steps:
+            os.kill(os.getpid(), signal.SIGINT)
+        return evaluate(self)
+
+    monkeypatch.setattr(Trainer, "evaluate", ctrl_c_in_the_final_evaluation)
+    cut = Trainer(tiny_config(tmp_path, *COMMON, "logging.run_name=cut"))
+    with pytest.raises(Interrupted, match=r"after step 10 of 10 \(the run is complete\)") as info:
+        cut.fit()
+    assert (
+        "SIGINT: finishing the run's final evaluation and summary, then writing a checkpoint" in capfd.readouterr().err
+    )
+    assert info.value.checkpoint.endswith("step_00000010.npz")
+    # The final evaluation and the summary are logged, as in the run never stopped.
+    assert comparable(read_scalars(cut.run_dir)) == comparable(read_scalars(full.run_dir))
+    done = Trainer(tiny_config(tmp_path, *COMMON, "logging.run_name=cut"), resume="auto")
+    assert done.finished and done.result().eval_metric == full.eval_metric
+
+
 def test_a_checkpoint_of_another_number_of_processes_is_refused(tmp_path):
     from trainers.checkpoint import CheckpointError, write_checkpoint
 

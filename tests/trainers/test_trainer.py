@@ -128,7 +128,12 @@ def test_resume_auto_picks_the_latest_and_starts_fresh_without_one(tmp_path):
 def test_resume_refuses_a_checkpoint_of_another_model(tmp_path):
     Trainer(tiny_config(tmp_path)).fit()
     path = list_checkpoints(str(tmp_path / "ckpt" / "tiny" / "inplace-auto_np1"))[-1][1]
-    with pytest.raises(CheckpointError, match="different 'model' config"):
+    # One line naming both runs and what tells them apart.
+    both = (
+        r"is run inplace-auto_np1 \(id \w{12}\), not this config's run \(id \w{12}\): "
+        r"model.args.hidden \[16\] there, \[8\] here"
+    )
+    with pytest.raises(CheckpointError, match=both):
         Trainer(tiny_config(tmp_path, "model.args.hidden=[8]"), resume=path)
 
 

@@ -13,7 +13,7 @@ These modules take plain numbers and data, never tensors: they import nothing fr
 first used, so a disabled logger (ranks other than 0) costs nothing.
 """
 
-from .events import RunLogger, default_run_name, read_scalars, run_dir, timeline_png
+from .events import RunLogger, default_run_name, event_files, read_scalars, run_dir, timeline_png
 from .plots import plot_comparison, plot_timeline, timeline_positions
 from .progress import Progress
 from .tables import MB, format_summary, format_value
@@ -23,6 +23,7 @@ __all__ = [
     "Progress",
     "RunLogger",
     "default_run_name",
+    "event_files",
     "format_summary",
     "format_value",
     "plot_comparison",

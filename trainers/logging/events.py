@@ -45,7 +45,7 @@ from typing import Any
 
 from .plots import plot_timeline
 
-__all__ = ["RunLogger", "default_run_name", "read_scalars", "run_dir", "timeline_png"]
+__all__ = ["RunLogger", "default_run_name", "event_files", "read_scalars", "run_dir", "timeline_png"]
 
 _EVENT_FILE_MARKER = ".out.tfevents."
 _writer_ids = itertools.count()
@@ -80,6 +80,12 @@ def default_run_name(policy: str, world_size: int, *extras: str | None) -> str:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     name = "_".join([f"inplace-{policy}_np{int(world_size)}", *filter(None, extras)])
     return _path_component(name, "run name")
+
+
+def event_files(run_dir: str | os.PathLike) -> list[str]:
+    """The names of the TensorBoard event files in ``run_dir`` (none when it does not exist)."""
+    path = os.fspath(run_dir)
+    return [f for f in os.listdir(path) if _EVENT_FILE_MARKER in f] if os.path.isdir(path) else []
 
 
 def timeline_png(run_dir: str | os.PathLike) -> str:
@@ -151,7 +157,7 @@ class RunLogger:
 
         self._event_cls, self._summary_cls = Event, Summary
         os.makedirs(self.run_dir, exist_ok=True)
-        earlier = [f for f in os.listdir(self.run_dir) if _EVENT_FILE_MARKER in f]
+        earlier = event_files(self.run_dir)
         if purge_step == 0 and os.path.exists(self.timeline_path):
             os.unlink(self.timeline_path)  # the figure of the attempt this run replaces
         if earlier and purge_step is None and not append:

@@ -394,3 +394,31 @@ def test_the_kernel_compiles_for_every_declared_call(nvrtc, name, arch):
         outcomes = list(pool.map(lambda row: nvrtc.compile(kernel, row, arch), TABLE[name]))
     failures = [f for f in outcomes if f is not None]
     assert failures == [], f"{len(failures)} of {len(TABLE[name])} compiles failed:\n" + "\n\n".join(failures)
+
+
+def test_a_kernel_compiles_with_the_headers_of_the_gpu_extras_runtime_wheel_alone(nvrtc):
+    """Issue 41: the GPU extras installed no CUDA headers, and CuPy 14 fails at a machine's
+    first kernel compile without them. ``gpu-cuda13`` names the runtime-headers wheel this
+    leg's nvrtc extra installs (``nvidia-cuda-runtime`` 13): the one include folder CuPy's
+    compile takes outside CuPy itself must be that wheel's, at a version the extra accepts
+    (``gpu-cuda12``'s set is resolved by tests/benchmarks/test_gpu_check.py)."""
+    from importlib.metadata import distribution  # noqa: PLC0415
+
+    import tomllib  # noqa: PLC0415 - Python 3.11; the nvrtc extra's leg runs on it
+    from packaging.requirements import Requirement  # noqa: PLC0415
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        extra = [Requirement(r) for r in tomllib.load(f)["project"]["optional-dependencies"]["gpu-cuda13"]]
+    (wanted,) = [r for r in extra if r.name == "nvidia-cuda-runtime"]
+    wheel = distribution("nvidia-cuda-runtime")
+    assert wanted.specifier.contains(wheel.version), (wanted, wheel.version)
+    (header,) = [f for f in wheel.files if f.name == "cuda_runtime.h"]
+    headers = os.path.dirname(os.path.realpath(wheel.locate_file(header)))
+
+    name = sorted(TABLE)[0]
+    nvrtc.seen.clear()
+    assert nvrtc.compile(K.KERNELS[name], TABLE[name][0], ARCHS[-1]) is None
+    cupy_dir = os.path.dirname(os.path.realpath(nvrtc.cupy.__file__))
+    included = {os.path.realpath(o[2:]) for _, options in nvrtc.seen for o in options if o.startswith("-I")}
+    assert {d for d in included if not d.startswith(cupy_dir)} == {headers}
