@@ -17,6 +17,7 @@ from trainers.logging import (
     default_run_name,
     format_summary,
     format_value,
+    pareto_front,
     plot_comparison,
     plot_timeline,
     read_scalars,
@@ -317,25 +318,44 @@ def test_timeline_figure_is_drawn_against_the_position_in_the_step():
     assert "position in the step" in ax.get_xlabel()
 
 
-def test_comparison_figure_labels_peak_and_floor_and_shows_every_round():
+def _points(ax):
+    """The Pareto panel's points: ``(x, y)`` of each error bar's data line, in order."""
+    return [(c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in ax.containers]
+
+
+def test_comparison_figure_labels_peak_and_floor_and_puts_each_policy_at_its_speed_and_peak():
     tl = synthetic_timeline()
     runs = [
         {"name": "off", "peak_mb": 12.0, "floor_mb": 11.9, "samples_per_sec": [100, 120, 90], "timeline": tl},
         {"name": "on", "peak_mb": 10.0, "floor_mb": 9.5, "samples_per_sec": [95, 130, 99], "timeline": tl},
     ]
     fig = plot_comparison(runs, title="t")
-    memory_ax, speed_ax, timeline_ax = fig.axes
+    memory_ax, pareto_ax, timeline_ax = fig.axes
     labels = [t.get_text() for t in memory_ax.texts]
     assert labels == ["12.0", "10.0", "11.9", "9.5"]  # every bar labelled: a floor next to its peak
     floors = [p for p in memory_ax.patches if p.get_hatch()]
     assert [round(p.get_height(), 1) for p in floors] == [11.9, 9.5]
-    dots = [line for line in speed_ax.lines if line.get_linestyle() == "None"]
-    assert [list(line.get_ydata()) for line in dots] == [[100, 120, 90], [95, 130, 99]]
+    # a point per policy at (median samples/s, peak MB), a bar over its rounds' range, its name beside
+    assert _points(pareto_ax) == [(100, 12.0), (99, 10.0)]
+    ranges = [c.lines[2][0].get_segments()[0] for c in pareto_ax.containers]
+    assert [(seg[0][0], seg[1][0]) for seg in ranges] == [(90, 120), (95, 130)]
+    assert [t.get_text() for t in pareto_ax.texts] == ["off", "on"]
+    assert "peak" in pareto_ax.get_ylabel() and "samples / s" in pareto_ax.get_xlabel()
+    # neither beats the other on both (off faster, on lower): both on the front, joined
+    front = [line for line in pareto_ax.lines if line.get_linestyle() == ":"]
+    assert len(front) == 1 and list(front[0].get_xdata()) == [99, 100]
     assert len(timeline_ax.lines) == 2 and timeline_ax.get_xlim() == (0.0, 3.0)
     fig.savefig(io.BytesIO(), format="png")
 
 
-def test_comparison_figure_gives_each_policy_its_own_look_and_room_above_the_highest_dot():
+def test_the_pareto_front_keeps_the_variants_none_beats_on_both():
+    # (samples/s, peak MB): the second is slower AND higher than the first; the last two tie
+    points = [(100.0, 10.0), (90.0, 12.0), (120.0, 14.0), (80.0, 6.0), (80.0, 6.0)]
+    assert pareto_front(points) == [3, 4, 0, 2]
+    assert pareto_front([(1.0, 1.0)]) == [0] and pareto_front([]) == []
+
+
+def test_comparison_figure_gives_each_policy_its_own_look_and_room_around_its_points():
     from matplotlib.colors import to_hex
 
     tl = synthetic_timeline()
@@ -353,15 +373,16 @@ def test_comparison_figure_gives_each_policy_its_own_look_and_room_above_the_hig
         assert len({look[k] for look in looks}) == len(names), looks
     assert looks[0][1] != looks[1][1]  # off and auto: dashed over solid
     assert [t.get_text() for t in timeline_ax.get_legend().get_texts()] == names
-    dots = [line for line in speed_ax.lines if line.get_linestyle() == "None"]
-    assert [to_hex(d.get_color()) for d in dots] == [look[0] for look in looks]  # the same colour per policy
+    points = [c.lines[0] for c in speed_ax.containers]
+    assert [to_hex(p.get_color()) for p in points] == [look[0] for look in looks]  # the same colour per policy
+    assert [p.get_marker() for p in points] == [look[2] for look in looks]
     bars = [p for p in memory_ax.patches if not p.get_hatch()]
     assert [to_hex(b.get_facecolor()) for b in bars] == [look[0] for look in looks]
-    # No dot on the frame: the highest (140 samples/s) has room above it for its marker.
+    # No point on the frame: the fastest round (140 samples/s) and the highest peak have room
     fig.canvas.draw()
-    top = speed_ax.transData.transform((0, 140))[1]
-    assert speed_ax.bbox.y1 - top > 6 * fig.dpi / 72  # more than a marker's half height, in pixels
-    assert speed_ax.get_ylim()[0] == 0
+    right, top = speed_ax.transData.transform((140, 10.0))
+    assert speed_ax.bbox.x1 - right > 6 * fig.dpi / 72 and speed_ax.bbox.y1 - top > 6 * fig.dpi / 72
+    assert speed_ax.get_ylim()[0] == 0 and speed_ax.get_xlim()[0] == 0
 
 
 def test_the_timeline_image_reads_at_tensorboards_card_width_and_takes_a_shared_scale():

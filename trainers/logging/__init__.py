@@ -14,7 +14,7 @@ first used, so a disabled logger (ranks other than 0) costs nothing.
 """
 
 from .events import RunLogger, default_run_name, event_files, read_scalars, run_dir, timeline_png
-from .plots import plot_comparison, plot_timeline, timeline_positions
+from .plots import pareto_front, plot_comparison, plot_timeline, timeline_positions
 from .progress import Progress
 from .tables import MB, format_summary, format_value
 
@@ -26,6 +26,7 @@ __all__ = [
     "event_files",
     "format_summary",
     "format_value",
+    "pareto_front",
     "plot_comparison",
     "plot_timeline",
     "read_scalars",

@@ -166,6 +166,53 @@ def plot_timeline(timeline, floor_bytes: int | None = None, title: str | None = 
     return fig
 
 
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points ``(samples/s, peak MB)`` no other point beats on both (as fast
+    or faster AND as low or lower, better in one), by rising speed: the levers worth taking."""
+    front = [
+        i
+        for i, (speed, peak) in enumerate(points)
+        if not any(s >= speed and p <= peak and (s > speed or p < peak) for s, p in points)
+    ]
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def _pareto(ax, runs, styles) -> None:
+    """Peak memory against throughput, a point per variant (its median over the timing
+    rounds, a bar over their range); the variants no other beats on both joined by a line."""
+    points, fastest = [], 0.0
+    for r in runs:
+        samples = list(r["samples_per_sec"])
+        if not samples:
+            continue
+        speed = statistics.median(samples)
+        color, _, marker = styles[r["name"]]
+        ax.errorbar(
+            speed,
+            r["peak_mb"],
+            xerr=[[speed - min(samples)], [max(samples) - speed]],
+            fmt=marker,
+            color=color,
+            ms=8,
+            capsize=3,
+            label=r["name"],
+        )
+        ax.annotate(r["name"], (speed, r["peak_mb"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+        points.append((speed, r["peak_mb"]))
+        fastest = max(fastest, max(samples))
+    front = pareto_front(points)
+    if len(front) > 1:
+        ax.plot([points[i][0] for i in front], [points[i][1] for i in front], color="gray", ls=":", lw=1)
+    # From 0 (the trade-off reads in proportions), with room right of the fastest round and
+    # above the highest peak for a marker and its name
+    highest = max((p for _, p in points), default=0.0)
+    ax.set_xlim(0, fastest * 1.2 if fastest > 0 else 1.0)
+    ax.set_ylim(0, highest * 1.2 if highest > 0 else 1.0)
+    ax.set_xlabel("samples / s (median of the timing rounds; bar: their range)")
+    ax.set_ylabel("peak MB")
+    ax.set_title("peak against throughput (dotted: the Pareto front)")
+
+
 def plot_comparison(runs: Sequence[Mapping[str, Any]], title: str | None = None):
     """Draws peak and floor memory, throughput per round and the memory timelines.
 
@@ -176,9 +223,9 @@ def plot_comparison(runs: Sequence[Mapping[str, Any]], title: str | None = None)
         title: Figure title.
 
     Returns:
-        A ``Figure``: peak beside floor per policy (labelled bars), each round's
-        samples/s with the median, and every policy's timeline of one step against
-        the position in the step.
+        A ``Figure``: peak beside floor per policy (labelled bars), peak against samples/s
+        (a point per policy: the Pareto view of the levers), and every policy's timeline
+        of one step against the position in the step.
     """
     import numpy as np  # noqa: PLC0415
 
@@ -211,22 +258,7 @@ def plot_comparison(runs: Sequence[Mapping[str, Any]], title: str | None = None)
     ax.margins(y=0.15)
     ax.set_title("memory per training step: peak and floor (hatched)")
 
-    ax = fig.add_subplot(grid[0, 1])
-    highest = 0.0
-    for i, r in enumerate(runs):
-        samples = list(r["samples_per_sec"])
-        if not samples:
-            continue
-        color, _, marker = styles[r["name"]]
-        ax.plot([i] * len(samples), samples, marker, color=color, alpha=0.7, ms=6, ls="none")
-        ax.hlines(statistics.median(samples), i - 0.3, i + 0.3, color="black", lw=2)
-        highest = max(highest, max(samples))
-    ax.set_xticks(where, names)
-    ax.set_xlim(-0.6, len(runs) - 0.4)
-    # Room above the highest dot (a marker centred on the top edge would be cut in half).
-    ax.set_ylim(0, highest * 1.12 if highest > 0 else 1.0)
-    ax.set_ylabel("samples / s")
-    ax.set_title("throughput: one dot per timing round, bar = median")
+    _pareto(fig.add_subplot(grid[0, 1]), runs, styles)
 
     ax = fig.add_subplot(grid[1, :])
     phases: list[str] = []
