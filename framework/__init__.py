@@ -99,6 +99,13 @@ from .ops import (
     var,
     where,
 )
+from .ops.autocast import (
+    autocast,
+    clear_autocast_cache,
+    get_autocast_dtype,
+    is_autocast_cache_enabled,
+    is_autocast_enabled,
+)
 from .tensor import Tensor
 
 bool = bool_  # noqa: A001  (fw.bool, as torch.bool)
