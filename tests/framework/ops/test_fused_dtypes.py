@@ -53,7 +53,7 @@ def _cases():
         for u in K.FLOATS:
             out.append(("running_stat_update", {"T": t, "U": u}, ("fused_running_stat_update",)))
         out.append(("running_stat_from_moments", {"T": t}, ("fused_running_stat_from_moments", "fused_bn_eval_stats")))
-    for t in K.IEEE_FLOATS:
+    for t in K.FLOATS:
         bn = ("fused_bn_moments", "fused_bn_forward", "fused_bn_grad_sums", "fused_bn_backward_affine")
         out.append(("batch_norm", {"T": t}, bn))
         out.append(("batch_norm weight without grad", {"T": t}, ("fused_bn_backward",)))
