@@ -117,6 +117,7 @@ def is_inference(t: Tensor):
 
 
 from . import (  # noqa: E402  (they build on everything above)
+    amp,
     nn,
     optim,
     random,  # noqa: E402,F401

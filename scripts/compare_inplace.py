@@ -10,7 +10,9 @@ after ``+``, which change what backward keeps without changing the function:
 ``+abn`` fuses the model's BatchNorm + activation as InPlace-ABN (``model.args.norm``);
 for the GPT, ``+meln`` makes its LayerNorms memory-efficient (``model.args.layer_norm``)
 and ``+fused`` runs attention as one ``scaled_dot_product_attention``
-(``model.args.attention``); they combine (``on+meln+fused``). ``auto`` is policy auto,
+(``model.args.attention``); they combine (``on+meln+fused``). ``+bf16`` or ``+fp16`` runs
+the forward and loss in mixed precision (``precision``: autocast, and with fp16 a
+GradScaler; docs/PRECISION.md): activations in 16 bits, other roundings. ``auto`` is policy auto,
 which runs an op in place only where it proves the input dead (the table then shows how
 many ops per step and the MB they saved). ``compiled`` runs the step compiled
 (``compile: true``, captured under policy ``off``): the table then adds the compiled
@@ -60,24 +62,33 @@ MODEL_VARIANTS = {
     "meln": "model.args.layer_norm=memory_efficient",  # GPT: LayerNorms keep their output, not their input
     "fused": "model.args.attention=fused",  # GPT: attention as one scaled_dot_product_attention
 }
+# What a ``+variant`` changes in how the step computes: its precision (docs/PRECISION.md),
+# at most one per entry. These change the numbers (rounding), unlike the model variants.
+PRECISION_VARIANTS = {
+    "bf16": "precision=bf16",  # forward and loss under autocast in bfloat16
+    "fp16": "precision=fp16",  # ... in float16, the loss scaled (GradScaler)
+}
 # the step compiled (fw.compile) and captured under off: every inplace decision is the
 # compiler's (docs/COMPILE.md)
 COMPILED = "compiled"
 
 
 def variant(name: str):
-    """``(policy, model overrides)`` of a --policies entry such as ``on+meln+fused``, or None."""
+    """``(policy, overrides)`` of a --policies entry such as ``on+meln+fused`` or ``auto+bf16``, or None."""
     if name == COMPILED:
         return "off", []
     policy, *extras = name.split("+")
-    if policy not in POLICIES or len(set(extras)) != len(extras) or not set(extras) <= set(MODEL_VARIANTS):
+    known = set(MODEL_VARIANTS) | set(PRECISION_VARIANTS)
+    if policy not in POLICIES or len(set(extras)) != len(extras) or not set(extras) <= known:
         return None
-    return policy, [MODEL_VARIANTS[e] for e in extras]
+    if len(set(extras) & set(PRECISION_VARIANTS)) > 1:
+        return None
+    return policy, [MODEL_VARIANTS.get(e) or PRECISION_VARIANTS[e] for e in extras]
 
 
 VARIANTS_HELP = (
     f"{', '.join(POLICIES)} or {COMPILED}; a policy may add +{', +'.join(MODEL_VARIANTS)} "
-    "(e.g. on+abn, auto+meln+fused)"
+    f"and one of +{', +'.join(PRECISION_VARIANTS)} (e.g. on+abn, auto+meln+fused, auto+bf16)"
 )
 
 
