@@ -1299,8 +1299,8 @@ def _check_precision(precision: str, cfg: Config, device) -> None:
         return
     if compiled(cfg):
         raise ConfigError(
-            f"precision: {precision} cannot run compiled: fw.compile does not capture autocast regions; "
-            "set compile: false or precision: fp32"
+            f"precision: {precision} cannot run compiled: fw.compile does not support autocast (its replay of a "
+            "bf16 step is not the eager step's numbers bit for bit); set compile: false or precision: fp32"
         )
     if precision == "bf16" and device.type == "cuda":
         props = backend.device_properties(device)

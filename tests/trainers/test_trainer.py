@@ -352,6 +352,7 @@ def test_hparams_tell_policies_and_inplace_abn_apart(tmp_path):
             "compiled",
             "conv2d",
             "conv_math",
+            "precision",
             "processes",
             "model",
             "batch_size",
@@ -359,6 +360,7 @@ def test_hparams_tell_policies_and_inplace_abn_apart(tmp_path):
             "lr",
         }
         assert hp["compiled"] is False and hp["conv2d"] == "auto" and hp["conv_math"] == "fp32"
+        assert hp["precision"] == "fp32"
         assert hp["processes"] == 1 and hp["model"] == "mlp" and hp["batch_size"] == 32
     # inplace, the column TensorBoard shows by default, names InPlace-ABN too.
     assert [(hp["inplace"], hp["inplace_abn"]) for hp in hps] == [("on", False), ("on+abn", True), ("off+abn", True)]
