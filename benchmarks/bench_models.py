@@ -176,14 +176,14 @@ class Runner:
         }
 
 
-def torch_model(model_name: str):
+def torch_model(model_name: str, width: int | None = None):
     """The same architecture as ``MODELS[model_name]`` with ``norm="bn"``, in PyTorch.
 
     Activations are ``ReLU(inplace=True)`` and the residual add is ``out += identity``,
     as in torchvision's ResNets. ``mlp``: Flatten, [Linear (no bias), BatchNorm1d, ReLU]
     per hidden layer, Linear. ``convnet``: [Conv3x3 (no bias), BatchNorm2d, ReLU,
     MaxPool2d(2)] per block, Flatten, Linear. ``resnet20``: CIFAR ResNet-20 with option-A
-    shortcuts (strided subsampling, zero-padded channels).
+    shortcuts (strided subsampling, zero-padded channels), of ``width`` (default the entry's).
     """
     import torch.nn as tnn  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415
@@ -228,7 +228,7 @@ def torch_model(model_name: str):
             out += idt
             return F.relu(out, inplace=True)
 
-    width = kw.get("width", 16)
+    width = width or kw.get("width", 16)
     layers = [tnn.Conv2d(3, width, 3, 1, 1, bias=False), tnn.BatchNorm2d(width), tnn.ReLU(inplace=True)]
     cin = width
     for stage, c in enumerate((width, 2 * width, 4 * width)):

@@ -290,7 +290,20 @@ def to_device(array, dev: Device):
             # Another GPU: cupy.asarray would return the array itself (it does not move
             # arrays between devices); ndarray.copy() copies to the current device.
             return array.copy()
-        return cp.asarray(array)
+        return _upload_keeping_layout(cp, array)
+
+
+def _upload_keeping_layout(cp, array):
+    """A host array on the current GPU with its strides, where it is dense (a transposed or
+    permuted array), as PyTorch's ``.to()`` keeps them (``preserve_format``): CuPy's own
+    upload makes every array but an F-contiguous one C-contiguous. Uploaded in the order of
+    its strides (one contiguous copy), then viewed back."""
+    if array.ndim > 1 and not array.flags.c_contiguous and not array.flags.f_contiguous:
+        order = sorted(range(array.ndim), key=lambda d: -array.strides[d])
+        contiguous = array.transpose(order)
+        if contiguous.flags.c_contiguous:
+            return cp.asarray(contiguous).transpose(np.argsort(order))
+    return cp.asarray(array)
 
 
 def to_numpy(array) -> np.ndarray:
@@ -489,6 +502,12 @@ def device_properties(dev: Device) -> dict:
         "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),
         "cuda_driver": cp.cuda.runtime.driverGetVersion(),
     }
+
+
+def cuda_major() -> int:
+    """The major version of the CUDA runtime CuPy runs on (12 for 12.8): the one its
+    companion wheels (``nvidia-nccl-cu12``, ...) must be built for."""
+    return _cupy_or_raise().cuda.runtime.runtimeGetVersion() // 1000
 
 
 def current_stream():

@@ -283,6 +283,32 @@ def layout_order(array) -> str:
     return "K" if is_dense(array) else "C"
 
 
+def dense_order(array) -> tuple | None:
+    """The dims of ``array`` from the largest stride to the smallest (the order its elements
+    lie in memory) when it is dense but not C-contiguous, else None (C order does). What
+    lays out a new array as ``array``: :func:`empty_in_order`."""
+    if array.flags.c_contiguous or not is_dense(array):
+        return None
+    return tuple(sorted(range(array.ndim), key=lambda d: -array.strides[d]))
+
+
+def inverse_order(order: tuple) -> tuple:
+    """The permutation that undoes ``order`` (``a.transpose(order).transpose(inverse)`` is ``a``)."""
+    inverse = [0] * len(order)
+    for i, d in enumerate(order):
+        inverse[d] = i
+    return tuple(inverse)
+
+
+def empty_in_order(shape, dtype, xp=np, order: tuple | None = None, category: str | None = None):
+    """A counted, uninitialized array of ``shape`` whose elements lie in memory in ``order``
+    (:func:`dense_order`; None: C order)."""
+    if order is None:
+        return empty(shape, dtype, xp, category)
+    inner = empty(tuple(shape[d] for d in order), dtype, xp, category)
+    return inner.transpose(inverse_order(order))
+
+
 def obeys_layout(grad, variable) -> bool:
     """PyTorch's gradient layout contract (``obeys_layout_contract``): ``grad`` has
     ``variable``'s strides (dims of size 1 aside) where ``variable`` is dense, else it is

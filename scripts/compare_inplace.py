@@ -16,7 +16,11 @@ GradScaler; docs/PRECISION.md): activations in 16 bits, other roundings. ``auto`
 which runs an op in place only where it proves the input dead (the table then shows how
 many ops per step and the MB they saved). ``compiled`` runs the step compiled
 (``compile: true``, captured under policy ``off``): the table then adds the compiled
-step's planned peak and its number of inplace chains.
+step's planned peak and its number of inplace chains. Step variants change how a step runs
+(docs/ZERO.md): ``+zero1`` and ``+zero2`` shard the optimizer state (and the gradients)
+across processes, so the comparison runs under ``mpiexec -n N`` (every variant then runs
+on N ranks; rank 0 reports), and ``+acc<k>`` makes each step k micro-batches of
+``data.batch_size`` (``auto+acc4``); they combine with the others (``auto+zero2+acc2``).
 
 Memory (peak, floor) comes from the training runs. Throughput is measured apart, as a
 distribution: ``--rounds`` rounds of ``--round-steps`` training steps per policy, the
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 import statistics
 import sys
 
@@ -73,22 +78,39 @@ PRECISION_VARIANTS = {
 COMPILED = "compiled"
 
 
+# What a ``+variant`` changes in how a step runs (docs/ZERO.md); the run's name shows it
+# (``_zero2``, ``_acc4``). ZeRO needs the comparison run under mpiexec; ``acc<k>``: k micro-batches.
+STEP_VARIANTS = {"zero1": "distributed.zero=1", "zero2": "distributed.zero=2"}
+
+
+def _override(extra: str) -> str | None:
+    """The config override of one ``+variant``, or None."""
+    if extra in MODEL_VARIANTS:
+        return MODEL_VARIANTS[extra]
+    if extra in PRECISION_VARIANTS:
+        return PRECISION_VARIANTS[extra]
+    if extra in STEP_VARIANTS:
+        return STEP_VARIANTS[extra]
+    m = re.fullmatch(r"acc([1-9][0-9]*)", extra)
+    return f"train.accumulate={m.group(1)}" if m else None
+
+
 def variant(name: str):
-    """``(policy, overrides)`` of a --policies entry such as ``on+meln+fused`` or ``auto+bf16``, or None."""
+    """``(policy, config overrides)`` of a --policies entry such as ``on+meln+fused``, or None."""
     if name == COMPILED:
         return "off", []
     policy, *extras = name.split("+")
-    known = set(MODEL_VARIANTS) | set(PRECISION_VARIANTS)
-    if policy not in POLICIES or len(set(extras)) != len(extras) or not set(extras) <= known:
-        return None
-    if len(set(extras) & set(PRECISION_VARIANTS)) > 1:
-        return None
-    return policy, [MODEL_VARIANTS.get(e) or PRECISION_VARIANTS[e] for e in extras]
+    overrides = [_override(e) for e in extras]
+    keys = [o.split("=")[0] for o in overrides if o is not None]
+    if policy not in POLICIES or None in overrides or len(set(keys)) != len(keys):
+        return None  # unknown, or two variants of one key (+zero1+zero2, +acc2+acc4, +bf16+fp16, +abn+abn)
+    return policy, overrides
 
 
 VARIANTS_HELP = (
-    f"{', '.join(POLICIES)} or {COMPILED}; a policy may add +{', +'.join(MODEL_VARIANTS)} "
-    f"and one of +{', +'.join(PRECISION_VARIANTS)} (e.g. on+abn, auto+meln+fused, auto+bf16)"
+    f"{', '.join(POLICIES)} or {COMPILED}; a policy may add "
+    f"+{', +'.join([*MODEL_VARIANTS, *PRECISION_VARIANTS, *STEP_VARIANTS])}, "
+    "+acc<k> (e.g. on+abn, auto+meln+fused, auto+bf16, auto+acc4; +zero under mpiexec)"
 )
 
 
@@ -144,15 +166,16 @@ def parse_policies(text: str):
 
 def policy_config(args, name: str):
 
-    policy, model = variant(name)
+    policy, variants = variant(name)
     # Each policy gets its own run folder, named after it (logging.run_name would put them in one;
-    # a model variant that the run name does not show gets it spelled out).
+    # a model variant that the run name does not show, +meln or +fused, gets it spelled out).
+    unnamed = any(v.startswith("model.args.") and "inplace_abn" not in v for v in variants)
     overrides = list(args.overrides) + [
         f"inplace={policy}",
-        f"logging.run_name={'inplace-' + name.replace('+', '_') if any('abn' not in m for m in model) else 'null'}",
+        f"logging.run_name={'inplace-' + name.replace('+', '_') if unnamed else 'null'}",
         f"compile={str(name == COMPILED).lower()}",
     ]
-    return load_config(args.config, overrides + model)
+    return load_config(args.config, overrides + variants)
 
 
 def compare(args) -> int:
@@ -195,6 +218,8 @@ def compare(args) -> int:
         log_timelines(results)
 
     rates = measure_throughput(Trainer, configs, args.rounds, args.round_steps)
+    if not main:  # under mpiexec rank 0 reports
+        return 0
     print(format_summary(*table(names, results, rates), legend(names[0], args.rounds, args.round_steps)))
     best = min(names, key=lambda n: results[n].peak_mb)
     base = results[names[0]].peak_mb

@@ -271,6 +271,16 @@ SCHEMA: dict[str, Any] = {
         "eval_every": Field("int", 100, "Steps between evaluations", min=1),
         "log_every": Field("int", 10, "Steps between logged training metrics", min=1),
         "grad_clip": Field("float", 0.0, "Maximum global gradient norm; 0 = no clipping", min=0),
+        "accumulate": Field(
+            "int",
+            1,
+            "Micro-batches of data.batch_size per optimizer step (gradient accumulation): the gradients of "
+            "k batches are summed, each batch's loss weighted by its share of the step's samples, and "
+            "averaged across processes once per step; the step equals one on a k times larger batch up to "
+            "the order of the sums (BatchNorm's statistics stay per micro-batch); the steps, and so "
+            "max_steps, log_every, eval_every and checkpoint.every, count optimizer steps; the run name gets `_acc<k>`",
+            min=1,
+        ),
     },
     "logging": {
         "logdir": Field("str", "runs", "Root folder of TensorBoard logs"),
@@ -310,6 +320,16 @@ SCHEMA: dict[str, Any] = {
             "bool",
             False,
             "With several processes, replace BatchNorm layers by SyncBatchNorm (statistics over all ranks' samples)",
+        ),
+        "zero": Field(
+            "int",
+            0,
+            "ZeRO (docs/ZERO.md): `0` every process holds all parameters, gradients and optimizer state; `1` "
+            "each holds 1/N of the optimizer state (and updates 1/N of the parameters, then all-gathers them); "
+            "`2` also only 1/N of the gradients (each bucket reduce-scattered). Needs mpiexec with 2 or more "
+            "processes; `1` needs an optimizer with state (adam, adamw, sgd with momentum); not with compile; "
+            "the run name gets `_zero<stage>`",
+            choices=(0, 1, 2),
         ),
     },
 }

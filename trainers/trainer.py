@@ -38,6 +38,7 @@ from framework.distributed.comm import for_device, get_world
 from framework.distributed.data_parallel import DataParallel
 from framework.distributed.sampler import DistributedSampler
 from framework.distributed.sync_batchnorm import SyncBatchNorm
+from framework.distributed.zero import ZeroRedundancyOptimizer, model_state_bytes
 from framework.ops import conv as conv_ops
 from framework.ops.loss import check_targets
 from models import build_model, model_signature
@@ -49,8 +50,9 @@ from .interrupt import StopAgreement, StopSignals, signal_name
 from .logging import MB, Progress, RunLogger, default_run_name, format_summary, run_dir
 
 
-def out_of_memory_message(error: MemoryError, device, step: int, batch: int, peak: int) -> str:
-    """One line for a step that ran out of memory: what it asked for, the peak, the batch.
+def out_of_memory_message(error: MemoryError, device, step: int, batch: int, peak: int, during: str = "") -> str:
+    """One line for a step that ran out of memory: what it asked for, the peak, the batch
+    (``during``: what ran instead of a training step, e.g. the model's check before step 1).
 
     ``error`` is CuPy's ``OutOfMemoryError`` (its ``_size``, ``_total`` and ``_limit``: the
     request, what the pool held, the pool's limit) or any other MemoryError (its message).
@@ -63,8 +65,9 @@ def out_of_memory_message(error: MemoryError, device, step: int, batch: int, pea
             asked += f" (pool limit {limit / MB:,.1f} MB)"
     else:
         asked = str(error).strip().rstrip(".") or "an allocation failed"
+    where = f"running {during}" if during else f"at step {step} (batch {batch})"
     return (
-        f"out of memory on {device} at step {step} (batch {batch}): {asked}; this run's peak so far "
+        f"out of memory on {device} {where}: {asked}; this run's peak so far "
         f"{peak / MB:,.1f} MB. Lower data.batch_size (or set inplace: on)"
     )
 
@@ -237,21 +240,31 @@ def param_groups(cfg: Config, params) -> list:
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer(cfg: Config, params):
+def optimizer_spec(cfg: Config) -> tuple:
+    """The config's optimizer class and its hyperparameters."""
     o = cfg.optim
-    params = param_groups(cfg, params)
     if o.name == "sgd":
-        return fw.optim.SGD(
-            params,
-            lr=o.lr,
-            momentum=o.momentum,
-            dampening=o.dampening,
-            weight_decay=o.weight_decay,
-            nesterov=o.nesterov,
-        )
-    if o.name == "adam":
-        return fw.optim.Adam(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-    return fw.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+        kwargs = dict(lr=o.lr, momentum=o.momentum, dampening=o.dampening, weight_decay=o.weight_decay)
+        return fw.optim.SGD, dict(kwargs, nesterov=o.nesterov)
+    cls = fw.optim.Adam if o.name == "adam" else fw.optim.AdamW
+    return cls, dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+
+
+def state_per_parameter(cfg: Config) -> int:
+    """How many values of optimizer state the config's optimizer keeps per parameter."""
+    if cfg.optim.name == "sgd":
+        return 1 if cfg.optim.momentum else 0
+    return 2  # Adam's and AdamW's two moments
+
+
+def build_optimizer(cfg: Config, params, data_parallel: DataParallel | None = None):
+    """The config's optimizer over ``params``; with ``distributed.zero`` (1 or 2) sharded across
+    ``data_parallel``'s ranks (:class:`~framework.distributed.zero.ZeroRedundancyOptimizer`)."""
+    cls, kwargs = optimizer_spec(cfg)
+    groups = param_groups(cfg, params)
+    if cfg.distributed.zero and data_parallel is not None:
+        return ZeroRedundancyOptimizer(groups, cls, data_parallel=data_parallel, stage=cfg.distributed.zero, **kwargs)
+    return cls(groups, **kwargs)
 
 
 def learning_rate(cfg: Config, step: int, total_steps: int) -> float:
@@ -530,6 +543,7 @@ class Trainer:
         self.label = label or "train"
         self.timeline_image = timeline_image
         self.comm = comm or get_world()
+        check_zero(cfg, self.comm.size)
         limit_threads(cfg.threads, self.comm)
         apply_run_settings(cfg)
         # The GPU first: CuPy allocates on its current device, and the pool hook must be
@@ -577,7 +591,9 @@ class Trainer:
             self.dp = DataParallel(self.model, self.comm, bucket_mb=cfg.distributed.bucket_mb)
         self.net = self.dp if self.dp is not None else self.model
         with memory.category("optimizer_state"):
-            self.optimizer = build_optimizer(cfg, self.params)
+            self.optimizer = build_optimizer(cfg, self.params, self.dp)
+        self.zero = cfg.distributed.zero  # 0 unless sharded (check_zero: only with a DataParallel)
+        self.model_states = 0  # parameters + gradients + optimizer state after the last step, this rank
         self.criterion = fw.nn.CrossEntropyLoss() if self.classification else fw.nn.MSELoss()
         self.compiled = None
         if cfg.compile:
@@ -604,7 +620,8 @@ class Trainer:
             sampler=sampler,
         )
         self._seed_rank_streams(0)
-        steps_per_epoch = len(self.loader)
+        k = cfg.train.accumulate  # micro-batches per step: the epoch's last, incomplete group is a step or dropped
+        steps_per_epoch = len(self.loader) // k if cfg.data.drop_last else -(-len(self.loader) // k)
         self.total_steps = cfg.train.epochs * steps_per_epoch
         if cfg.train.max_steps is not None:
             self.total_steps = min(self.total_steps, cfg.train.max_steps)
@@ -622,6 +639,8 @@ class Trainer:
                 "compiled" if compiled(cfg) else None,
                 "conv-fast" if conv2d_mode(cfg) == "fast" else None,
                 "conv-tf32" if conv_math(cfg) == "tf32" else None,
+                f"zero{cfg.distributed.zero}" if cfg.distributed.zero else None,
+                f"acc{cfg.train.accumulate}" if cfg.train.accumulate > 1 else None,
                 None if self.precision == "fp32" else self.precision,
             )
         )
@@ -689,6 +708,11 @@ class Trainer:
             raise ConfigError(
                 f"model {self.cfg.model.name!r} does not fit data {self.cfg.data.name!r}: {e}; check model.args"
             ) from None
+        except MemoryError as e:  # CuPy's OutOfMemoryError is one: one sample did not fit
+            peak = memory.max_allocated_bytes(self.mem_device)
+            raise ConfigError(
+                out_of_memory_message(e, self.device, 0, 1, peak, "one sample through the model")
+            ) from None
         finally:
             self.model.train()
         if self.classification:  # a class score per target (per token of a sequence)
@@ -742,6 +766,8 @@ class Trainer:
     def save(self) -> str:
         """Writes a checkpoint of this step (rank 0 writes; every rank must call it: it gathers their state)."""
         ranks = self.comm.allgather_object(self._rank_state()) if self.comm.size > 1 else None
+        if self.zero:  # the shards of the optimizer state, whole on rank 0 (in a zero: 0 run's format)
+            self.optimizer.consolidate_state_dict(to=0)
         path = None
         if self.comm.is_main:
             path = save_checkpoint(self.state_dict(ranks), self.ckpt_dir, self.step, self.cfg.checkpoint.keep)
@@ -807,12 +833,29 @@ class Trainer:
             return fw.from_numpy(x), fw.from_numpy(y)
         return fw.tensor(x, device=self.device), fw.tensor(y, device=self.device)
 
-    def _step_tensors(self, x, y):
-        """A training step's batch: a compiled step on a GPU takes it into its CUDA graph's
-        static input slots (``upload``: the batch is on the device once, not twice)."""
+    def _step_batches(self):
+        """The rest of the epoch's training steps, each the list of its micro-batches
+        (``(x, y)`` host arrays): ``train.accumulate`` consecutive batches of the loader. The
+        epoch's last, incomplete group is a step of its own, or dropped under
+        ``data.drop_last``: as the last batch of one ``accumulate`` times as large would be."""
+        k, step = self.cfg.train.accumulate, []
+        for batch in self.loader:
+            step.append(batch)
+            if len(step) == k:
+                yield step
+                step = []
+        if step and not self.cfg.data.drop_last:
+            yield step
+
+    def _step_tensors(self, batches):
+        """A training step's micro-batches as tensors ``(xs, ys)``, one list each: a compiled
+        step on a GPU takes its batch into its CUDA graph's static input slots (``upload``:
+        the batch is on the device once, not twice)."""
         if self.compiled is not None and self.device.type != "cpu":
-            return self.compiled.upload(x, y, device=self.device)
-        return self._to_tensors(x, y)
+            pairs = [self.compiled.upload(x, y, device=self.device) for x, y in batches]
+        else:
+            pairs = [self._to_tensors(x, y) for x, y in batches]
+        return [x for x, _ in pairs], [y for _, y in pairs]
 
     def _step_body(self, x, y):
         """One whole step, as ``compile: true`` captures and replays it (loss, detached output)."""
@@ -851,46 +894,73 @@ class Trainer:
             )
         return loss_value, correct, None
 
-    def _memory_checked_step(self, x, y, lr: float, window):
+    def _memory_checked_step(self, xs, ys, lr: float, window):
         """:meth:`_train_step`; running out of device (or host) memory is a ConfigError (exit 2)."""
         try:
-            return self._train_step(x, y, lr)
+            return self._train_step(xs, ys, lr)
         except MemoryError as e:  # CuPy's OutOfMemoryError is one
             peak = max(window["peak"], memory.max_allocated_bytes(self.mem_device))
-            raise ConfigError(out_of_memory_message(e, self.device, self.step, len(x), peak)) from None
+            raise ConfigError(out_of_memory_message(e, self.device, self.step, len(xs[0]), peak)) from None
 
-    def _train_step(self, x, y, lr: float):
+    def _train_step(self, xs, ys, lr: float):
+        """One optimizer step over the step's micro-batches ``xs`` and ``ys`` (lists of
+        tensors: one batch each, or ``train.accumulate``).
+
+        Each micro-batch runs forward and backward; their gradients add up in ``.grad``,
+        each loss weighted by its share of the step's samples, so that they sum to the
+        gradients of the step's whole batch. With several processes the bucketed reduce
+        runs once, after the last backward (the others run in ``no_sync``, as DDP's).
+
+        Returns:
+            ``(loss, correct, saved)``: the step's loss (the weighted sum; a device scalar
+            on a GPU), its correct predictions (a device scalar, or None) and the most
+            bytes autograd held at a forward/backward boundary.
+        """
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if self.compiled is not None:
-            return self._compiled_step(x, y, lr)
-        memory.mark("forward")
-        with self._autocast():
-            out, y = per_token(self.net(x), y)
-            loss = self.criterion(out, y)
-        if self.losses_on_device:
-            loss_value = loss._data  # read with the others at the next log point (_read_losses)
-        else:
-            loss_value = float(loss.item())
-            self._check_finite([(self.step, lr, loss_value)], "training stopped before the update")
-        saved = memory.saved_bytes(parameters=False)
-        self.optimizer.zero_grad(set_to_none=True)
-        memory.mark("backward")
-        with self._overflow_expected():
-            self.scaler.scale(loss).backward()  # the loss itself unless precision: fp16
+            return self._compiled_step(xs[0], ys[0], lr)
+        sizes = [len(x) for x in xs]
+        loss_value = correct = None
+        saved = 0
+        for i, (x, y) in enumerate(zip(xs, ys)):
+            weight = sizes[i] / sum(sizes)
+            sync = self.dp is None or i == len(xs) - 1
+            with contextlib.nullcontext() if sync else self.dp.no_sync():
+                memory.mark("forward")
+                with self._autocast():
+                    out, y = per_token(self.net(x), y)
+                    loss = self.criterion(out, y)
+                if self.losses_on_device:
+                    value = loss._data  # read with the others at the next log point (_read_losses)
+                else:
+                    value = float(loss.item())
+                    self._check_finite([(self.step, lr, value)], "training stopped before the update")
+                value = value if len(xs) == 1 else value * weight  # the step's loss: the weighted sum
+                loss_value = value if loss_value is None else loss_value + value
+                saved = max(saved, memory.saved_bytes(parameters=False))
+                if i == 0:
+                    self.optimizer.zero_grad(set_to_none=True)
+                memory.mark("backward")
+                with self._overflow_expected():  # the loss itself unless precision: fp16 scales it
+                    self.scaler.scale(loss if len(xs) == 1 else loss * weight).backward()
+            if self.classification:
+                # Left on the device: read at the next log point, not here (a GPU would wait
+                # for the whole step and lose the overlap of the next step's launch with it).
+                hits = (fw.argmax(out.detach(), dim=1) == y).sum()._data
+                correct = hits if correct is None else correct + hits
+            del out, loss
         if self.dp is not None:
             self.dp.finish()  # averaged gradients, before clipping and the update
         if self.cfg.train.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)  # the true gradients' norm (a no-op unless fp16)
-            clip_grad_norm_(self.params, self.cfg.train.grad_clip)
+            if self.zero == 2:  # this rank's shard of the gradients: the norm summed over the ranks
+                self.optimizer.clip_grad_norm_(self.cfg.train.grad_clip)
+            else:
+                clip_grad_norm_(self.params, self.cfg.train.grad_clip)
         memory.mark("optimizer")
         self.scaler.step(self.optimizer)  # skipped on inf/NaN gradients (fp16); optimizer.step() otherwise
         self.scaler.update()
-        correct = None
-        if self.classification:
-            # Left on the device: read at the next log point, not here (a GPU would wait
-            # for the whole step and lose the overlap of the next step's launch with it).
-            correct = (fw.argmax(out.detach(), dim=1) == y).sum()._data
         return loss_value, correct, saved
 
     def _overflow_expected(self):
@@ -941,7 +1011,16 @@ class Trainer:
         if saved is None:
             return self.compiled.plan.floor_bytes
         params = sum(p.nbytes for p in self.params)
-        return 2 * params + memory.breakdown(self.mem_device)["optimizer_state"] + saved
+        grads = self.optimizer.gradient_bytes() if self.zero == 2 else params  # zero 2: this rank's shard
+        return params + grads + memory.breakdown(self.mem_device)["optimizer_state"] + saved
+
+    def zero_formula_bytes(self) -> float:
+        """What Rajbhandari et al.'s accounting says a rank holds of parameters, gradients and
+        optimizer state at this run's ZeRO stage and number of processes."""
+        numel = sum(p.numel() for p in self.params)
+        itemsize = self.params[0].element_size() if self.params else 4
+        state = state_per_parameter(self.cfg) * itemsize
+        return model_state_bytes(numel, itemsize, state, self.zero, self.comm.size)
 
     def evaluate(self) -> float:
         """Test accuracy (classification), mean squared error (regression) or the mean cross
@@ -1020,7 +1099,7 @@ class Trainer:
         try:
             with signals:
                 while self.step < self.total_steps and not stop:
-                    for xb, yb in self.loader:
+                    for batch in self._step_batches():
                         if self.step >= self.total_steps:
                             break
                         window = totals["window"]
@@ -1036,7 +1115,7 @@ class Trainer:
                         # The step's time includes copying its batch to the device (a host-to-GPU
                         # copy also waits for the previous step's queued kernels).
                         t0 = time.perf_counter()
-                        x, y = self._step_tensors(xb, yb)
+                        xs, ys = self._step_tensors(batch)
                         # The peak of the training step alone: evaluation and checkpoints
                         # between steps (eval batches are larger) must not show up in it.
                         memory.reset_peak()
@@ -1044,9 +1123,12 @@ class Trainer:
                         record = cfg.logging.timeline and self.step == timeline_step and totals["timeline"] is None
                         if record:
                             with memory.record_timeline(self.mem_device) as tl:
-                                loss, correct, saved = self._memory_checked_step(x, y, lr, window)
+                                loss, correct, saved = self._memory_checked_step(xs, ys, lr, window)
                         else:
-                            loss, correct, saved = self._memory_checked_step(x, y, lr, window)
+                            loss, correct, saved = self._memory_checked_step(xs, ys, lr, window)
+                        # what a rank holds of parameters, gradients and optimizer state between steps
+                        held = memory.breakdown(self.mem_device)
+                        self.model_states = held["parameters"] + held["gradients"] + held["optimizer_state"]
                         if log_now:
                             # Queued GPU work belongs to the steps being timed: wait for it
                             # before the clock closes the window (between log points, each
@@ -1054,7 +1136,7 @@ class Trainer:
                             synchronize(self.device)
                         dt = time.perf_counter() - t0
                         window["peak"] = max(window["peak"], memory.max_allocated_bytes(self.mem_device))
-                        del x, y
+                        del xs, ys
                         if self.losses_on_device:
                             pending.append((self.step, lr, loss))
                         self.step += 1
@@ -1076,8 +1158,9 @@ class Trainer:
                             window["loss"] += value
                         if correct is not None:  # summed on the device, read at the log point
                             window["correct"] = correct if window["correct"] is None else window["correct"] + correct
-                        window["seen"] += len(xb)
-                        window["targets"] += np.size(yb)
+                        seen = sum(len(xb) for xb, _ in batch)  # every micro-batch's samples
+                        window["seen"] += seen
+                        window["targets"] += sum(np.size(yb) for _, yb in batch)
                         window["time"] += dt
                         window["steps"] += 1
                         after = memory.stats()
@@ -1086,7 +1169,7 @@ class Trainer:
                         if self.step > 1 or self.total_steps == 1:
                             timed = totals["timed"]
                             timed["time"] += dt
-                            timed["samples"] += len(xb) * self.comm.size
+                            timed["samples"] += seen * self.comm.size
                             timed["steps"] += 1
                         if log_now:
                             totals["peak"] = max(totals["peak"], window["peak"])
@@ -1111,6 +1194,8 @@ class Trainer:
                         if stop:
                             progress.update(self.step)  # its last line names the step it stopped after
                             break
+                        if self.step >= self.total_steps:
+                            break  # before the loop takes another batch: the saved loader names the next one
         finally:
             progress.close()
         if saved_at != self.step:
@@ -1171,6 +1256,8 @@ class Trainer:
             hp["precision"] = self.precision
         hp.update(
             {
+                "zero": cfg.distributed.zero,
+                "accumulate": cfg.train.accumulate,
                 "processes": self.comm.size,
                 "model": cfg.model.name,
                 "batch_size": cfg.data.batch_size,
@@ -1190,20 +1277,20 @@ class Trainer:
         """
         apply_run_settings(self.cfg)
         lr = learning_rate(self.cfg, max(self.total_steps - 1, 0), self.total_steps)
-        batches = iter(self.loader)
+        batches = self._step_batches()
         seconds, samples = 0.0, 0
         for _ in range(steps):
             batch = next(batches, None)
             if batch is None:  # the epoch ended: the loader goes on with the next one
-                batches = iter(self.loader)
+                batches = self._step_batches()
                 batch = next(batches)
             t0 = time.perf_counter()
-            x, y = self._step_tensors(*batch)
-            self._train_step(x, y, lr)
+            xs, ys = self._step_tensors(batch)
+            self._train_step(xs, ys, lr)
             synchronize(self.device)
             seconds += time.perf_counter() - t0
-            samples += len(batch[0]) * self.comm.size
-            del x, y
+            samples += sum(len(x) for x, _ in batch) * self.comm.size
+            del xs, ys
         return samples / seconds if seconds > 0 else float("nan")
 
     def _window_metrics(self, window, peak, floor) -> dict:
@@ -1243,10 +1330,13 @@ class Trainer:
         for name, nbytes in memory.breakdown(self.mem_device).items():
             metrics[f"memory/{name}_mb"] = nbytes / MB
         if self.comm.size > 1:  # a collective: every rank computes its metrics
-            peaks = self.comm.allgather_object(peak)
-            for r, p in enumerate(peaks):
-                metrics[f"memory/peak_mb_rank{r}"] = p / MB
-            metrics["memory/peak_mb_max"] = max(peaks) / MB
+            ranks = self.comm.allgather_object((peak, floor, self.model_states))
+            for r, (rank_peak, rank_floor, rank_states) in enumerate(ranks):
+                metrics[f"memory/peak_mb_rank{r}"] = rank_peak / MB
+                metrics[f"memory/floor_mb_rank{r}"] = rank_floor / MB
+                metrics[f"memory/model_states_mb_rank{r}"] = rank_states / MB
+            metrics["memory/peak_mb_max"] = max(rank[0] for rank in ranks) / MB
+            metrics["memory/model_states_zero_mb"] = self.zero_formula_bytes() / MB
             metrics["train/loss"] = self.comm.allreduce_scalar(metrics["train/loss"], "mean")
         return metrics
 
@@ -1288,11 +1378,39 @@ def _check_compile(cfg: Config, device) -> None:
             "compile: true cannot clip gradients: train.grad_clip reads the gradient norm into Python, "
             "which a replayed step does not run; set train.grad_clip: 0 or compile: false"
         )
+    if cfg.train.accumulate > 1:
+        raise ConfigError(
+            f"compile: true captures a step of one batch, and train.accumulate: {cfg.train.accumulate} makes a step "
+            "of several; set train.accumulate: 1 or compile: false"
+        )
+
+
+def check_zero(cfg: Config, processes: int) -> None:
+    """``distributed.zero`` shards across processes, what a sharded step needs: ConfigError otherwise."""
+    zero = cfg.distributed.zero
+    if not zero:
+        return
+    if processes < 2:
+        raise ConfigError(
+            f"distributed.zero: {zero} shares the optimizer state{' and gradients' if zero == 2 else ''} out among "
+            "processes, but this run has one; run it under mpiexec -n N (N >= 2), or set distributed.zero: 0"
+        )
+    if cfg.compile:
+        raise ConfigError(
+            f"distributed.zero: {zero} shards what DataParallel reduces, and a compiled step averages its gradients "
+            "with ops of its own; set compile: false or distributed.zero: 0"
+        )
+    if zero == 1 and not state_per_parameter(cfg):
+        raise ConfigError(
+            "distributed.zero: 1 shards the optimizer state, and sgd without momentum keeps none: nothing to "
+            "shard; set distributed.zero: 2 (it shards the gradients too) or 0"
+        )
 
 
 def _check_precision(precision: str, cfg: Config, device) -> None:
-    """What ``precision: bf16 | fp16`` needs: an eager step, and for bf16 on a GPU one that
-    computes in bfloat16 (compute capability 8.0, Ampere, or later). The CPU takes both:
+    """What ``precision: bf16 | fp16`` needs: an eager step, fp16 unsharded gradients (no
+    ZeRO), and for bf16 on a GPU one that computes in bfloat16 (compute capability 8.0,
+    Ampere, or later). The CPU takes both:
     every CPU kernel of this framework takes float16 and bfloat16 (products, convolutions
     and normalizations in float32, rounded once; docs/PRECISION.md)."""
     if precision == "fp32":
@@ -1301,6 +1419,12 @@ def _check_precision(precision: str, cfg: Config, device) -> None:
         raise ConfigError(
             f"precision: {precision} cannot run compiled: fw.compile does not support autocast (its replay of a "
             "bf16 step is not the eager step's numbers bit for bit); set compile: false or precision: fp32"
+        )
+    if precision == "fp16" and cfg.distributed.zero:
+        raise ConfigError(
+            f"precision: fp16 does not run with distributed.zero: {cfg.distributed.zero} yet: the GradScaler "
+            "checks the gradients this rank holds and steps the optimizer, and ZeRO shards both; use "
+            "precision: bf16 (no scaler) or distributed.zero: 0"
         )
     if precision == "bf16" and device.type == "cuda":
         props = backend.device_properties(device)

@@ -560,6 +560,22 @@ def view_region(view_fn, array):
         return view_fn(_wrap(array))._data
 
 
+def _copy_in_order(grad, order):
+    """A copy of ``grad`` (an array, or a tensor under create_graph) whose elements lie in
+    memory in ``order`` (:func:`memory.dense_order`; None: C order), counted as a gradient."""
+    if grad.__class__ is Tensor:
+        if order is None:
+            return grad.contiguous() if not grad.is_contiguous() else grad.clone()
+        t = grad.permute(*order)
+        t = t.contiguous() if not t.is_contiguous() else t.clone()  # C order of the permuted dims
+        return t.permute(*memory.inverse_order(order))
+    if order is None:
+        return memory.track(grad.copy(), "gradients")
+    out = memory.empty_in_order(grad.shape, grad.dtype, get_array_module(grad), order, "gradients")
+    out[...] = grad
+    return out
+
+
 class CopySlices(Function):
     """The base's new history after an inplace op on one of its views (PyTorch's idea).
 
@@ -573,6 +589,9 @@ class CopySlices(Function):
         self.fn = fn
         self.view_fn = view_fn
         self.base_meta = base._data.shape, base._data.dtype
+        # the base's gradient is laid out as the base, so that the view chain replays on it
+        # as on the base (PyTorch: new_empty_strided(base.sizes(), base.strides()))
+        self.base_order = memory.dense_order(base._data)
         self.next = (edge_of(base) if base_needs else None,) + fn.next[1:]
         self.needs_input_grad = (base_needs,) + fn.needs_input_grad[1:]
 
@@ -580,7 +599,7 @@ class CopySlices(Function):
 
     def backward(ctx, grad):
         # also on tensors (create_graph): copies are clones, the writes inplace ops
-        gbase = memory.track(grad.clone() if grad.__class__ is Tensor else grad.copy(), "gradients")
+        gbase = _copy_in_order(grad, ctx.base_order)
         region = view_region(ctx.view_fn, gbase)
         grads = ctx.fn.run_backward(region.clone() if region.__class__ is Tensor else region.copy())
         if grads[0] is None:

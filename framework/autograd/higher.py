@@ -79,9 +79,11 @@ def _result_history(node, array):
     if rebased is None:
         return node  # its graph is gone: nothing can reach the node through it any more
     shape, dtype = rebased.base_meta
-    # A stand-in for the base: its values are never read, only its history and its
-    # shape (a view op's backward needs nothing else).
-    base = _wrap(memory.zeros(shape, dtype, get_array_module(array)))
+    # A stand-in for the base: its values are never read, only its history, its shape and
+    # its layout (a view op's backward needs nothing else; a `view` needs the strides).
+    base = memory.empty_in_order(shape, dtype, get_array_module(array), rebased.base_order)
+    base[...] = 0
+    base = _wrap(base)
     base._grad_fn = rebased
     with enable_grad():
         return rebased.view_fn(base)._grad_fn

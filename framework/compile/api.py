@@ -30,6 +30,7 @@ from .capture import CaptureError, Recorder, _RefuseValueReads
 from .dce import eliminate_dead_code
 from .plan import plan_memory, verify
 from .program import Source, WriteBack
+from .recompute import check_budget, rematerialize
 from .reinplace import reinplace
 from .report import explain as _explain
 from .report import make_report
@@ -127,9 +128,19 @@ class CompiledStep:
         captures: how many times the step was captured.
     """
 
-    def __init__(self, step, modules=None, optimizers=None, explain=False, cache_size=CACHE_SIZE, cuda_graph=True):
+    def __init__(
+        self,
+        step,
+        modules=None,
+        optimizers=None,
+        explain=False,
+        cache_size=CACHE_SIZE,
+        cuda_graph=True,
+        memory_budget=1.0,
+    ):
         if not callable(step):
             raise TypeError(f"fw.compile expects a function, got {type(step).__name__}")
+        self.memory_budget = memory_budget
         self.step = step
         self.__name__ = getattr(step, "__name__", "step")
         self.__doc__ = getattr(step, "__doc__", None)
@@ -142,6 +153,17 @@ class CompiledStep:
         self.captures = 0
         self.last: _Entry | None = None
         self._warned = False
+
+    @property
+    def memory_budget(self) -> float:
+        """The fraction of eager's activations the step keeps for backward, as torch.compile's
+        ``activation_memory_budget`` (docs/COMPILE.md, "A memory budget"). Part of each
+        program's identity: a program planned at another budget is captured again."""
+        return self._memory_budget
+
+    @memory_budget.setter
+    def memory_budget(self, value) -> None:
+        self._memory_budget = check_budget(value)
 
     # --- what the step uses -------------------------------------------------------------
     def _discover(self):
@@ -204,6 +226,7 @@ class CompiledStep:
             params,
             tuple(opts),
             len(self.params),
+            self._memory_budget,
         )
 
     # --- calling ----------------------------------------------------------------------------
@@ -292,6 +315,7 @@ class CompiledStep:
             "parameters (shape, dtype, device, requires_grad, .grad set)",
             "optimizer hyperparameters or state layout",
             "parameter set",
+            "memory budget",
         )
         last = self.cache[0].key
         diff = [n for n, a, b in zip(names, key, last) if a != b]
@@ -554,7 +578,11 @@ class CompiledStep:
         own buffer), ``kernel_owned`` (buffers not in the arena, with the reason),
         ``replay_copy_bytes`` (bytes inplace ops whose kernel returned another array copied
         back, over all replays: eager copies them too), ``nodes``,
-        ``captures``, ``replays``, ``capture_seconds``, ``build_seconds``.
+        ``captures``, ``replays``, ``capture_seconds``, ``build_seconds``; under a memory
+        budget: ``saved_bytes`` (of the floor, what backward reads from forward),
+        ``memory_budget``, ``recomputed`` (each node backward runs again, with its FLOPs and
+        bytes), ``recompute_flops``, ``recompute_bytes``, ``saved_bytes_eager`` and
+        ``saved_bytes_least`` (nothing recomputed; the least any choice keeps).
         """
 
         return make_report(self, self._current())
@@ -570,6 +598,9 @@ class CompiledStep:
         """Runs the passes and the planner on a captured program, then builds its executor."""
         t0 = time.perf_counter()
         program = entry.program
+        # what backward recomputes instead of keeping, under the memory budget (first: the
+        # other passes and the plan see the recomputed nodes as ordinary ones)
+        entry.recompute = rematerialize(program, self._memory_budget)
         # what each node's kernel allocated for its results while capturing (before the
         # passes rewrite outputs into their inputs): the plan separates it from temporaries
         for v in program.values:
@@ -712,6 +743,7 @@ def compile(  # noqa: A001
     fullgraph: bool = True,
     dynamic: bool | None = None,
     mode: str | None = None,
+    memory_budget: float = 1.0,
 ):
     """Compiles a training step: captured at its first call, replayed at the next ones.
 
@@ -730,15 +762,22 @@ def compile(  # noqa: A001
             again (``dynamic`` None or False), ``mode`` None, ``"default"`` or
             ``"reduce-overhead"`` (CUDA graphs, as ``cuda_graph=True``). Anything else
             raises a ValueError.
+        memory_budget: ``torch.compile``'s ``activation_memory_budget``, in [0, 1]: the
+            bytes backward keeps from forward, as a fraction of the way from the least any
+            choice of recomputation keeps (0: recompute all that can be recomputed) to what
+            eager keeps (1, the default: nothing is recomputed). Backward recomputes the
+            cheapest values to get under it (docs/COMPILE.md, "A memory budget"); the
+            numbers stay bitwise eager ``off``'s. Another value raises a ValueError.
 
     Returns:
         A :class:`CompiledStep` with the step's signature. Usable as a decorator, with or
         without arguments.
     """
     _torch_options(fullgraph, dynamic, mode, cuda_graph)
+    memory_budget = check_budget(memory_budget)
     if step is None:
-        return lambda fn: CompiledStep(fn, modules, optimizers, explain, cache_size, cuda_graph)
-    return CompiledStep(step, modules, optimizers, explain, cache_size, cuda_graph)
+        return lambda fn: CompiledStep(fn, modules, optimizers, explain, cache_size, cuda_graph, memory_budget)
+    return CompiledStep(step, modules, optimizers, explain, cache_size, cuda_graph, memory_budget)
 
 
 def _torch_options(fullgraph, dynamic, mode, cuda_graph) -> None:

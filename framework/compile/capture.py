@@ -388,6 +388,7 @@ class Recorder:
         )
         if is_cs:
             bnode.info["copyslices"] = node.view_fn
+            bnode.info["base_order"] = node.base_order
         return outs
 
     def sum_into(self, store, key, new):

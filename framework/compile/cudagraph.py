@@ -271,11 +271,19 @@ _DeviceScalar.__rpow__ = lambda self, other: other ** self._bake()
 
 class _Handout:
     """An array a graph launch hands to the caller in the graph's own memory: a leaf's new
-    ``.grad``, or the new array of a rebound tensor. ``array`` is a base-less array of its
-    own over those bytes (made once per capture), so whatever the caller makes from the
-    tensor (the tensor itself, a view of it, a detached tensor, the raw array or pointer)
-    holds a reference to it or to its pointer; ``refs`` are their reference counts while
-    only the graph holds them. ``tensors``: the tensors the last launch handed it in."""
+    ``.grad``, or the new array of a rebound tensor. ``array`` is a base-less array over
+    those bytes whose pointer holds a memory object of its own (``UnownedMemory``, which
+    holds the arena; made once per capture), so that everything the caller makes from it
+    holds a reference to one of three objects, as CuPy's references go: the array (the
+    tensor, a tensor sharing it, a view: its ``base``), its pointer (``a.data``, an array
+    made on it: ``cupy.ndarray(memptr=a.data)``, CuPy's ``as_strided``, a transpose), or its
+    memory (any pointer made by arithmetic, ``a.data + n``, and the arrays on one:
+    ``fw.as_strided``, basic indexing). ``refs`` are their reference counts while only the
+    graph holds them. ``tensors``: the tensors the last launch handed it in.
+
+    Not seen: an address held as a number (``a.data.ptr``, ``__cuda_array_interface__``),
+    or memory built on one without an owner (``UnownedMemory(ptr, n, None)``): CuPy keeps
+    no memory alive through them either (docs/COMPILE.md, "What a replay hands back")."""
 
     __slots__ = ("array", "refs", "tensors", "category")
 
@@ -284,10 +292,11 @@ class _Handout:
 
 
 def _refs(array) -> tuple:
-    """The reference counts that tell whether anything besides the graph holds ``array``:
-    the array's (views and tensors sharing it hold it) and its pointer's. Always called
-    the same way, so the counts compare."""
-    return sys.getrefcount(array), sys.getrefcount(array.data)
+    """The reference counts that tell whether anything besides the graph holds ``array``'s
+    memory: the array's, its pointer's and its memory object's (see :class:`_Handout`).
+    Always called the same way, so the counts compare."""
+    data = array.data
+    return sys.getrefcount(array), sys.getrefcount(data), sys.getrefcount(data.mem)
 
 
 class GraphReplay:
@@ -379,28 +388,33 @@ class GraphReplay:
     def release(self) -> None:
         """Before the graph's memory is written again (a launch, or a replay node by node on
         the graph's layout): what the last launch handed to the caller must stay as the
-        caller left it, as after an eager step. A tensor the caller still holds (a kept
-        ``.grad``) gets a copy of its values (one copy each) and the graph its memory back.
-        Anything else still holding those bytes (a view of the tensor, a tensor sharing its
-        array, the raw array or pointer) cannot be pointed elsewhere: the arena is left to
-        it (freed when it lets go) and the step takes a new one, captured again (as PyTorch's
-        CUDA graph trees record again when a live tensor would be overwritten)."""
+        caller left it, as after an eager step. Where only the handed tensors hold them (a
+        kept ``.grad``), each gets a copy of its values (one copy each) and the graph its
+        memory back. Anything else holding those bytes (a view, a tensor sharing the array,
+        the array, its pointer, a pointer or array made from its memory: :class:`_Handout`)
+        cannot be pointed elsewhere: the arena is left to them (freed when they let go), no
+        tensor is copied (it keeps sharing memory with them), and the step takes a new
+        arena, captured again (as PyTorch's CUDA graph trees record again when a live tensor
+        would be overwritten)."""
         if not self.handed:
             return
         handed, self.handed = self.handed, []
-        pinned = False
-        with backend.device_context(self.device):
-            for h in handed:
-                for ref in h.tensors:
-                    t = ref()
-                    if t is not None and t._data is h.array:
-                        t._data = memory.track(h.array.copy(), h.category)
-                        self.kept_copies += 1
-                h.tensors = []
-                pinned = pinned or _refs(h.array) != h.refs
-        self.handed = handed
+        kept = [[t for t in map(_call, h.tensors) if t is not None and t._data is h.array] for h in handed]
+        # pinned: something besides the handed tensors holds an array's memory. Then no
+        # tensor is pointed at a copy (it would no longer share memory with that holder):
+        # the whole arena is left to them.
+        pinned = any(_refs(h.array) != (h.refs[0] + len(ts),) + h.refs[1:] for h, ts in zip(handed, kept))
+        for h in handed:
+            h.tensors = []
         if pinned:
             self._leave_arena()
+            return
+        with backend.device_context(self.device):
+            for h, ts in zip(handed, kept):
+                for t in ts:
+                    t._data = memory.track(h.array.copy(), h.category)
+                    self.kept_copies += 1
+        self.handed = handed
 
     def _leave_arena(self) -> None:
         """The arena is held by the caller: a new one, and the graph captured again on it."""
@@ -638,7 +652,11 @@ class GraphReplay:
             # in the arena (an input's own buffer updated in place, e.g. a gradient
             # accumulated into ``.grad``, stays the input's: eager updates it in place too)
             if arr is not None and arr.data.mem is mem and not any(h.array is arr for h in out):
-                own = type(arr)(arr.shape, arr.dtype, memptr=arr.data + 0, strides=arr.strides)
+                # memory of its own that holds the arena (CuPy's UnownedMemory with an owner)
+                own_mem = self.xp.cuda.UnownedMemory(arr.data.ptr, arr.nbytes, arena, self.device.index)
+                own = type(arr)(
+                    arr.shape, arr.dtype, memptr=self.xp.cuda.MemoryPointer(own_mem, 0), strides=arr.strides
+                )
                 self.outputs[wb.value] = own
                 out.append(_Handout(own, _CATEGORY.get(wb.source.kind, _OTHER)))
         return out
@@ -690,6 +708,10 @@ class GraphReplay:
             return None
         copies_in = len(self.slots) if self.launches == 0 else self.copies_in
         return 1 + copies_in + len(self.executor.program.output_refs()) + (1 if self._uploads() else 0)
+
+
+def _call(ref):
+    return ref()
 
 
 def _relative(path: str) -> str:

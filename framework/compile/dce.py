@@ -17,6 +17,7 @@ op whose result the step dropped).
 
 from __future__ import annotations
 
+from ..ops import attention as A
 from ..ops import dropout as D
 from ..ops import elementwise as E
 from .alias import alias_classes
@@ -25,10 +26,18 @@ _RANDOM = (D.Dropout, E.Normal, E.Uniform)
 _PURE_CREATE = ("zeros", "ones", "empty", "full")
 
 
+def draws_random(node) -> bool:
+    """Whether a ``call`` node draws from the framework's generator: removing it (or running
+    it again) would change every later draw. Fused attention draws only with dropout."""
+    if node.op in _RANDOM:
+        return True
+    return node.op is A.ScaledDotProductAttention and bool(node.params.get("dropout_p", 0))
+
+
 def _has_effect(node, program, classes) -> bool:
     kind = node.kind
     if kind == "call":
-        if node.op in _RANDOM or node.params.get("comm") is not None:
+        if draws_random(node) or node.params.get("comm") is not None:
             return True
         if node.inplace:
             owner = program.values[classes.of[node.outputs[0]]]

@@ -44,6 +44,9 @@ from . import kernels
 from .alias import AliasClasses, alias_classes
 
 ALIGN = 16
+# Program inputs that live in the model or the optimizer (parameters, module buffers,
+# optimizer state, gradients): what backward reads from them is not saved for it.
+PERSISTENT = ("param", "buffer", "state", "grad")
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Plan:
     planned_peak_bytes: int = 0
     lower_bound_bytes: int = 0
     floor_bytes: int = 0
+    saved_bytes: int = 0  # of the floor, what backward reads from forward (saved_bytes())
     live_curve: list = field(default_factory=list)  # bytes live after each node (planned)
     # A step replayed as a CUDA graph (see :meth:`hold_kernel_allocations`): what its
     # kernels allocate, placed in the arena as ``(offset, bytes, first node, last node)``
@@ -464,6 +468,7 @@ def _peaks(program, plan: Plan, transient: dict) -> None:
     plan.lower_bound_bytes = persistent + bound
     plan.live_curve = curve
     plan.floor_bytes = floor_bytes(program, plan)
+    plan.saved_bytes = saved_bytes(program, plan)
 
 
 def floor_bytes(program, plan: Plan) -> int:
@@ -496,18 +501,36 @@ def floor_bytes(program, plan: Plan) -> int:
         and values[wb.value].source is None
         and classes.of[wb.value] not in seen
     )
-    boundary = next((n.index for n in program.nodes if n.kind == "backward"), None)
-    saved = 0
-    if boundary is not None:
-        held = set()
-        for n in program.nodes:
-            if n.kind != "backward":
-                continue
-            for vid in n.info.get("saved_values", ()):
-                c = classes.of[vid]
-                src = values[c].source
-                if (src is None or src.kind != "param") and plan.intervals[c][0] < boundary:
-                    held.add(c)
-        saved = sum(plan.nbytes[c] for c in held)
-        saved += _private(program, plan)[boundary] if program.nodes else 0
-    return params + grads + state + saved
+    return params + grads + state + saved_bytes(program, plan)
+
+
+def saved_bytes(program, plan: Plan) -> int:
+    """What backward reads from forward, at the boundary between them (the first backward
+    node, or the first node recomputed for backward): the classes (other than parameters)
+    made before it that a backward node reads as saved values or a recomputed node reads
+    (the batch counts; what lives in the model or the optimizer, :data:`PERSISTENT`, does
+    not), plus what forward kernels keep privately for backward."""
+    values, classes = program.values, plan.classes
+    boundary = next((n.index for n in program.nodes if n.kind == "backward" or "recomputes" in n.info), None)
+    if boundary is None:
+        return 0
+    held = set()
+    for n in program.nodes[boundary:]:
+        if n.kind == "backward":
+            reads = n.info.get("saved_values", ())
+        elif "recomputes" in n.info:
+            reads = n.value_refs()
+        else:
+            continue
+        for vid in reads:
+            c = classes.of[vid]
+            src = values[c].source
+            if (src is None or src.kind not in PERSISTENT) and plan.intervals[c][0] < boundary:
+                held.add(c)
+    private = 0
+    for last, f in plan.ctx_done.items():  # a forward context from before the boundary, used after it
+        fnode = program.nodes[f]
+        if f < boundary <= last and fnode.kind == "call":
+            private += sum(k for _, k in fnode.info.get("kept", ()))
+            private += sum(values[fnode.inputs[i].id].nbytes for i in fnode.info.get("saved_copies", {}).values())
+    return sum(plan.nbytes[c] for c in held) + private

@@ -73,6 +73,8 @@ def format_node(program, n) -> str:
     else:
         body = f"{n.name}({', '.join(_t(t) for t in n.inputs)})"
     notes = []
+    if "recomputes" in n.info:
+        notes.append(f"recomputes %{n.info['recomputes']}")
     if n.reinplaced:
         notes.append("re-inplaced")
     if n.info.get("elided"):

@@ -269,6 +269,7 @@ class Executor:
         planned = node.info.get("planned_reuse", False)
         outputs = node.outputs
         view_fn = node.info.get("copyslices")
+        base_order = node.info.get("base_order")
         n_in = len(fnode.inputs)
         backward = cls.backward
         track = memory.track
@@ -293,7 +294,7 @@ class Executor:
             if view_fn is not None:
                 ctx.next = (None,) * n_in  # run_backward checks the count of gradients against it
                 cs = CopySlices.__new__(CopySlices)
-                cs.fn, cs.view_fn = ctx, view_fn
+                cs.fn, cs.view_fn, cs.base_order = ctx, view_fn, base_order
                 outs = cs.backward(g)
             else:
                 outs = backward(ctx, g)

@@ -12,6 +12,8 @@ import sys
 
 from .alias import inplace_chains, unbound_inputs
 from .plan import greedy_by_size
+from .printing import _site
+from .recompute import seconds
 
 MB = 1024 * 1024
 
@@ -30,6 +32,8 @@ def make_report(compiled, entry) -> dict:
         "planned_peak_bytes": plan.planned_peak_bytes,
         "lower_bound_bytes": plan.lower_bound_bytes,
         "floor_bytes": plan.floor_bytes,
+        "saved_bytes": plan.saved_bytes,
+        **_recompute(entry),
         "arena_bytes": plan.arena_bytes,
         "persistent_bytes": plan.persistent_bytes,
         "replay_peak_bytes": getattr(entry, "replay_peak_bytes", None),
@@ -51,6 +55,38 @@ def make_report(compiled, entry) -> dict:
         **_replay_mode(entry),
         "capture_seconds": getattr(entry, "capture_seconds", None),
         "build_seconds": getattr(entry, "build_seconds", None),
+    }
+
+
+def _recompute(entry) -> dict:
+    """What backward recomputes under the memory budget: ``memory_budget``, ``recomputed``
+    (each node copied into backward: ``op``, its ``value``, the forward value it
+    ``recomputes``, its ``flops`` and the ``bytes`` it reads and writes, ``site``), their
+    totals ``recompute_flops`` and ``recompute_bytes``, and what backward would read from
+    forward with nothing recomputed (``saved_bytes_eager``) and at budget 0
+    (``saved_bytes_least``, None at budget 1: the pass then looks at nothing)."""
+    rc = entry.recompute
+    rows = []
+    for n in entry.program.nodes:
+        if "recomputes" in n.info:
+            flops, nbytes = n.info["recompute_cost"]
+            rows.append(
+                {
+                    "op": n.name,
+                    "value": f"%{n.outputs[0]}",
+                    "recomputes": f"%{n.info['recomputes']}",
+                    "flops": flops,
+                    "bytes": nbytes,
+                    "site": _site(n.site),
+                }
+            )
+    return {
+        "memory_budget": rc.budget,
+        "recomputed": rows,
+        "recompute_flops": sum(r["flops"] for r in rows),
+        "recompute_bytes": sum(r["bytes"] for r in rows),
+        "saved_bytes_eager": entry.plan.saved_bytes if rc.eager_bytes is None else rc.eager_bytes,
+        "saved_bytes_least": rc.least_bytes,
     }
 
 
@@ -104,6 +140,7 @@ def explain(compiled, entry, draw=None, file=None) -> str:
     if r["replay_mode"] != "cpu":
         launches = f", {r['replay_launches']} launches a replay" if r["replay_launches"] is not None else ""
         lines.append(f"  replays as: {r['replay_mode']}{launches}")
+    lines.extend(_explain_recompute(r, entry.recompute))
     lines.append(f"  re-inplaced: {', '.join(r['reinplaced_ops']) or 'none'}")
     lines.append(
         f"  copies avoided: {r['copies_avoided_bytes']} bytes ({r['copies_elided']} copies elided); "
@@ -134,6 +171,32 @@ def explain(compiled, entry, draw=None, file=None) -> str:
     if draw:
         draw_plan(program, plan, draw, title=f"fw.compile({compiled.__name__}) memory plan")
     return text
+
+
+def _explain_recompute(r, rc) -> list[str]:
+    """The memory budget's lines of explain(): what backward recomputes, and at what cost."""
+    head = f"  memory budget {r['memory_budget']:g}: saved for backward {_mb(r['saved_bytes'])}"
+    if r["saved_bytes_least"] is not None and r["saved_bytes_eager"] != r["saved_bytes_least"]:
+        head += f" (with nothing recomputed {_mb(r['saved_bytes_eager'])}, at budget 0 {_mb(r['saved_bytes_least'])})"
+    rows = r["recomputed"]
+    if not rows:
+        lines = [head + f"; nothing recomputed{': ' + rc.why if rc.why else ''}"]
+    else:
+        cost = seconds(r["recompute_flops"], r["recompute_bytes"]) * 1e3
+        lines = [
+            head,
+            f"  recomputed in backward: {len(rows)} ops, {r['recompute_flops']} FLOPs, {r['recompute_bytes']} bytes "
+            f"read and written (about {cost:.3f} ms at the cost model's rates):",
+        ]
+        for row in rows:
+            lines.append(
+                f"    {row['value']} = {row['op']} again (recomputes {row['recomputes']}): {row['flops']} FLOPs, "
+                f"{row['bytes']} bytes  {row['site']}"
+            )
+    if rc.banned:
+        why = ", ".join(f"{reason} ({count})" for reason, count in sorted(rc.banned.items()))
+        lines.append(f"  kept, not recomputable: {why}")
+    return lines
 
 
 def draw_plan(program, plan, path: str, title: str = "memory plan") -> str:

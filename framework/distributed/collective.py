@@ -70,6 +70,37 @@ def check_copy_pair(sendbuf: Any, recvbuf: Any) -> None:
         raise ValueError("sendbuf and recvbuf overlap; use allreduce_(buf) for in-place reduction")
 
 
+def check_parts(buf: Any, size: int, name: str = "buf") -> int:
+    """The length of each of ``size`` equal parts of ``buf`` (an all-gather's buffer)."""
+    if buf.ndim != 1 or buf.size % size:
+        raise ValueError(
+            f"{name} must be 1-D with a multiple of {size} elements (one equal part per rank), got shape {buf.shape}"
+        )
+    return buf.size // size
+
+
+def check_scatter(sendbuf: Any, recvbuf: Any, counts, rank: int, size: int) -> list[int]:
+    """Checks a reduce-scatter's arguments: ``counts`` (one per rank, >= 0) sum to the 1-D
+    ``sendbuf``'s length and ``recvbuf`` holds this rank's count, same dtype and device."""
+    check_buffer(sendbuf, "sendbuf", writable=False)
+    check_buffer(recvbuf, "recvbuf")
+    check_reduce_dtype(sendbuf, "sendbuf")
+    counts = [int(c) for c in counts]
+    if len(counts) != size or sendbuf.ndim != 1 or any(c < 0 for c in counts) or sum(counts) != sendbuf.size:
+        raise ValueError(
+            f"counts {counts} must be {size} counts >= 0 that sum to the 1-D sendbuf's {sendbuf.size} "
+            f"elements (shape {sendbuf.shape})"
+        )
+    if recvbuf.shape != (counts[rank],) or recvbuf.dtype != sendbuf.dtype:
+        raise ValueError(
+            f"recvbuf must hold this rank's {counts[rank]} elements of {sendbuf.dtype}, got shape "
+            f"{recvbuf.shape} of {recvbuf.dtype}"
+        )
+    if _backend.device_of(sendbuf) != _backend.device_of(recvbuf):
+        raise ValueError("sendbuf and recvbuf must be on the same device")
+    return counts
+
+
 class Handle:
     """A pending non-blocking collective; :meth:`wait` returns the result buffer.
 

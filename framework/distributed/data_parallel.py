@@ -48,6 +48,12 @@ accumulating.
 :meth:`DataParallel.no_sync` skips the allreduce for the backward of forwards run inside
 it (gradient accumulation); the first synced backward after it reduces the accumulated sum.
 
+ZeRO stage 2 (:class:`~framework.distributed.zero.ZeroRedundancyOptimizer` calls
+:meth:`DataParallel._shard_gradients`): under every policy each gradient moves into its
+bucket's send buffer as it arrives and ``.grad`` is let go; a complete bucket is
+reduce-scattered straight into this rank's shard of the averaged gradients
+(:meth:`grad_shard`), which is all a rank keeps.
+
 Buffers (BatchNorm running statistics) are broadcast from rank 0 at every forward, as
 PyTorch DDP does by default (``broadcast_buffers=True``), so every rank evaluates and
 checkpoints the same statistics.
@@ -96,6 +102,9 @@ class _Bucket:
         "launched",
         "handle",
         "recv",
+        "counts",
+        "pad",
+        "span",
     )
 
     def __init__(self, index: int, dtype) -> None:
@@ -110,6 +119,12 @@ class _Bucket:
         self.launched = False
         self.handle = None
         self.recv = None  # policy off: the receive buffer in flight
+        # gradients sharded (ZeRO stage 2): each rank's count of the reduce-scatter, the
+        # zeros after the dtype's last bucket up to the shards' padded length, and the
+        # (start, stop) slice of this rank's shard the bucket's reduction writes
+        self.counts: list[int] = []
+        self.pad = 0
+        self.span = (0, 0)
 
     @property
     def nbytes(self) -> int:
@@ -170,6 +185,10 @@ class DataParallel(Module):
         object.__setattr__(self, "_where", {})  # id(param) -> (bucket, index)
         object.__setattr__(self, "_hook_handles", [])
         object.__setattr__(self, "xp", np)  # the array module of the gradients
+        object.__setattr__(self, "_plans", None)  # ZeRO stage 2: dtype -> shard plan (see _shard_gradients)
+        object.__setattr__(self, "_shards", {})  # ZeRO stage 2: dtype -> this rank's gradient shard, or None
+        object.__setattr__(self, "_fresh", {})  # ZeRO stage 2: dtype -> the shard is new this step
+        object.__setattr__(self, "_pending", {})  # ZeRO stage 2: dtype -> [(lo, hi, this step's sum)] to add
         if self.comm.size == 1:
             return
         for p in module.parameters():
@@ -250,7 +269,7 @@ class DataParallel(Module):
             object.__setattr__(self, "_sync_backward", self._require_sync)
             if self._require_sync:
                 object.__setattr__(self, "_expect_sync", True)
-            if self.inplace:
+            if self.inplace and self._plans is None:
                 self._bind_grad_views()
         return self.module(*args, **kwargs)
 
@@ -289,7 +308,9 @@ class DataParallel(Module):
         if self.poll_in_hooks and self._next_launch:
             for launched in self.buckets[: self._next_launch]:
                 launched.handle.test()  # progress only: completion is taken in finish()
-        if self.inplace:
+        if self._plans is not None:
+            self._pack(b, i, p)
+        elif self.inplace:
             self._adopt(b, i, p)
         b.ready.add(id(p))
         if len(b.ready) == len(b.params):
@@ -304,7 +325,9 @@ class DataParallel(Module):
             self._launch(b)
 
     def _launch(self, b: _Bucket) -> None:
-        if self.inplace:
+        if self._plans is not None:
+            b.handle = self._reduce_scatter(b)
+        elif self.inplace:
             for i, p in enumerate(b.params):
                 self._adopt(b, i, p)  # zeros for a parameter with no gradient
             b.handle = self.comm.iallreduce_(b.buffer)
@@ -328,8 +351,9 @@ class DataParallel(Module):
 
         Launches the buckets not launched yet (parameters without a gradient this step
         contribute their current ``.grad`` or zeros), waits for every allreduce and divides
-        by the world size. Calling it again, or after a ``no_sync`` backward, does nothing.
-        Every rank must call it the same number of times.
+        by the world size (gradients sharded: every reduce-scatter, and this rank's shard).
+        Calling it again, or after a ``no_sync`` backward, does nothing. Every rank must
+        call it the same number of times.
         """
         if self.comm.size == 1 or not (self._expect_sync or self._hooks_fired):
             return
@@ -339,7 +363,9 @@ class DataParallel(Module):
         site = call_site()
         for b in self.buckets:
             out = b.handle.wait()
-            if self.inplace:
+            if self._plans is not None:
+                pass  # the shard is averaged below, once per dtype
+            elif self.inplace:
                 self.xp.divide(out, n, out=out)
                 for view in b.views:  # every gradient of the bucket changed in place
                     view._vc.bump("allreduce_ (DataParallel.finish)", site)
@@ -352,6 +378,8 @@ class DataParallel(Module):
             b.handle = None
             b.launched = False
             b.ready.clear()
+        if self._plans is not None:
+            self._average_shards()
         object.__setattr__(self, "_next_launch", 0)
         object.__setattr__(self, "_expect_sync", False)
         object.__setattr__(self, "_hooks_fired", False)
@@ -374,6 +402,137 @@ class DataParallel(Module):
         finally:
             object.__setattr__(self, "_require_sync", prev)
 
+    # -- sharded gradients (ZeRO stage 2) ---------------------------------------------------
+
+    def flat_order(self) -> dict:
+        """Each dtype's parameters in the order of its gradients' flat buffer (the dtype's
+        buckets one after the other, each in its parameters' order): the layout that
+        :class:`~framework.distributed.zero.ZeroRedundancyOptimizer` shards. Empty with
+        one process."""
+        order: dict = {}
+        for b in self.buckets:
+            order.setdefault(b.dtype, []).extend(b.params)
+        return order
+
+    def flat_grad(self, dtype):
+        """The flat gradient array of ``dtype`` (policies ``auto`` and ``on``) while every
+        ``.grad`` of the dtype is still its bucket view, in :meth:`flat_order`; else None."""
+        flat = None
+        for b in self.buckets:
+            if b.dtype != dtype or b.buffer is None:
+                continue
+            if any(p.grad is not view for p, view in zip(b.params, b.views)):
+                return None
+            flat = memory.root_buffer(b.buffer)
+        return flat
+
+    def _shard_gradients(self, plans: dict) -> None:
+        """Keeps only this rank's shard of each dtype's averaged gradients (ZeRO stage 2).
+
+        Called by :class:`~framework.distributed.zero.ZeroRedundancyOptimizer`, which
+        decides the shards: ``plans`` maps each dtype to a plan over :meth:`flat_order`
+        (``first``, ``part``, ``padded`` and ``counts(start, stop)``). From then on, under
+        every policy, a bucket is packed at its launch into a buffer of its own, its
+        parameters' ``.grad`` are let go, and the buffer is reduce-scattered straight into
+        this rank's shard (:meth:`grad_shard`); the buffer goes once its reduction is
+        complete, so no rank holds more than its shard of the gradients between steps.
+        The full gradient buffers of the policies ``auto`` and ``on`` are freed.
+        """
+        if self._plans is not None:
+            raise RuntimeError("DataParallel: the gradients are sharded already")
+        starts = dict.fromkeys(plans, 0)
+        last = {b.dtype: b for b in self.buckets}
+        for b in self.buckets:
+            plan = plans[b.dtype]
+            start = starts[b.dtype]
+            stop = start + b.numel
+            starts[b.dtype] = stop
+            b.pad = plan.padded - stop if b is last[b.dtype] else 0
+            b.counts = plan.counts(start, stop + b.pad)
+            lo = min(max(start - plan.first, 0), plan.part)
+            b.span = (lo, max(min(stop + b.pad - plan.first, plan.part), lo))
+            for p, view in zip(b.params, b.views):
+                if p.grad is view:
+                    p.grad = None
+            b.buffer, b.views = None, []
+        object.__setattr__(self, "_plans", dict(plans))
+        object.__setattr__(self, "_shards", dict.fromkeys(plans))
+
+    def _pack(self, b: _Bucket, i: int, p: Tensor) -> None:
+        """Moves ``p``'s gradient (zeros when it has none) into bucket ``b``'s send buffer and
+        lets ``.grad`` go: a rank keeps its shard of the average, nothing else. The buffer
+        is made at the bucket's first gradient; a bucket of one parameter (without padding)
+        sends that parameter's gradient itself, with no copy."""
+        g = p.grad
+        p.grad = None
+        if b.buffer is None:
+            if len(b.params) == 1 and not b.pad and g is not None and g._data.flags.c_contiguous:
+                b.buffer = g._data.reshape(-1)
+                return
+            b.buffer = memory.empty((b.numel + b.pad,), b.dtype, self.xp, "gradients")
+            b.buffer[b.numel :] = 0
+        dst = b.slice(i, b.buffer)
+        if id(p) in b.ready:  # a second synced backward before finish(): its gradient adds up, as in .grad
+            if g is not None:
+                dst += g._data
+        elif g is None:
+            dst[...] = 0
+        else:
+            dst[...] = g._data
+
+    def _reduce_scatter(self, b: _Bucket):
+        """Starts bucket ``b``'s reduce-scatter (packing the gradients not packed yet)."""
+        for i, p in enumerate(b.params):
+            if id(p) not in b.ready:  # finish(): no gradient this step, or not yet moved in
+                self._pack(b, i, p)
+        send, b.buffer = b.buffer, None
+        shard = self._step_shard(b.dtype)
+        lo, hi = b.span
+        if self._fresh[b.dtype]:
+            recv = shard[lo:hi]
+        else:  # the shard holds gradients not zeroed since: this step's sum is added at finish
+            recv = memory.empty((hi - lo,), b.dtype, self.xp, "gradients")
+            self._pending[b.dtype].append((lo, hi, recv))
+        return self.comm.ireduce_scatter(send, recv, b.counts)  # the handle lets send go when done
+
+    def _step_shard(self, dtype):
+        """This step's shard of ``dtype``: a new one after ``zero_grad(set_to_none=True)``,
+        which the reduce-scatters write straight into, else the one kept."""
+        if dtype not in self._fresh:
+            shard = self._shards[dtype]
+            self._fresh[dtype] = shard is None
+            self._pending[dtype] = []
+            if shard is None:
+                self._shards[dtype] = memory.empty((self._plans[dtype].part,), dtype, self.xp, "gradients")
+        return self._shards[dtype]
+
+    def _average_shards(self) -> None:
+        n = self.comm.size
+        for dtype, fresh in self._fresh.items():
+            shard = self._shards[dtype]
+            if fresh:
+                self.xp.divide(shard, n, out=shard)
+            for lo, hi, part in self._pending[dtype]:
+                self.xp.divide(part, n, out=part)
+                self.xp.add(shard[lo:hi], part, out=shard[lo:hi])
+        self._fresh.clear()
+        self._pending.clear()
+
+    def grad_shard(self, dtype):
+        """This rank's shard of the averaged gradients of ``dtype`` (ZeRO stage 2): the
+        ``part`` elements of the dtype's flat order from ``first`` on (see
+        :meth:`_shard_gradients`; the last rank's ends in zeros of padding), or None
+        before the first sync and after ``zero_grad(set_to_none=True)``."""
+        return self._shards.get(np.dtype(dtype))
+
+    def zero_grad_shards(self, set_to_none: bool = True) -> None:
+        """Lets the gradient shards go (``set_to_none``) or zeroes them (ZeRO stage 2)."""
+        for dtype, shard in self._shards.items():
+            if set_to_none:
+                self._shards[dtype] = None
+            elif shard is not None:
+                shard.fill(0)
+
     def bucket_of(self, p: Tensor) -> _Bucket | None:
         """The bucket holding ``p``'s gradient (None with one process or when frozen)."""
         where = self._where.get(id(p))
@@ -382,7 +541,8 @@ class DataParallel(Module):
     def extra_repr(self) -> str:
         return (
             f"size={self.comm.size}, buckets={len(self.buckets)}, bucket_mb={self.bucket_mb}, "
-            f"grads_as_bucket_views={self.inplace and bool(self.buckets)}"
+            f"grads_as_bucket_views={self.inplace and bool(self.buckets) and self._plans is None}"
+            + (", gradients sharded" if self._plans is not None else "")
         )
 
 

@@ -28,7 +28,9 @@ from .collective import (
     check_buffer,
     check_copy_pair,
     check_op,
+    check_parts,
     check_reduce_dtype,
+    check_scatter,
 )
 from .staging import receiving, staged, staged_handle, unstage
 
@@ -135,11 +137,63 @@ class Communicator:
         unstage(buf, host)
         return buf
 
+    def ireduce_scatter(self, sendbuf: Any, recvbuf: Any, counts, op: str = "sum") -> Handle:
+        """Start reducing ``sendbuf`` across ranks, rank r receiving block r of the result.
+
+        The blocks are consecutive: rank r's is the ``counts[r]`` elements after the
+        first ``sum(counts[:r])``, and ``recvbuf`` holds this rank's count (it may be 0).
+        Equal counts run ``MPI_Ireduce_scatter_block``, others ``MPI_Ireduce_scatter``.
+        Out of place on purpose: with ``MPI.IN_PLACE`` MPI leaves a rank's block at the
+        START of the buffer, so a block wanted elsewhere would cost a copy; here it is
+        written where the caller wants it. ``handle.wait()`` returns ``recvbuf``; the
+        handle holds ``sendbuf`` until the reduction is complete, then lets it go.
+        """
+        counts = check_scatter(sendbuf, recvbuf, counts, self.rank, self.size)
+        send, recv = staged(sendbuf), receiving(recvbuf)
+        mpi_op = self._ops[check_op(op)]
+        if len(set(counts)) == 1:
+            req = self._comm.Ireduce_scatter_block(send, recv, op=mpi_op)
+        else:
+            req = self._comm.Ireduce_scatter(send, recv, recvcounts=counts, op=mpi_op)
+        return staged_handle(req, recvbuf, recv, keep=send)
+
+    def allgather_(self, buf: Any) -> Any:
+        """Every rank's part of ``buf`` to every rank, in place (``MPI.IN_PLACE``); return it.
+
+        ``buf`` is 1-D and holds ``size`` equal parts: rank r's values in part r are sent,
+        the other parts are overwritten with the other ranks' ones.
+        """
+        check_buffer(buf)
+        check_parts(buf, self.size)
+        host = staged(buf)
+        self._comm.Allgather(self._MPI.IN_PLACE, host)
+        unstage(buf, host)
+        return buf
+
+    def allgather_copy(self, sendbuf: Any, recvbuf: Any) -> Any:
+        """Every rank's ``sendbuf``, in rank order, into ``recvbuf`` (``size`` times as long)."""
+        check_buffer(sendbuf, "sendbuf", writable=False)
+        check_buffer(recvbuf, "recvbuf")
+        if check_parts(recvbuf, self.size, "recvbuf") != sendbuf.size or sendbuf.dtype != recvbuf.dtype:
+            raise ValueError(
+                f"recvbuf ({recvbuf.size} of {recvbuf.dtype}) must hold {self.size} times sendbuf "
+                f"({sendbuf.size} of {sendbuf.dtype})"
+            )
+        recv = receiving(recvbuf)
+        self._comm.Allgather(staged(sendbuf), recv)
+        unstage(recvbuf, recv)
+        return recvbuf
+
     # -- Python-object collectives (small, for metrics and config) -------------------------
 
     def allgather_object(self, obj: Any) -> list:
         """Return the list of every rank's (picklable) ``obj``, indexed by rank."""
         return self._comm.allgather(obj)
+
+    def gather_object(self, obj: Any, root: int = 0) -> list | None:
+        """Every rank's (picklable) ``obj``, indexed by rank, on ``root``; None elsewhere."""
+        self._check_root(root)
+        return self._comm.gather(obj, root=root)
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """Return ``root``'s (picklable) ``obj`` on every rank."""
@@ -207,7 +261,28 @@ class SingleProcessCommunicator(Communicator):
         self._check_root(root)
         return buf
 
+    def ireduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts, op: str = "sum") -> Handle:
+        check_scatter(sendbuf, recvbuf, counts, 0, 1)
+        check_op(op)
+        _backend.get_array_module(recvbuf).copyto(recvbuf, sendbuf)
+        return Handle(None, recvbuf)
+
+    def allgather_(self, buf: np.ndarray) -> np.ndarray:
+        check_buffer(buf)
+        check_parts(buf, 1)
+        return buf
+
+    def allgather_copy(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> np.ndarray:
+        check_buffer(sendbuf, "sendbuf", writable=False)
+        check_buffer(recvbuf, "recvbuf")
+        _backend.get_array_module(recvbuf).copyto(recvbuf, sendbuf)
+        return recvbuf
+
     def allgather_object(self, obj: Any) -> list:
+        return [obj]
+
+    def gather_object(self, obj: Any, root: int = 0) -> list:
+        self._check_root(root)
         return [obj]
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:

@@ -14,7 +14,16 @@ from typing import Any
 import numpy as np
 
 from .. import backend as _backend
-from .collective import Handle, check_buffer, check_copy_pair, check_op, check_reduce_dtype, is_host
+from .collective import (
+    Handle,
+    check_buffer,
+    check_copy_pair,
+    check_op,
+    check_parts,
+    check_reduce_dtype,
+    check_scatter,
+    is_host,
+)
 from .mpi import Communicator
 
 
@@ -27,12 +36,18 @@ def import_nccl():
         )
     nccl = _backend.nccl_module()
     if nccl is None:
-        raise RuntimeError(
-            "CuPy cannot load the NCCL library (libnccl.so.2): install it "
-            "(pip install 'nvidia-nccl-cu12>=2.18,<3'), or set distributed.backend 'mpi' "
-            "to stage GPU buffers through host memory"
-        )
+        raise RuntimeError(nccl_missing_message(_backend.cuda_major()))
     return nccl
+
+
+def nccl_missing_message(major: int) -> str:
+    """What to install when CuPy cannot load NCCL: the wheel built for the CUDA major
+    version CuPy runs on (the project's ``gpu-cuda12``/``gpu-cuda13`` extras carry it)."""
+    extra = f" or pip install -e '.[gpu-cuda{major}]'" if major in (12, 13) else ""
+    return (
+        f"CuPy (CUDA {major}) cannot load the NCCL library (libnccl.so.2): install it (pip install "
+        f"nvidia-nccl-cu{major}{extra}), or set distributed.backend 'mpi' to stage GPU buffers through host memory"
+    )
 
 
 def nccl_bootstrap(mpi: Communicator, nccl: Any) -> Any:
@@ -163,3 +178,50 @@ class NcclCommunicator(Communicator):
         count, dtype = self._gpu_args(buf)
         self._nccl.bcast(buf.data.ptr, count, dtype, root, _backend.current_stream().ptr)
         return buf
+
+    def ireduce_scatter(self, sendbuf: Any, recvbuf: Any, counts, op: str = "sum") -> Handle:
+        """:meth:`.mpi.Communicator.ireduce_scatter` of GPU arrays, on the side stream.
+
+        Equal counts are one ``ncclReduceScatter``; NCCL has no reduce-scatter of unequal
+        blocks, so those run as one ``ncclReduce`` to each rank whose block is not empty
+        (the same bytes on the wire: each element still travels to its one owner).
+        """
+        if is_host(sendbuf) and is_host(recvbuf):
+            return super().ireduce_scatter(sendbuf, recvbuf, counts, op)
+        counts = check_scatter(sendbuf, recvbuf, counts, self.rank, self.size)
+        _, dtype = self._gpu_args(sendbuf)
+        nccl_op = self._nccl_ops[check_op(op)]
+        stream = self._side_stream_after_current()
+        if len(set(counts)) == 1:
+            self._nccl.reduceScatter(sendbuf.data.ptr, recvbuf.data.ptr, counts[0], dtype, nccl_op, stream.ptr)
+        else:
+            start = 0
+            for owner, count in enumerate(counts):
+                if count:
+                    block = sendbuf[start : start + count]
+                    into = recvbuf if owner == self.rank else block  # NCCL reads recvbuff on the root only
+                    self._nccl.reduce(block.data.ptr, into.data.ptr, count, dtype, nccl_op, owner, stream.ptr)
+                start += count
+        return self._side_handle(recvbuf, keep=sendbuf)
+
+    def allgather_(self, buf: Any) -> Any:
+        if is_host(buf):
+            return super().allgather_(buf)
+        check_buffer(buf)
+        part = check_parts(buf, self.size)
+        _, dtype = self._gpu_args(buf)
+        # in place as NCCL defines it: this rank's part is the send buffer
+        mine = buf[self.rank * part : (self.rank + 1) * part]
+        self._nccl.allGather(mine.data.ptr, buf.data.ptr, part, dtype, _backend.current_stream().ptr)
+        return buf
+
+    def allgather_copy(self, sendbuf: Any, recvbuf: Any) -> Any:
+        if is_host(sendbuf) and is_host(recvbuf):
+            return super().allgather_copy(sendbuf, recvbuf)
+        check_buffer(sendbuf, "sendbuf", writable=False)
+        check_buffer(recvbuf, "recvbuf")
+        if check_parts(recvbuf, self.size, "recvbuf") != sendbuf.size or sendbuf.dtype != recvbuf.dtype:
+            raise ValueError(f"recvbuf must hold {self.size} times sendbuf ({sendbuf.size} of {sendbuf.dtype})")
+        count, dtype = self._gpu_args(sendbuf)
+        self._nccl.allGather(sendbuf.data.ptr, recvbuf.data.ptr, count, dtype, _backend.current_stream().ptr)
+        return recvbuf

@@ -158,8 +158,6 @@ def scaled_dot_product_attention(
 @_inplace.passes_ownership
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """Zeroes elements with probability ``p`` and scales the rest by ``1 / (1 - p)``."""
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     return _dropout.dropout(input, p=p, training=training, inplace=inplace)
 
 

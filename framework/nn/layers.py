@@ -17,6 +17,7 @@ from collections import OrderedDict
 from .. import creation
 from .. import inplace as _inplace
 from ..autograd.grad_mode import no_grad
+from ..ops.dropout import check_probability
 from . import functional as F
 from . import init
 from .module import Module
@@ -435,7 +436,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5, inplace: bool | None = None):
         super().__init__()
-        if not 0.0 <= p <= 1.0:
+        if p < 0.0 or p > 1.0:  # PyTorch's test: NaN passes it, and raises in forward
             raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
         self.p = p
         self.inplace = inplace
@@ -444,6 +445,7 @@ class Dropout(Module):
     def forward(self, input):
         if not self.training or self.p == 0:
             return F.dropout(input, self.p, self.training)  # the identity: nothing is written
+        check_probability(self.p)  # NaN: before a site consumes the input
         if self.inplace is not None:
             return F.dropout(input, self.p, True, inplace=self.inplace)
         where = _inplace.site_target(input, "Dropout")

@@ -395,6 +395,7 @@ def multinomial(input, num_samples, replacement=False):
     """Indices drawn from the rows of ``input`` (non-negative weights, 1-D or 2-D), as
     ``torch.multinomial``: by inverse CDF with one uniform per draw from the framework's
     seeded generator (``fw.manual_seed``). ``num_samples > 1`` needs ``replacement=True``.
+    Weights that are negative, inf or NaN, or a row of zeros, raise PyTorch's RuntimeError.
     Not differentiable: an int64 tensor on ``input``'s device."""
     if input.ndim not in (1, 2):
         raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {input.ndim}")
@@ -403,12 +404,39 @@ def multinomial(input, num_samples, replacement=False):
     if num_samples > 1 and not replacement:
         raise NotImplementedError("multinomial: num_samples > 1 without replacement is not supported")
     xp = input.xp
+    _check_distribution(input._data.reshape(-1, input.shape[-1]), replacement and num_samples > 1, xp)
     w = input._data.astype(np.float64).reshape(-1, input.shape[-1])
     cdf = xp.cumsum(w, axis=-1)
     u = _random.generator(xp).random((w.shape[0], num_samples)) * cdf[:, -1:]
     out = (cdf[:, None, :] <= u[:, :, None]).sum(axis=-1)
     out = xp.minimum(out, input.shape[-1] - 1).astype(np.int64)
     return _wrap(out if input.ndim == 2 else out[0])
+
+
+_MULTINOMIAL_ERRORS = {
+    1: "probability tensor contains either `inf`, `nan` or element < 0",
+    2: "invalid multinomial distribution (encountering probability entry < 0)",
+    3: "invalid multinomial distribution (encountering probability entry = infinity or NaN)",
+    4: "invalid multinomial distribution (sum of probabilities <= 0)",
+}
+
+
+def _check_distribution(w, row_by_row: bool, xp) -> None:
+    """PyTorch's checks of ``multinomial``'s weights ``w`` (rows), with its messages: for one
+    draw or without replacement, any inf, NaN or negative weight anywhere, then a row
+    summing to 0; for several draws with replacement, row by row, each weight in order (NaN
+    fails its ``>= 0`` test first) and then the row's sum. One value is read back (on a GPU
+    a synchronization, as PyTorch's CUDA multinomial makes for its checks)."""
+    with np.errstate(invalid="ignore"):
+        zero_rows = ~(w.sum(axis=-1, keepdims=True) > 0)  # the weights are >= 0 where it is read
+        if row_by_row:  # each row's codes in the order PyTorch meets them: its weights, then its sum
+            codes = xp.where(~(w >= 0), 2, xp.where(w == np.inf, 3, 0))
+            codes = xp.concatenate([codes, xp.where(zero_rows, 4, 0)], axis=-1).reshape(-1)
+        else:
+            codes = xp.stack([~((w < np.inf) & (w >= 0)).all(), zero_rows.any()]) * xp.asarray([1, 4])
+    first = int(codes[xp.argmax(codes != 0)])
+    if first:
+        raise RuntimeError(_MULTINOMIAL_ERRORS[first])
 
 
 # --- views and shape ---------------------------------------------------------------------

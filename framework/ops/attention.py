@@ -45,7 +45,7 @@ from . import kernels_transformer as KT
 from .broadcast import astype, sum_to
 from .kernels import on_gpu, opmath_dtype
 from .matmul_gpu import matmul as _mm
-from .promotion import is_floating
+from .promotion import cpp_name, is_floating
 
 
 def _transpose(a, xp):
@@ -211,7 +211,12 @@ class ScaledDotProductAttention(Function):
             xp = get_array_module(q)
             s = _scores(q, ctx.k, ctx.attn_mask, ctx.scale, ctx.causal, xp)
             m = s.detach().amax(-1, keepdim=True)  # any shift gives the same value and derivative
-            lse = (s - m).exp().sum(-1).log() + m.squeeze(-1)
+            # a fully masked row's log-sum-exp is +inf, as forward keeps it; its scores are
+            # replaced by zeros first, so that no NaN reaches the derivative through them
+            masked = (m == -math.inf)._data
+            s = xp.where(masked, 0.0, s)
+            m = xp.where(masked, 0.0, m)
+            lse = xp.where(masked[..., 0], math.inf, (s - m).exp().sum(-1).log() + m.squeeze(-1))
             kept = ctx._graph_kept = {"lse": lse}
         return kept
 
@@ -330,6 +335,26 @@ def _gpu_forward(q, k, v, mask, scale, causal, p, useed, out, xp):
     return lse
 
 
+def _check_mask(mask, query, key, value, dropout_p) -> None:
+    """What PyTorch 2.13 refuses of ``attn_mask``: a dtype other than bool, float32 or the
+    query's (an integer mask is not added to the scores); and a mask of fewer than 2 dims
+    where it would take its flash path on the CPU (4-D query, key and value, no dropout, a
+    mask that needs no gradient), whose check reads the mask's dim -2 (elsewhere its math
+    path broadcasts such a mask, and so does this op)."""
+    if not isinstance(mask, Tensor):
+        raise TypeError("scaled_dot_product_attention: attn_mask must be a Tensor or None")
+    if mask.dtype not in (np.bool_, np.float32, query.dtype):
+        raise RuntimeError(
+            "Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: "
+            f"{cpp_name(mask.dtype)} and  query.dtype: {cpp_name(query.dtype)} instead."
+        )
+    flash = query.ndim == key.ndim == value.ndim == 4 and dropout_p <= 0 and not mask.requires_grad
+    if flash and mask.ndim == 1:
+        raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got -2)")
+    if flash and mask.ndim == 0:
+        raise IndexError("Dimension specified as -2 but tensor has no dimensions")
+
+
 def scaled_dot_product_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
@@ -338,10 +363,12 @@ def scaled_dot_product_attention(
 
     Args:
         query: (..., L, E); key: (..., S, E); value: (..., S, Ev); same leading dims.
-        attn_mask: None, a bool tensor (True: take part) or a float tensor added to the
-            scores, broadcast to (..., L, S).
+        attn_mask: None, a bool tensor (True: take part) or a float tensor (float32 or the
+            query's dtype) added to the scores, broadcast to (..., L, S). A query row that
+            takes part nowhere (all False, or all -inf) gives zeros, and finite gradients,
+            as PyTorch's.
         dropout_p: dropout probability on the attention weights (pass 0 in eval, as
-            ``F.scaled_dot_product_attention`` users do).
+            ``F.scaled_dot_product_attention`` users do); outside [0, 1] a RuntimeError.
         is_causal: a top-left causal mask (row i sees columns <= i); not with ``attn_mask``.
         scale: defaults to ``1 / sqrt(E)``.
         enable_gqa: grouped-query attention; only False is supported.
@@ -371,13 +398,12 @@ def scaled_dot_product_attention(
             f"scaled_dot_product_attention: key {tuple(key.shape)} must be (..., S, {query.shape[-1]}) and "
             f"value (..., S, Ev) with the same S, for query {tuple(query.shape)}"
         )
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
+    if not 0.0 <= dropout_p <= 1.0:  # PyTorch's RuntimeError (its 4-D path refuses p < 0 too)
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
     if is_causal and attn_mask is not None:
         raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     if attn_mask is not None:
-        if not isinstance(attn_mask, Tensor):
-            raise TypeError("scaled_dot_product_attention: attn_mask must be a Tensor or None")
+        _check_mask(attn_mask, query, key, value, dropout_p)
         want = tuple(query.shape[:-1]) + (key.shape[-2],)
         try:
             ok = np.broadcast_shapes(attn_mask.shape, want) == want

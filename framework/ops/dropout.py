@@ -63,6 +63,17 @@ class Dropout(Function):
         return gx
 
 
+def check_probability(p) -> None:
+    """PyTorch's checks of a dropout probability: outside [0, 1] its Python layer's
+    ValueError; NaN (which passes that test) its kernel's RuntimeError."""
+    if isinstance(p, bool) or not isinstance(p, Real):
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if p < 0.0 or p > 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if p != p:
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
+
+
 @_inplace.passes_ownership
 def dropout(input, p=0.5, training=True, inplace=False):
     """Inverted dropout, as ``torch.nn.functional.dropout``.
@@ -79,8 +90,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     """
     if not isinstance(input, Tensor):
         raise TypeError(f"dropout expects a Tensor input, got {type(input).__name__}")
-    if isinstance(p, bool) or not isinstance(p, Real) or not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    check_probability(p)
     if not training or p == 0 or input.numel() == 0:
         return input
     if not is_floating(input.dtype):

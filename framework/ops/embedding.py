@@ -16,11 +16,15 @@ compiled step runs it at every call too.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import backend, memory
 from ..autograd.function import Function
 from ..backend import get_array_module
 from ..tensor import Tensor
+from . import kernels_transformer as K
 from . import loss as _loss
+from .promotion import tensor_type_name
 from .view import IndexAdd
 
 
@@ -44,6 +48,8 @@ class Embedding(Function):
     def backward(ctx, g):
         indices = ctx.indices
         xp = get_array_module(g)
+        if g.__class__ is not Tensor and _gathers(g, getattr(indices, "_data", indices), ctx.wshape, ctx.wdtype):
+            return _gather_backward(g, getattr(indices, "_data", indices), ctx.wshape, ctx.padding_idx, xp), None
         if ctx.padding_idx is not None:  # the padding row gets no gradient
             g = xp.where(xp.expand_dims(getattr(indices, "_data", indices) == ctx.padding_idx, -1), 0, g)
         gw = memory.zeros(ctx.wshape, ctx.wdtype, get_array_module(getattr(indices, "_data", indices)), "gradients")
@@ -54,18 +60,43 @@ class Embedding(Function):
         return gw, None
 
 
+# The deterministic gather kernel scans every index for every weight element: it runs where
+# rows * indices stays below this (a character-level GPT: 89 rows x 1,024 indices), a
+# scatter-add beyond (atomics: its sums' rounding can differ from call to call, as
+# PyTorch's index_add_ on CUDA; docs/GPU.md).
+GATHER_LIMIT = 1 << 24
+
+
+def _gathers(g, indices, wshape, wdtype) -> bool:
+    """Whether embedding's backward runs the fused gather kernel (a GPU array, dtypes it takes)."""
+    if not K.embedding_backward.fits(g) or g.dtype != wdtype or indices.dtype.name not in ("int32", "int64"):
+        return False
+    return wshape[0] * indices.size <= GATHER_LIMIT
+
+
+def _gather_backward(g, indices, wshape, padding_idx, xp):
+    """The weight's gradient by one deterministic gather kernel (kernels_transformer.embedding_backward)."""
+    d = wshape[1]
+    g = g if g.flags.c_contiguous else memory.track(xp.ascontiguousarray(g), "workspace")
+    idx = indices if indices.flags.c_contiguous else memory.track(xp.ascontiguousarray(indices), "workspace")
+    gw = memory.empty(wshape, g.dtype, xp, "gradients")
+    K.embedding_backward(g.reshape(-1, d), idx.reshape(-1), idx.size, d, -1 if padding_idx is None else padding_idx, gw)
+    return gw
+
+
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
     """Rows ``weight[input]``: ``(*input.shape, embedding_dim)``.
 
     Args:
-        input: integer tensor of indices into the rows of ``weight``.
+        input: int64 or int32 tensor of indices into the rows of ``weight`` (others
+            raise PyTorch's RuntimeError).
         weight: ``(num_embeddings, embedding_dim)``.
         padding_idx: a row that gets no gradient (negative counts from the end).
         max_norm, norm_type, scale_grad_by_freq, sparse: PyTorch's; only their defaults
             are supported (NotImplementedError otherwise).
     """
-    if not isinstance(input, Tensor) or input.dtype.kind not in "iu":
-        got = input.dtype if isinstance(input, Tensor) else type(input).__name__
+    if not isinstance(input, Tensor) or input.dtype not in (np.int64, np.int32):  # Long, Int: PyTorch's
+        got = tensor_type_name(input.dtype, input.device.type) if isinstance(input, Tensor) else type(input).__name__
         raise RuntimeError(
             f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
             f"but got {got} instead (while checking arguments for embedding)"

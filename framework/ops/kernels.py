@@ -211,6 +211,14 @@ def launch(kernel, *args, out=None):
     return kernel(*args) if out is None else kernel(*args, out)
 
 
+def pair(real, imag):
+    """``complex<double>(real, imag)`` as CUDA builds it: each part as given (NumPy's
+    ``real + 1j * imag`` makes the real part NaN where ``imag`` is NaN or inf)."""
+    out = np.empty(np.broadcast_shapes(np.shape(real), np.shape(imag)), np.complex128)
+    out.real, out.imag = real, imag
+    return out
+
+
 def _put(out, value):
     out[...] = value
 
@@ -315,7 +323,7 @@ tanh_backward = elementwise(
 )
 
 
-# --- BatchNorm and InPlace-ABN: one reduction + one elementwise kernel each way -----------------
+# --- BatchNorm and InPlace-ABN: the per-channel sums + one elementwise kernel each way ---------
 
 _BN_PREAMBLE = r"""
 __device__ void bn_stats(const complex<double>& s, double inv_m, double eps, double& mean, double& invstd) {
@@ -344,7 +352,13 @@ __device__ complex<double> bn_moment(double v) { return complex<double>(v, v * v
 # (contiguous all: a batch of one (1, C) sample, as a trainer's first check of the model runs).
 _PER_CHANNEL = Takes(each(T=FLOATS), layouts=("contiguous", "strided"), scalars=("inv_m", "eps"))
 # ... and with the per-channel sums of the gradient, in the complex type of g's precision.
-_WITH_SUMS = tuple({"T": t, "C": np.result_type(dtype_of(t), np.complex64).name} for t in FLOATS)
+# A per-channel reduction with spatial axes writes complex128 partial sums first (one per
+# sample and channel: framework/ops/norm.py's ``_channel_sums``), then ``channel_sums`` adds them.
+_WITH_SUMS = tuple(
+    {"T": t, "C": c}
+    for t in FLOATS
+    for c in dict.fromkeys((np.result_type(dtype_of(t), np.complex64).name, "complex128"))
+)
 # The running statistics: (C,) buffers of any floating dtype (the running buffers' own).
 _RUNNING = Takes(each(T=FLOATS), layouts=("contiguous", "strided"), scalars=("eps",))
 
@@ -374,7 +388,7 @@ def moments(x, axis):
     ``ln_moments``): the sum and the sum of squares along ``axis``, in float64, as one
     complex128 (real: sum, imaginary: sum of squares)."""
     xd = x.astype(np.float64)
-    return xd.sum(axis) + 1j * (xd * xd).sum(axis)
+    return pair(xd.sum(axis), (xd * xd).sum(axis))
 
 
 bn_moments = reduction(
@@ -390,12 +404,28 @@ bn_moments = reduction(
     reduce_type="complex<double>",
     preamble=_BN_PREAMBLE,
 )
+# Names CuPy's CUB path cannot garble: it renames the output by ``str.replace``, so an ``r``
+# would turn ``a.real()`` into ``a.out0eal()``.
+channel_sums = reduction(
+    "complex128 parts",
+    "C sums",
+    "parts",
+    "a + b",
+    "sums = C(a.real(), a.imag())",
+    "0",
+    "fused_channel_sums",
+    lambda parts, axis: parts.sum(axis),
+    Takes(each(C=("complex64", "complex128")), warnings=CUB_UNREAD_J),
+    reduce_type="complex<double>",
+)
+
+
 bn_eval_stats = elementwise(
     "T mean, T var, float64 eps",
     "complex128 s",
     "s = complex<double>(mean, 1.0 / sqrt((double)var + eps));",
     "fused_bn_eval_stats",
-    lambda mean, var, eps, s: _put(s, mean.astype(np.float64) + 1j * (1.0 / np.sqrt(var.astype(np.float64) + eps))),
+    lambda mean, var, eps, s: _put(s, pair(mean.astype(np.float64), 1.0 / np.sqrt(var.astype(np.float64) + eps))),
     _RUNNING,
 )
 
@@ -449,7 +479,7 @@ bn_forward = elementwise(
 
 def _bn_grad_sums(g, x, s, inv_m, eps, axis):
     gd = g.astype(np.float64)
-    return gd.sum(axis) + 1j * (gd * _bn_xhat(x, s, inv_m, eps).astype(np.float64)).sum(axis)
+    return pair(gd.sum(axis), (gd * _bn_xhat(x, s, inv_m, eps).astype(np.float64)).sum(axis))
 
 
 bn_grad_sums = reduction(
@@ -591,7 +621,7 @@ def _abn_parts(y, g, r, b, w, aeps, slope):
 def _abn_grad_sums(y, g, r, b, w, aeps, slope, axis):
     dz, xhat, _ = _abn_parts(y, g, r, b, w, aeps, slope)
     dzd = dz.astype(np.float64)
-    return dzd.sum(axis) + 1j * (dzd * xhat.astype(np.float64)).sum(axis)
+    return pair(dzd.sum(axis), (dzd * xhat.astype(np.float64)).sum(axis))
 
 
 abn_grad_sums = reduction(
@@ -701,6 +731,87 @@ abn_weight_grad = elementwise(
     "fused_abn_weight_grad",
     lambda sums, w, gw: _put(gw, sums.imag.astype(w.dtype) * np.sign(w)),
     Takes(_WITH_SUMS, layouts=("contiguous", "strided")),
+)
+
+
+# --- pooling's backward: one gather kernel, deterministic -------------------------------------
+#
+# Each input gradient is the sum, in a fixed order, of the output gradients of the windows that
+# cover it (max pooling: of those whose saved first maximum is this element), as PyTorch's CUDA
+# max_pool2d and avg_pool2d backward gather them. A scatter-add over the windows (the earlier
+# GPU path) added overlapping windows with atomics, in an order that changed from call to call:
+# two runs of one step differed in the last bit (seen on an H200), which breaks "no policy
+# changes a number" and a compiled step's equality with eager.
+
+_POOL_GEOMETRY = "int32 H, int32 W, int32 Ho, int32 Wo, int32 kh, int32 kw, int32 sh, int32 sw, int32 ph, int32 pw"
+
+
+def _pool_backward_source(with_index: bool) -> str:
+    take = "idx[o] == (I)((hp - oh * sh) * kw + (wp - ow * sw))" if with_index else "true"
+    value = "(A)g[o]" if with_index else "(A)(T)((A)g[o] * (A)scale)"
+    return (
+        "typedef typename opmath<T>::type A;"
+        " const long long plane = (long long)H * W;"
+        " const long long nc = i / plane;"
+        " const int hp = (int)((i % plane) / W) + ph, wp = (int)(i % W) + pw;"
+        " const int oh0 = hp < kh ? 0 : (hp - kh) / sh + 1, oh1 = min(hp / sh, Ho - 1);"
+        " const int ow0 = wp < kw ? 0 : (wp - kw) / sw + 1, ow1 = min(wp / sw, Wo - 1);"
+        " A acc = 0;"
+        " for (int oh = oh0; oh <= oh1; ++oh) {"
+        "   for (int ow = ow0; ow <= ow1; ++ow) {"
+        "     const long long o = (nc * Ho + oh) * Wo + ow;"
+        f"     if ({take}) acc += {value};"
+        "   }"
+        " }"
+        " gx = (T)acc;"
+    )
+
+
+def _pool_backward_reference(g, idx, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, scale, gx):
+    """NumPy's pool backward: each window offset's values added into the padded gradient (the
+    additions in opmath, as the source's), cropped to the input."""
+    n, c = gx.shape[:2]
+    g4 = _opmath(g.reshape(n, c, Ho, Wo))
+    if idx is None:
+        g4 = _opmath((g4 * _opmath(np.asarray(scale, g.dtype))).astype(g.dtype))
+    rows, cols = max(H + 2 * ph, (Ho - 1) * sh + kh), max(W + 2 * pw, (Wo - 1) * sw + kw)
+    acc = np.zeros((n, c, rows, cols), g4.dtype)
+    for a in range(kh):
+        for b in range(kw):
+            v = g4 if idx is None else np.where(idx.reshape(n, c, Ho, Wo) == a * kw + b, g4, 0)
+            acc[:, :, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw] += v
+    gx[...] = acc[:, :, ph : ph + H, pw : pw + W]
+
+
+# conv_algorithms.pooling.index_dtype's for windows of up to 2**32 elements (int64 beyond)
+_POOL_INDEX_TYPES = ("uint8", "uint16", "uint32")
+max_pool_backward = elementwise(
+    f"raw T g, raw I idx, {_POOL_GEOMETRY}",
+    "T gx",
+    _pool_backward_source(True),
+    "fused_max_pool_backward",
+    lambda g, idx, *geometry_gx: _pool_backward_reference(g, idx, *geometry_gx[:-1], None, geometry_gx[-1]),
+    Takes(
+        each(T=FLOATS, I=_POOL_INDEX_TYPES),
+        layouts=("contiguous",),
+        scalars=tuple(_POOL_GEOMETRY.replace("int32 ", "").split(", ")),
+        raw={"g": 4, "idx": 4},
+    ),
+    preamble=_OPMATH,
+)
+avg_pool_backward = elementwise(
+    f"raw T g, {_POOL_GEOMETRY}, T scale",
+    "T gx",
+    _pool_backward_source(False),
+    "fused_avg_pool_backward",
+    lambda g, *geometry_scale_gx: _pool_backward_reference(g, None, *geometry_scale_gx),
+    Takes(
+        each(T=FLOATS),
+        layouts=("contiguous",),
+        scalars=tuple(_POOL_GEOMETRY.replace("int32 ", "").split(", ")) + ("scale",),
+        raw={"g": 4},
+    ),
+    preamble=_OPMATH,
 )
 
 

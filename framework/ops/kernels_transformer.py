@@ -28,6 +28,7 @@ explicit cast, and both arms of a ternary have one type.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from .kernels import (
@@ -42,6 +43,7 @@ from .kernels import (
     elementwise,
     moments,
     opmath_dtype,
+    pair,
     reduction,
 )
 
@@ -185,12 +187,41 @@ gelu_backward = {
 
 # --- LayerNorm ----------------------------------------------------------------------------------
 
+#: The memory-efficient LayerNorm rebuilds ``x_hat_j = (y - bias_j) / weight_j`` only where
+#: ``|weight_j|`` is a normal number of the dtype and ``|bias_j| <= REBUILD_BIAS_RATIO
+#: |weight_j|``: the output's rounding then moves it by at most ``u (|x_hat| + ratio)``
+#: (framework/ops/layer_norm.py says what happens elsewhere).
+REBUILD_BIAS_RATIO = 16.0
+
+
+def rebuild_trusted(w, b, dtype):
+    """Where (per feature) the memory-efficient mode may rebuild x_hat from the output: the
+    test of :data:`REBUILD_BIAS_RATIO` on the weight and bias values ``w`` and ``b``."""
+    aw, ab = np.abs(np.asarray(w, np.float64)), np.abs(np.asarray(b, np.float64))
+    return (aw >= float(ml_dtypes.finfo(dtype).smallest_normal)) & (ab <= REBUILD_BIAS_RATIO * aw)
+
+
 _LN_PREAMBLE = (
     _OPMATH
     + r"""
 __device__ inline void ln_stats(const complex<double>& st, double inv_n, double eps, double& mean, double& rstd) {
     mean = st.real() * inv_n;
     rstd = rsqrt(max(st.imag() * inv_n - mean * mean, 0.0) + eps);
+}
+template <typename T> __device__ inline double smallest_normal();
+template <> __device__ inline double smallest_normal<float16>() { return 6.103515625e-05; }
+template <> __device__ inline double smallest_normal<bfloat16>() { return 1.1754943508222875e-38; }
+template <> __device__ inline double smallest_normal<float>() { return 1.1754943508222875e-38; }
+template <> __device__ inline double smallest_normal<double>() { return 2.2250738585072014e-308; }
+// The memory-efficient mode's x_hat, rebuilt from the output where the weight and bias allow
+// it (rebuild_trusted), else NaN: the kernels refuse such a feature (no host read to do more).
+template <typename T> __device__ inline typename opmath<T>::type ln_rebuilt(T y, T b, T w) {
+    typedef typename opmath<T>::type A;
+    double aw = fabs((double)(A)w), ab = fabs((double)(A)b);
+    bool trusted = aw >= smallest_normal<T>() && ab <= """
+    + repr(REBUILD_BIAS_RATIO)
+    + r""" * aw;
+    return trusted ? (A)(((A)y - (A)b) / (A)w) : (A)__longlong_as_double(0x7ff8000000000000LL);
 }
 """
 )
@@ -242,14 +273,16 @@ ln_forward = elementwise(
 # memory-efficient mode) from the output: (y - bias) / weight.
 _XHAT = {
     False: ("T xin, complex128 st, float64 inv_n, float64 eps", "((A)xin - (A)mean) * (A)rstd"),
-    True: ("T yin, T bin, complex128 st, float64 inv_n, float64 eps", "((A)yin - (A)bin) / (A)win"),
+    True: ("T yin, T bin, complex128 st, float64 inv_n, float64 eps", "ln_rebuilt<T>(yin, bin, win)"),
 }
 
 
 def _xhat(me, a, src, st, inv_n, eps, w, b):
     """NumPy's x_hat in the accumulation type ``a`` (``src`` is x, or y when ``me``)."""
     if me:
-        return (src.astype(a) - np.asarray(b).astype(a)) / np.asarray(w).astype(a)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            xh = (src.astype(a) - np.asarray(b).astype(a)) / np.asarray(w).astype(a)
+        return np.where(rebuild_trusted(w, b, src.dtype), xh, a.type(np.nan))
     mean, rstd = ln_stats(st, inv_n, eps)
     return (src.astype(a) - mean.astype(a)) * rstd.astype(a)
 
@@ -271,7 +304,7 @@ def _ln_sums_kernel(me: bool, per_row: bool):
         q = g.astype(a) * np.asarray(w).astype(a) if per_row else g.astype(a)
         xh = _xhat(me, a, src, st, inv_n, eps, w, b)
         qd = q.astype(np.float64)
-        return qd.sum(axis) + 1j * (qd * xh.astype(np.float64)).sum(axis)
+        return pair(qd.sum(axis), (qd * xh.astype(np.float64)).sum(axis))
 
     what = "row" if per_row else "feature"
     return reduction(
@@ -296,7 +329,7 @@ __device__ inline complex<double> ln_sum_terms(T g, T w, T src, T bsrc, const co
                                                double eps, int me, int by_w) {
     typedef typename opmath<T>::type A;
     double mean, rstd; ln_stats(st, inv_n, eps, mean, rstd);
-    A xhat = me ? (A)(((A)src - (A)bsrc) / (A)w) : (A)(((A)src - (A)mean) * (A)rstd);
+    A xhat = me ? ln_rebuilt<T>(src, bsrc, w) : (A)(((A)src - (A)mean) * (A)rstd);
     A q = by_w ? (A)((A)g * (A)w) : (A)g;
     return complex<double>((double)q, (double)q * (double)xhat);
 }
@@ -432,7 +465,11 @@ def causal_allowed(shape, xp=np, row0=0):
 def attention_probs_reference(sc, scale, causal, p, useed, index=None):
     """Probabilities (after dropout) and each row's log-sum-exp of raw scores ``sc``
     (..., L, S), in the accumulation type: what ``attn_softmax`` computes (``index``: the
-    scores' indices in the whole, for a chunk's dropout mask: :func:`keep_mask`)."""
+    scores' indices in the whole, for a chunk's dropout mask: :func:`keep_mask`).
+
+    A fully masked row (every score -inf) keeps +inf as its log-sum-exp, so that every
+    ``exp(score - lse)`` of it, here and in backward, is 0: its output is zeros and its
+    gradients are finite, as PyTorch's (softmax of -inf everywhere would be NaN)."""
     a = opmath_dtype(sc.dtype)
     s = sc.astype(a) * a.type(scale)
     if causal:
@@ -440,7 +477,7 @@ def attention_probs_reference(sc, scale, causal, p, useed, index=None):
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         m = s.max(axis=-1, keepdims=True)
         total = np.exp(s - m).sum(axis=-1, keepdims=True)
-        lse = m + np.log(total)
+        lse = np.where(m == -np.inf, a.type(np.inf), m + np.log(total))
         probs = np.exp(s - lse)
     if p > 0:
         keep = keep_mask(np.asarray(useed), s.shape, p, index=index)
@@ -455,8 +492,8 @@ def _attn_softmax(sc, n, lq, scale, causal, p, useed, pr, lse):
 
 
 # One thread per row of scores (``size=`` rows): its max, its sum of exponentials, then the
-# probabilities written from the log-sum-exp, dropout applied. Fully masked rows give NaN, as
-# softmax of -inf everywhere does.
+# probabilities written from the log-sum-exp, dropout applied. A fully masked row (its max
+# -inf) keeps +inf as its log-sum-exp: its probabilities, here and in backward, are 0.
 attn_softmax = elementwise(
     "raw T sc, int64 n, int64 lq, float64 scale, int32 causal, float64 p, raw float64 useed",
     "raw T pr, raw F lse",
@@ -466,7 +503,7 @@ attn_softmax = elementwise(
     " for (long long j = 1; j < lim; ++j) m = max(m, (A)((A)sc[row * n + j] * (A)scale));"
     " A s = (A)0;"
     " for (long long j = 0; j < lim; ++j) s += exp((A)sc[row * n + j] * (A)scale - m);"
-    " A l = m + log(s); lse[row] = (F)l;"
+    " A l = isinf(m) && m < (A)0 ? -m : m + log(s); lse[row] = (F)l;"
     " unsigned long long seed = p > 0.0 ? attn_seed(useed[0]) : 0ULL;"
     " A ks = p < 1.0 ? (A)(1.0 / (1.0 - p)) : (A)0;"
     " for (long long j = 0; j < n; ++j) {"
@@ -596,3 +633,42 @@ def _tri(upper: bool):
 
 tril = _tri(False)
 triu = _tri(True)
+
+
+# --- embedding's backward: a deterministic gather --------------------------------------------
+#
+# Each weight-gradient element sums, in index order, the output gradients of the positions that
+# picked its row (padding_idx's row: none). A scatter-add (``cupyx.scatter_add``) adds repeated
+# indices with atomics, in an order that changes from call to call: two runs of a GPT step
+# differed in the last bit on an H200, so a compiled step was not bitwise eager's. Each thread
+# scans every index, so the kernel is for the vocabularies and batches it pays for (the op
+# decides: framework/ops/embedding.py).
+
+
+def _embedding_backward(g, idx, n, d, pad, gw):
+    acc = np.zeros(gw.shape, opmath_dtype(gw.dtype))
+    rows = idx.reshape(-1)[: int(n)]
+    keep = (rows != pad) & (rows >= 0) & (rows < gw.shape[0])  # an index out of range picks no row
+    np.add.at(acc, rows[keep], g.reshape(int(n), int(d))[keep].astype(acc.dtype))  # in index order
+    gw[...] = acc
+
+
+embedding_backward = elementwise(
+    "raw T g, raw I idx, int64 n, int64 d, int64 pad",
+    "T gw",
+    "typedef typename opmath<T>::type A;"
+    " const long long v = i / d, c = i % d;"
+    " A acc = (A)0;"
+    " if (v != pad) {"
+    "   for (long long k = 0; k < n; ++k) {"
+    "     if ((long long)idx[k] == v) acc += (A)g[k * d + c];"
+    "   }"
+    " }"
+    " gw = (T)acc;",
+    "fused_embedding_backward",
+    _embedding_backward,
+    Takes(
+        each(T=FLOATS, I=("int32", "int64")), layouts=("contiguous",), scalars=("n", "d", "pad"), raw={"g": 2, "idx": 1}
+    ),
+    preamble=_OPMATH,
+)

@@ -10,9 +10,17 @@ biased variance) over ``normalized_shape``, the last dims of ``x``. What backwar
   OUTPUT instead of the input, ``weight``, ``bias`` and 1/std per row; backward rebuilds
   ``x_hat = (y - bias) / weight``. In a Transformer the output is what the next linear
   layer keeps anyway, so the input's buffer (the residual stream) is no longer held for
-  backward: one activation less per LayerNorm. As in Apex, a weight with an element of 0
-  makes ``x_hat`` unrecoverable there (0 / 0): the mode raises for such a weight on the
-  CPU; on a GPU (no host read) those gradients are NaN.
+  backward: one activation less per LayerNorm. The rebuild is trusted for feature ``j``
+  where ``|weight_j|`` is a normal number and ``|bias_j| <= 16 |weight_j|``
+  (``kernels_transformer.REBUILD_BIAS_RATIO``): the output's rounding ``u |y|`` then
+  moves ``x_hat`` by at most ``u (|x_hat| + 16)`` (``u``: the dtype's unit roundoff). Elsewhere (a weight of 0,
+  1e-30, or 1e-6 beside a bias of 0.1: ``(y - bias) / weight`` is 0 / 0, or cancels) the
+  CPU keeps that feature's input column (and each row's mean) and computes ``x_hat``
+  there as the standard mode does, bit for bit: the mode never refuses and is never
+  wrong there, at the cost of an input column per such feature. A GPU cannot know those
+  features without reading the weight back (a synchronization, which a CUDA graph cannot
+  hold): its kernels refuse such a feature by making its ``x_hat`` NaN, so its weight's
+  gradient and x's gradient of every row (the trainer stops at the next non-finite loss).
 
 There is no inplace form: in a pre-LN Transformer block every LayerNorm input is read
 again by the residual add, so writing the output over it (InPlace-ABN's trick) would
@@ -64,6 +72,18 @@ def _gpu_param(a, dtype, default):
 
 def _same(v):
     return v
+
+
+def untrusted_features(weight, bias, dtype):
+    """The features (flat indices over the normalized shape) whose ``x_hat`` the
+    memory-efficient mode cannot rebuild from the output within its bound
+    (:func:`.kernels_transformer.rebuild_trusted`: ``|weight_j|`` below the smallest normal
+    number of ``dtype``, 0 included, or ``|bias_j| > 16 |weight_j|``), or None. Host arrays
+    (or None: 1 and 0)."""
+    w = np.ones(1) if weight is None else weight.reshape(-1)
+    b = np.zeros(1) if bias is None else bias.reshape(-1)
+    bad = np.flatnonzero(~KT.rebuild_trusted(w, b, dtype))
+    return bad if bad.size else None
 
 
 def _row_stat(i: int):
@@ -131,6 +151,9 @@ class LayerNorm(Function):
             y = memory.track(y.astype(x.dtype), "activations")
         if type(ctx).memory_efficient:
             ctx.keep(rstd=rstd.astype(x.dtype, copy=False))
+            ctx.fallback = untrusted_features(weight, bias, x.dtype)
+            if ctx.fallback is not None:  # those features' input columns, and each row's mean
+                ctx.keep(x_columns=x.reshape(-1, ctx.n)[:, ctx.fallback], mean=mean.astype(x.dtype, copy=False))
         else:
             ctx.keep(mean=mean.astype(x.dtype, copy=False), rstd=rstd.astype(x.dtype, copy=False))
         return y
@@ -237,13 +260,26 @@ class LayerNormMemoryEfficient(LayerNorm):
         return LayerNorm.forward(ctx, x, weight, bias, k=k, eps=eps)
 
     def xhat(ctx, up=None):
-        """The normalized input, rebuilt from the output (converted by ``up`` first)."""
+        """The normalized input, rebuilt from the output (converted by ``up`` first); the
+        untrusted features' (``ctx.fallback``) from their kept input columns, as the
+        standard mode computes it."""
         up = up or _same
+        fallback = ctx.__dict__.get("fallback")
         xhat = up(ctx.result)
-        if ctx.affine[1]:
-            xhat = xhat - up(ctx.bias)
-        if ctx.affine[0]:
-            xhat = xhat / up(ctx.weight)
+        if fallback is not None and xhat.__class__ is Tensor:
+            raise NotImplementedError(
+                "layer_norm(memory_efficient=True): a second derivative where the weight has an element "
+                f"of 0 or near it beside the bias (features {fallback.tolist()[:8]}) is not supported; "
+                "use memory_efficient=False"
+            )
+        with np.errstate(divide="ignore", invalid="ignore"):  # the untrusted features: replaced below
+            if ctx.affine[1]:
+                xhat = xhat - up(ctx.bias)
+            if ctx.affine[0]:
+                xhat = xhat / up(ctx.weight)
+        if fallback is not None:
+            rows = xhat.reshape(-1, ctx.n)  # a new C-ordered array: a view
+            rows[:, fallback] = (up(ctx.x_columns) - up(ctx.mean).reshape(-1, 1)) * up(ctx.rstd).reshape(-1, 1)
         return xhat
 
     def gpu_sources(ctx, w, dtype):
@@ -295,7 +331,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, memory
         weight, bias: tensors of ``normalized_shape`` or None.
         eps: added to the variance.
         memory_efficient: keep the output instead of the input for backward (Apex's mode;
-            needs no zero in ``weight``).
+            where a weight is 0, or small beside its bias, see the module docstring).
     """
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
@@ -311,10 +347,5 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, memory
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None and tuple(p.shape) != normalized_shape:
             raise RuntimeError(f"layer_norm: {name} of shape {tuple(p.shape)}, expected {normalized_shape}")
-    if memory_efficient and weight is not None and not on_gpu(weight._data) and bool((weight._data == 0).any()):
-        raise ValueError(
-            "layer_norm(memory_efficient=True): the weight has an element equal to 0, so the normalized "
-            "input cannot be rebuilt from the output there; use memory_efficient=False"
-        )
     op = LayerNormMemoryEfficient if memory_efficient else LayerNorm
     return op.apply(input, weight, bias, k=k, eps=eps)

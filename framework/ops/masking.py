@@ -28,6 +28,7 @@ class MaskedFill(Function):
 
     def forward(ctx, x, mask, value):
         xp = get_array_module(x)
+        ctx.xshape = x.shape  # the result may be larger: a mask broadcast beyond the input
         ctx.mv, ctx.vdtype = shape_of(value), getattr(value, "dtype", None)
         if hasattr(value, "shape"):
             value = value.astype(x.dtype, copy=False)
@@ -44,24 +45,27 @@ class MaskedFill(Function):
         gx = gv = None
         if ctx.needs_input_grad[0]:
             gx = xp.where(mask, 0, g)
-            gx = sum_to(gx, g.shape)
+            gx = sum_to(gx, ctx.xshape)
         if ctx.needs_input_grad[2]:
             gv = sum_to(xp.where(mask, g, 0).sum(), ctx.mv, ctx.vdtype)
         return gx, None, gv
 
 
-def _check_mask(x, mask, name):
+def _check_mask(x, mask, name, inplace):
+    """A bool mask on ``x``'s device that broadcasts with ``x``: to ``x``'s own shape when
+    written into ``x`` (``masked_fill_``); the ordinary form's result takes the broadcast
+    shape, as PyTorch's (a mask wider than the input widens the result)."""
     if not isinstance(mask, Tensor) or mask.dtype != np.bool_:
         got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
         raise RuntimeError(f"{name} only supports boolean masks, but got mask with dtype {got}")
     try:
         shape = np.broadcast_shapes(mask.shape, x.shape)
     except ValueError:
-        shape = None
-    if shape != tuple(x.shape):
         raise RuntimeError(
-            f"{name}: the mask of shape {tuple(mask.shape)} does not broadcast to the input's shape {tuple(x.shape)}"
-        )
+            f"{name}: the mask of shape {tuple(mask.shape)} does not broadcast with the input's shape {tuple(x.shape)}"
+        ) from None
+    if inplace and shape != tuple(x.shape):
+        raise RuntimeError(f"output with shape {list(x.shape)} doesn't match the broadcast shape {list(shape)}")
     if mask.device != x.device:
         raise RuntimeError(f"{name}: expected the mask on the input's device {x.device}, got {mask.device}")
 
@@ -79,14 +83,15 @@ def _check_value(x, value, name):
 
 
 def masked_fill(input, mask, value):
-    """``value`` where ``mask`` (bool, broadcast to ``input``) is True, ``input`` elsewhere."""
-    _check_mask(input, mask, "masked_fill")
+    """``value`` where ``mask`` (bool) is True, ``input`` elsewhere, the two broadcast
+    together (the result takes their broadcast shape)."""
+    _check_mask(input, mask, "masked_fill", inplace=False)
     return MaskedFill.apply(input, mask, _check_value(input, value, "masked_fill"))
 
 
 def masked_fill_(input, mask, value):
     """``masked_fill`` written into ``input`` (returned); free: backward reads only the mask."""
-    _check_mask(input, mask, "masked_fill_")
+    _check_mask(input, mask, "masked_fill_", inplace=True)
     return MaskedFill.apply_(input, mask, _check_value(input, value, "masked_fill_"))
 
 

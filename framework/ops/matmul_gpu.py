@@ -11,12 +11,18 @@ compiled step runs exactly eager's kernels (bitwise equal) and launches as many 
 GPU".
 
 A built graph (a plan) is cached per device, operand shapes and strides (in elements; a
-transposed view is declared by its strides, no copy) and dtype. Math: float32 runs in full
-float32 (the engines with ``numerical_note.TENSOR_CORE``, TF32 by default on Ampere and
-later, are deselected, as the ``cudnn`` convolutions do); engines that down-convert their
-inputs are never taken. Where the frontend is missing, the operands are not float32/float64
-matrices (2-D, or with the same batch dims: attention's ``(batch, heads, rows, columns)``),
-or cuDNN has no engine for the geometry, the product is
+transposed view is declared by its strides, no copy) and dtype. Engines that down-convert
+their inputs are never taken. Math: cuDNN's float32 matrix products are TF32 (inputs rounded
+to 10 mantissa bits) on Ampere and later GPUs whatever numerical notes a plan deselects:
+measured on an H200 (cuDNN 9.19, frontend 1.32), every engine cuDNN offered for a float32
+product, its cuBLASLt one included, was 3-6e-4 off in relative terms, and its float64
+products exact. So a float32 product runs as a float64 one, its operands and result copied
+(category ``workspace``: three launches and twice the operands' and result's bytes, for a
+moment) and the result rounded once to float32: as exact as a float32 GEMM, and better.
+Operands and results not aligned to 16 bytes (a view into a flat buffer) go through an
+aligned copy (:data:`.conv_algorithms.gpu.ALIGNMENT`). Where the frontend is missing, the
+operands are not float32/float64 matrices (2-D, or with the same batch dims: attention's
+``(batch, heads, rows, columns)``), or cuDNN has no engine for the geometry, the product is
 CuPy's (cuBLAS): it still runs eagerly, and a CUDA-graph capture of it fails with CuPy's
 one-line reason. A batched product with a bfloat16 operand, which CuPy 14.2 cannot make,
 runs in float32 and is rounded once (:func:`_bfloat16_batched`).
@@ -28,7 +34,7 @@ import numpy as np
 
 from .. import memory
 from ..backend import cudnn_module, cupy_module, current_device, current_stream
-from .conv_algorithms.gpu import handle_for  # one cuDNN handle per device, shared with the convolutions
+from .conv_algorithms.gpu import ALIGNMENT, aligned, handle_for  # one cuDNN handle per device, shared with convs
 from .promotion import widen
 
 _plans: dict = {}  # (device, a shape, a strides, b shape, b strides, dtype) -> _Plan or _UNSUPPORTED
@@ -75,7 +81,8 @@ def _build(cudnn, a3, b3, c3, handle):
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    graph.deselect_numeric_notes([cudnn.numerical_note.DOWN_CONVERT_INPUTS, cudnn.numerical_note.TENSOR_CORE])
+    # float64 only (float32 products are made in it): its tensor cores are full float64
+    graph.deselect_numeric_notes([cudnn.numerical_note.DOWN_CONVERT_INPUTS, cudnn.numerical_note.NONDETERMINISTIC])
     graph.check_support()
     graph.build_plans()
     return _Plan(graph, (ta, tb, tc), graph.get_workspace_size())
@@ -105,11 +112,31 @@ def matmul(a, b, xp, out=None):
             # NumPy returns bfloat16's product in float32: rounded once, as on a GPU (and PyTorch)
             product = product.astype(np.promote_types(a.dtype, b.dtype))
         return product
-    device = current_device().index
     if out is None:
         # a new array that owns its memory (the inplace policy writes only over such), counted
         # by the caller as xp.matmul's result is
         out = xp.empty(a.shape[:-1] + b.shape[-1:], a.dtype)
+    if a.dtype.name == "float32":  # cuDNN's float32 products are TF32: made in float64 (module doc)
+        wide = memory.empty(out.shape, np.float64, xp, "workspace")
+        _execute(cudnn, xp, _widened(a, xp), _widened(b, xp), wide)
+        out[...] = wide  # rounded once
+        return out
+    return _execute(cudnn, xp, a, b, out)
+
+
+def _widened(a, xp):
+    """``a`` as float64, in its own layout (a transposed view stays one): counted workspace."""
+    return memory.track(a.astype(np.float64, order="K"), "workspace")
+
+
+def _execute(cudnn, xp, a, b, out):
+    """``out = a @ b`` by one cuDNN frontend execution (its plan built once per geometry), or
+    CuPy's matmul where cuDNN has no engine for it."""
+    if out.data.ptr % ALIGNMENT:  # made in an aligned buffer of out's layout, then copied over
+        out[...] = _execute(cudnn, xp, a, b, memory.track(xp.empty_like(out, order="K"), "workspace"))
+        return out
+    a, b = aligned(a, xp), aligned(b, xp)
+    device = current_device().index
     a3, b3, c3 = _as3(a), _as3(b), _as3(out)
     key = (device, a3.shape, _elements(a3), b3.shape, _elements(b3), _elements(c3), a.dtype.name)
     handle = handle_for(cudnn, device)

@@ -72,6 +72,44 @@ _TORCH_NAMES = {
 }
 
 
+# The C++ type names PyTorch's messages print for a dtype (``attn_mask.dtype: long int``)
+_CPP_NAMES = {
+    "bool": "bool",
+    "uint8": "unsigned char",
+    "int8": "signed char",
+    "int16": "short int",
+    "int32": "int",
+    "int64": "long int",
+    "uint16": "short unsigned int",
+    "uint32": "unsigned int",
+    "uint64": "long unsigned int",
+    "float16": "c10::Half",
+    "bfloat16": "c10::BFloat16",
+    "float32": "float",
+    "float64": "double",
+    "complex64": "c10::complex<float>",
+    "complex128": "c10::complex<double>",
+}
+# The dtypes whose tensors PyTorch names by their legacy class (``torch.ByteTensor``)
+_LEGACY_NAMES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
+
+
+def cpp_name(dtype) -> str:
+    """PyTorch's C++ name of ``dtype`` in its messages (``long int``, ``c10::Half``)."""
+    name = np.dtype(dtype).name
+    return _CPP_NAMES.get(name, name)
+
+
+def tensor_type_name(dtype, device_type: str = "cpu") -> str:
+    """PyTorch's name of a tensor's type in its argument checks: ``torch.ByteTensor``
+    (``torch.cuda.ByteTensor`` on a GPU) for the legacy types, else ``CPUBoolType``."""
+    name = np.dtype(dtype).name
+    short = _TORCH_NAMES.get(name) or name.capitalize().replace("Uint", "UInt")
+    if name in _LEGACY_NAMES:
+        return f"torch.{'cuda.' if device_type == 'cuda' else ''}{short}Tensor"
+    return f"{'CUDA' if device_type == 'cuda' else 'CPU'}{short}Type"
+
+
 def kind_rank(dtype) -> int:
     """0 bool, 1 integer, 2 floating (bfloat16 included: NumPy calls its kind 'V'), 3 complex."""
     rank = _RANKS.get(dtype.kind)

@@ -332,28 +332,10 @@ class Optimizer:
                 elif isinstance(v, Tensor) or v != first[k]:
                     return False
         grad = fg.grads(fresh=not u.inplace)
-        flat_state = {k: fg.state_flat(k, [st[k] for st in states]) for k in tensor_keys}
-        whole = not u.inplace  # out of place: the results are the new flat buffers themselves
-        new_param, new_state, scalars = None, {}, {}
-        # Every tensor handed to the rule wraps a slice, a view: policy auto never writes
-        # over a view, so only the rule's explicit updates (u.*) touch the flat buffers.
-        for lo, hi in fg.chunks(whole):
-            p_t = _wrap(fg.param[lo:hi])
-            given = {k: (_wrap(flat_state[k][lo:hi]) if k in flat_state else first[k]) for k in keys}
-            final = dict(given)
-            new_p = self._update_flat(p_t, _wrap(grad[lo:hi]), final, group, u)
-            taken = [grad, new_param, *new_state.values()]
-            if new_p is not p_t:  # into a new buffer out of place, else back into the flat one
-                dst = new_param if whole else fg.param
-                new_param = self._place(new_p._data, dst, fg, lo, hi, whole, "parameters", taken)
-            for k, v in final.items():
-                if not isinstance(v, Tensor):
-                    scalars[k] = v
-                elif v is not given.get(k):  # a new state tensor (the first step creates them)
-                    dst = new_state.get(k, None if whole else flat_state.get(k))
-                    new_state[k] = self._place(v._data, dst, fg, lo, hi, whole, "optimizer_state", taken)
+        given = {k: fg.state_flat(k, [st[k] for st in states]) if k in tensor_keys else first[k] for k in keys}
+        new_param, final = self._update_over(fg.param, grad, given, group, u, fg.chunks(not u.inplace))
         who = type(self).__name__
-        in_place = new_param is None or new_param is fg.param
+        in_place = new_param is fg.param
         if not in_place:
             fg.set_param(new_param)
         for p in params:
@@ -362,9 +344,8 @@ class Optimizer:
             else:
                 p._vc.bump(f"{who}.step (inplace policy off: new storage)", site)
         tensors = {}
-        for k in final:
-            flat = new_state[k] if k in new_state else flat_state.get(k)
-            if flat is None:
+        for k, flat in final.items():
+            if not backend.is_array(flat):
                 continue
             tensors[k], same = fg.set_state(k, flat)
             if same:  # updated in place
@@ -372,9 +353,49 @@ class Optimizer:
                     t._vc.bump(f"{who}.step (optimizer state over a flat buffer)", site)
         for i, p in enumerate(params):
             st = self.state.setdefault(p, {})
-            for k in final:
-                st[k] = tensors[k][i] if k in tensors else scalars[k]
+            for k, v in final.items():
+                st[k] = tensors[k][i] if k in tensors else v
         return True
+
+    def _update_over(self, param, grad, state: dict, group: dict, u: _Updater, chunks) -> tuple:
+        """Runs the rule (:meth:`_update_flat`) over 1-D buffers of one length, chunk by chunk:
+        a :class:`FlatGroup`'s, or a ZeRO shard's (:mod:`framework.distributed.zero`).
+
+        Args:
+            param, grad: the parameters' and the gradients' buffers (views of larger ones
+                allowed).
+            state: each state key's buffer of that length, or its value (Adam's ``step``);
+                empty before the first step.
+            group: the hyperparameters.
+            u: in place (policies ``auto``, ``on``) or out of place (``off``).
+            chunks: the ``(lo, hi)`` slices to walk; out of place, one: the whole buffer.
+
+        Returns:
+            ``(param, state)``: the parameters' buffer after the step (``param`` itself when
+            updated in place, else a new one) and each key's buffer or value after it (the
+            given buffers when updated in place, new ones where the step made them).
+        """
+        whole = not u.inplace  # out of place: the results are the new flat buffers themselves
+        new_param, new_state, final = None, {}, {}
+        # Every tensor handed to the rule wraps a slice, a view: policy auto never writes
+        # over a view, so only the rule's explicit updates (u.*) touch the flat buffers.
+        for lo, hi in chunks:
+            p_t = _wrap(param[lo:hi])
+            given = {k: (_wrap(v[lo:hi]) if backend.is_array(v) else v) for k, v in state.items()}
+            final = dict(given)
+            new_p = self._update_flat(p_t, _wrap(grad[lo:hi]), final, group, u)
+            taken = [grad, new_param, *new_state.values()]
+            if new_p is not p_t:  # into a new buffer out of place, else back into the flat one
+                dst = new_param if whole else param
+                new_param = self._place(new_p._data, dst, param, lo, hi, whole, "parameters", taken)
+            for k, v in final.items():
+                if isinstance(v, Tensor) and v is not given.get(k):  # a new state tensor (the first step makes them)
+                    dst = new_state.get(k, None if whole else state.get(k))
+                    new_state[k] = self._place(v._data, dst, param, lo, hi, whole, "optimizer_state", taken)
+        out = {}
+        for k, v in final.items():
+            out[k] = new_state[k] if k in new_state else state[k] if isinstance(v, Tensor) else v
+        return (param if new_param is None else new_param), out
 
     def _unflatten(self) -> None:
         """Gives every parameter, and each gradient and state tensor of the flat buffers,
@@ -386,16 +407,19 @@ class Optimizer:
                 fg.unflatten()
         self._flat.clear()
 
-    def _place(self, array, flat, fg: FlatGroup, lo: int, hi: int, whole: bool, category: str, taken):
+    @staticmethod
+    def _place(array, flat, like, lo: int, hi: int, whole: bool, category: str, taken):
         """Puts a slice's new values (``array``) into ``flat``, the buffer they go to (None:
-        a new one), and returns that buffer. Out of place (``whole``) a fresh result
-        becomes the new buffer as it is; otherwise the values are copied into their slice."""
-        if whole and flat is None and own(array, fg.numel, taken):
+        a new one of ``like``'s length and dtype), and returns that buffer. Out of place
+        (``whole``) a fresh result becomes the new buffer as it is; otherwise the values
+        are copied into their slice."""
+        if whole and flat is None and own(array, like.size, taken):
             memory.retag(array, category)
             return array
+        xp = backend.get_array_module(like)
         if flat is None:
-            flat = memory.empty((fg.numel,), fg.dtype, fg.xp, category)
-        fg.xp.copyto(flat[lo:hi], array)
+            flat = memory.empty((like.size,), like.dtype, xp, category)
+        xp.copyto(flat[lo:hi], array)
         return flat
 
     def _update_flat(self, p: Tensor, grad: Tensor, state: dict, group: dict, u: _Updater) -> Tensor:

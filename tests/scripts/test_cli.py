@@ -70,6 +70,7 @@ def test_train_succeeds_and_prints_the_summary(tmp_path):
             ["--set", "precision=bf16", "--set", "compile=true"],
             ["precision: bf16 cannot run compiled", "compile: false"],
         ),
+        (["--set", "distributed.zero=1"], ["distributed.zero: 1", "this run has one", "mpiexec -n N"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, fragments):

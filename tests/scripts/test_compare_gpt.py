@@ -35,6 +35,14 @@ def test_variants_parse_and_combine():
             compare_inplace.parse_policies(f"off,{bad}")
 
 
+def test_step_variants_parse_into_config_overrides():
+    """+zero1, +zero2 (under mpiexec) and +acc<k> set distributed.zero and train.accumulate."""
+    assert compare_inplace.variant("auto+zero2+acc4") == ("auto", ["distributed.zero=2", "train.accumulate=4"])
+    assert compare_inplace.variant("on+abn+zero1") == ("on", ["model.args.norm=inplace_abn", "distributed.zero=1"])
+    for bad in ("auto+zero1+zero2", "auto+acc2+acc4", "auto+acc0", "auto+acc", "auto+zero3"):
+        assert compare_inplace.variant(bad) is None, bad
+
+
 def test_compare_runs_the_gpt_variants_into_their_own_folders(tmp_path, capsys):
     rng = np.random.default_rng(0)
     text = "".join(rng.choice(list("abcdefgh \n"), 3000))

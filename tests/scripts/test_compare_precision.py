@@ -38,7 +38,11 @@ def test_compare_runs_a_bf16_variant_beside_float32(tmp_path, capsys):
     )
     assert code == 0
     out = capsys.readouterr().out
-    assert sorted(os.listdir(tmp_path / "runs" / "gptcmp")) == ["compare.png", "inplace-auto_bf16", "inplace-auto_np1"]
+    assert sorted(os.listdir(tmp_path / "runs" / "gptcmp")) == [
+        "compare.png",
+        "inplace-auto_np1",
+        "inplace-auto_np1_bf16",
+    ]
     rows = [line.split() for line in out.splitlines()]  # the table's rows: peak MB, then floor MB
     floor = {c[0]: float(c[2]) for c in rows if c[:1] in (["auto"], ["auto+bf16"]) and c[1].replace(".", "").isdigit()}
     assert floor["auto+bf16"] < floor["auto"]

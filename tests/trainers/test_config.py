@@ -35,10 +35,10 @@ optim.name optim.lr optim.momentum optim.dampening optim.nesterov optim.weight_d
 optim.decay optim.betas optim.eps
 schedule.name schedule.warmup_steps schedule.step_size schedule.milestones schedule.gamma schedule.min_lr
 sample.tokens sample.prompt sample.temperature sample.top_k
-train.epochs train.max_steps train.eval_every train.log_every train.grad_clip
+train.epochs train.max_steps train.eval_every train.log_every train.grad_clip train.accumulate
 logging.logdir logging.run_name logging.progress logging.timeline
 checkpoint.dir checkpoint.every checkpoint.keep checkpoint.resume
-distributed.bucket_mb distributed.backend distributed.sync_bn
+distributed.bucket_mb distributed.backend distributed.sync_bn distributed.zero
 """.split()
 
 
@@ -111,6 +111,8 @@ def test_defaults(tmp_path):
         "distributed.bucket_mb": 25.0,
         "distributed.backend": "auto",
         "distributed.sync_bn": False,
+        "distributed.zero": 0,
+        "train.accumulate": 1,
     }
     for key, value in expected.items():
         assert cfg[key] == value, key

@@ -42,6 +42,21 @@ def test_out_of_memory_in_a_step_exits_2_with_one_line(tmp_path, monkeypatch, ca
     assert f"batch {cfg.data.batch_size}" in err[0]
 
 
+def test_out_of_memory_in_the_models_check_before_training_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    """The check that runs one sample through the model before step 1 (on a GPU its first
+    allocations: a cuDNN plan's workspace is 32 MB) ran out: one line too, not a traceback."""
+
+    def forward(self, x):
+        raise FakeCupyOutOfMemory(32 << 20, 1 << 20, 2 << 20)
+
+    cfg = tiny_config(tmp_path)
+    monkeypatch.setattr("models.mlp.MLP.forward", forward)
+    assert run_cli(lambda: Trainer(cfg).fit()) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1 and "out of memory on cpu running one sample through the model" in err[0], err
+    assert "asked for 32.0 MB" in err[0] and "limit 2.0 MB" in err[0], err
+
+
 def test_other_errors_keep_their_traceback(tmp_path, monkeypatch):
     def step(self, x, y, lr):
         raise RuntimeError("a bug")
@@ -59,10 +74,13 @@ def test_a_step_beyond_the_gpus_memory_exits_2_with_one_line(tmp_path, cupy, cap
     cfg = tiny_config(tmp_path, "device=cuda", "data.batch_size=64")
     with cupy.cuda.Device(0):
         before = pool.get_limit()
+        # the model built and checked on one sample first (that check's cuDNN workspace alone
+        # is 32 MB), then room for what is in use, not for a step
+        trainer = Trainer(cfg)
         pool.free_all_blocks()  # the limit counts cached blocks too: start from what is in use
-        pool.set_limit(size=pool.used_bytes() + (64 << 10))  # room for the model, not for a step
+        pool.set_limit(size=pool.used_bytes() + (64 << 10))
         try:
-            assert run_cli(lambda: Trainer(cfg).fit()) == 2
+            assert run_cli(trainer.fit) == 2
         finally:
             pool.set_limit(size=before)
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]

@@ -69,6 +69,24 @@ def test_precision_cannot_run_compiled(tmp_path):
         Trainer(tiny_config(tmp_path, "precision=bf16", "compile=true"))
 
 
+def test_fp16_with_zero_is_a_config_error(tmp_path):
+    from trainers.trainer import _check_precision  # noqa: PLC0415  (the check alone: ZeRO needs ranks)
+
+    cfg = tiny_config(tmp_path, "precision=fp16", "distributed.zero=2")
+    with pytest.raises(ConfigError, match="precision: fp16 does not run with distributed.zero: 2"):
+        _check_precision("fp16", cfg, backend.device("cpu"))
+    _check_precision("bf16", cfg, backend.device("cpu"))  # bf16 has no scaler
+
+
+def test_fp16_scales_every_micro_batch_and_steps_once(tmp_path):
+    """train.accumulate: each micro-batch's backward is scaled, the sum unscaled once at the
+    step (PyTorch's recipe); the run name shows both."""
+    trainer = Trainer(tiny_config(tmp_path, "precision=fp16", "train.accumulate=2", "train.max_steps=3", *BN_MLP))
+    result = trainer.fit()
+    assert result.run_dir.endswith("_acc2_fp16") and all(np.isfinite(result.losses))
+    assert trainer.scaler.get_scale() == 2.0**16
+
+
 @pytest.mark.gpu
 def test_bf16_on_a_gpu_before_ampere_is_a_config_error(tmp_path, monkeypatch, gpu_run):
     real = backend.device_properties

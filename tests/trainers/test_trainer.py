@@ -105,6 +105,18 @@ def test_resume_continues_exactly(tmp_path):
     assert second.losses == full.losses[4:]  # bit for bit, dropout included
 
 
+def test_a_run_that_reached_max_steps_trains_on_from_the_next_batch_when_max_steps_is_raised(tmp_path):
+    """The run's end saved the loader one batch ahead (the loop took the next batch before
+    seeing it was done), so training longer skipped a batch."""
+    full = Trainer(tiny_config(tmp_path, "train.max_steps=6", "logging.run_name=full")).fit()
+    short = Trainer(tiny_config(tmp_path, "train.max_steps=3", "logging.run_name=short"))
+    short.fit()
+    assert short.loader.state_dict() == {"epoch": 0, "batch": 3}
+    longer = Trainer(tiny_config(tmp_path, "train.max_steps=6", "logging.run_name=short"), resume="auto")
+    assert longer.step == 3
+    assert longer.fit().losses == full.losses[3:]
+
+
 def test_resume_auto_picks_the_latest_and_starts_fresh_without_one(tmp_path):
     fresh = Trainer(tiny_config(tmp_path, "checkpoint.resume=auto"))
     assert fresh.step == 0
@@ -353,6 +365,8 @@ def test_hparams_tell_policies_and_inplace_abn_apart(tmp_path):
             "conv2d",
             "conv_math",
             "precision",
+            "zero",
+            "accumulate",
             "processes",
             "model",
             "batch_size",
@@ -362,6 +376,7 @@ def test_hparams_tell_policies_and_inplace_abn_apart(tmp_path):
         assert hp["compiled"] is False and hp["conv2d"] == "auto" and hp["conv_math"] == "fp32"
         assert hp["precision"] == "fp32"
         assert hp["processes"] == 1 and hp["model"] == "mlp" and hp["batch_size"] == 32
+        assert hp["zero"] == 0 and hp["accumulate"] == 1
     # inplace, the column TensorBoard shows by default, names InPlace-ABN too.
     assert [(hp["inplace"], hp["inplace_abn"]) for hp in hps] == [("on", False), ("on+abn", True), ("off+abn", True)]
     assert [r.policy for r in (on, abn, off)] == ["on", "on+abn", "off+abn"]

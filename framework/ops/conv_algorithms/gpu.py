@@ -22,8 +22,10 @@ engines on Ampere and later GPUs: inputs rounded to 10 mantissa bits, errors of 
 tensor-core engines, its fastest (they take float16 as it is and accumulate in float32),
 and so does float64 (its tensor cores, where a GPU has them, are full float64). Engines that
 down-convert their inputs (``DOWN_CONVERT_INPUTS``, e.g. float32 to float16) are never
-taken. The environment variable ``NVIDIA_TF32_OVERRIDE=1`` of NVIDIA's libraries would
-force TF32 whatever is chosen here.
+taken, nor are nondeterministic ones (``NONDETERMINISTIC``: atomics, whose sums round
+differently from call to call; PyTorch's ``cudnn.deterministic``). The environment
+variable ``NVIDIA_TF32_OVERRIDE=1`` of NVIDIA's libraries would force TF32 whatever is
+chosen here.
 
 ``im2col_gpu``, where the frontend is not installed (one warning per process says how to
 install it): forward as a zero-padded copy, ONE strided copy of every window into
@@ -78,6 +80,21 @@ def handle_for(cudnn, device: int):
     return handle
 
 
+# The byte alignment cuDNN's tensor descriptors declare (the frontend's default) and so
+# promise of every buffer an execution binds. A view into a flat buffer (a parameter or a
+# gradient after a 10-element bias) can start 8 bytes off it; cuDNN does not check, its
+# kernels fail or read wrong (an H200 run failed in cuBLASLt with
+# CUDNN_STATUS_EXECUTION_FAILED_CUBLAS where such views were bound).
+ALIGNMENT = 16
+
+
+def aligned(a, xp):
+    """``a`` itself when its data is 16-byte aligned, else a counted copy in its own layout."""
+    if a.data.ptr % ALIGNMENT == 0:
+        return a
+    return memory.track(a.copy(order="K"), "workspace")
+
+
 class _Plan:
     """A built cuDNN graph of one pass and its tensors (operands in call order, then output)."""
 
@@ -94,10 +111,13 @@ def _row_major(shape):
 
 
 def deselected_notes(cudnn, dtype, tf32) -> list:
-    """The numerical notes of the engines a plan must not take: inputs down-converted, and
-    for float32 (unless ``tf32``) tensor cores, whose float32 math is TF32 (see the module
-    docstring); float16's tensor cores keep its precision, float64's are full float64."""
-    notes = [cudnn.numerical_note.DOWN_CONVERT_INPUTS]
+    """The numerical notes of the engines a plan must not take: inputs down-converted,
+    nondeterministic (atomics: two calls could round differently, which no inplace policy and
+    no compiled step may do; on an H200 a float64 input gradient differed in the last bit
+    between two calls), and for float32 (unless ``tf32``) tensor cores, whose float32 math is
+    TF32 (see the module docstring); float16's tensor cores keep its precision, float64's are
+    full float64."""
+    notes = [cudnn.numerical_note.DOWN_CONVERT_INPUTS, cudnn.numerical_note.NONDETERMINISTIC]
     if dtype.name == "float32" and not tf32:
         notes.append(cudnn.numerical_note.TENSOR_CORE)
     return notes
@@ -166,7 +186,7 @@ def _run(op, geom, a, b, out_shape, tf32, xp, category):
         _plans[key] = plan
     if plan is _UNSUPPORTED:
         return None
-    a, b = contiguous(a, xp), contiguous(b, xp)  # the plans declare row-major operands
+    a, b = aligned(contiguous(a, xp), xp), aligned(contiguous(b, xp), xp)  # row-major as declared
     cudnn.set_stream(handle, current_stream().ptr)  # the frontend remembers it: free when unchanged
     out = memory.empty(out_shape, a.dtype, xp, category)
     workspace = memory.empty((plan.workspace_bytes,), xp.uint8, xp, "workspace") if plan.workspace_bytes else None

@@ -19,7 +19,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ... import memory
-from ...backend import scatter_add
+from .. import kernels as K
+from ..promotion import is_floating  # bfloat16 too (ml_dtypes' kind is "V"): -inf padding, NaN maxima
 from .workspace import chunks, offset, pad, padded_image_bytes, reaches, windows
 
 
@@ -34,11 +35,11 @@ def index_dtype(xp, n_offsets):
 def max_pool_forward(x, kernel, stride, padding, out_hw, limit, track_index, xp):
     """``(out, idx)``: the max of each window, and (when ``track_index``) the offset
     ``i*kw + j`` of its first maximum (NaN counts as the maximum), else None."""
-    low = -xp.inf if x.dtype.kind == "f" else (xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else False)
+    low = -xp.inf if is_floating(x.dtype) else (xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else False)
     shape = x.shape[:2] + tuple(out_hw)
     out = memory.empty(shape, x.dtype, xp, "activations")
     idx = memory.zeros(shape, index_dtype(xp, kernel[0] * kernel[1]), xp, "activations") if track_index else None
-    is_float = x.dtype.kind == "f"
+    is_float = is_floating(x.dtype)
     per_out = math.prod(shape[1:])
     per_image = padded_image_bytes(x.shape, padding, x.itemsize) + per_out * (2 if is_float else 1)
     parts = chunks(x.shape[0], per_image, limit)
@@ -125,28 +126,14 @@ def adaptive_matrix(xp, n_in, n_out, dtype):
 # --- the GPU's: a constant number of calls whatever the batch and the kernel ------------------
 #
 # On a GPU each call costs 7-10 µs, so the kernels above (a loop over chunks and over the
-# kh*kw window offsets) would cost dozens of launches a pool. Here a pool is one padded
-# copy, one strided copy or reduction of the window view, and a reduction or two; its
-# backward scatters into the (padded) input gradient with ONE scatter-add over every
-# window position (``cupyx.scatter_add``: overlapping windows add up), then crops. No
-# chunks (the workspace is batch-sized: the windows, ``kh*kw`` values per output), no host
-# synchronization. Which kernels run is decided in :func:`.choice.pooling`.
-
-_window_positions: dict = {}  # (device, padded hw, kernel, stride, out hw) -> (Ho, Wo, kh*kw) device array
-
-
-def _positions(xp, padded_hw, kernel, stride, out_hw):
-    """Flat index in a padded plane of every window element: ``[r, c, i*kw + j] =
-    (r*sh + i)*Wp + c*sw + j``, made once per geometry and device (a host-to-device copy)."""
-    key = (xp.cuda.runtime.getDevice(), padded_hw, kernel, stride, out_hw)
-    pos = _window_positions.get(key)
-    if pos is None:
-        rows = np.arange(out_hw[0])[:, None, None, None] * stride[0] + np.arange(kernel[0])[None, None, :, None]
-        cols = np.arange(out_hw[1])[None, :, None, None] * stride[1] + np.arange(kernel[1])[None, None, None, :]
-        flat = (rows * padded_hw[1] + cols).reshape(out_hw[0], out_hw[1], kernel[0] * kernel[1])
-        # kept for the process, like a plan: counted, but not as a call's workspace
-        pos = _window_positions[key] = memory.track(xp.asarray(flat), "other")
-    return pos
+# kh*kw window offsets) would cost dozens of launches a pool. Here a pool's forward is one
+# padded copy, one strided copy or reduction of the window view, and a reduction or two; its
+# backward is ONE fused kernel that gathers, for every input element, the gradients of the
+# windows covering it in a fixed order (``kernels.max_pool_backward`` /
+# ``avg_pool_backward``): deterministic, unlike a scatter-add whose atomics add overlapping
+# windows in a different order each call. No chunks (the forward's workspace is batch-sized:
+# the windows, ``kh*kw`` values per output), no host synchronization. Which kernels run is
+# decided in :func:`.choice.pooling`.
 
 
 def _padded(x, padding, value, xp):
@@ -160,27 +147,24 @@ def _padded(x, padding, value, xp):
     return buf
 
 
-def _scatter_windows(values, x_shape, kernel, stride, padding, out_hw, xp):
-    """The input gradient: ``values`` ``(N, C, Ho, Wo, kh*kw or 1)`` added at every window
-    position of the padded input (one scatter-add), cropped to the input."""
-    n, c, h, w = x_shape
-    (ph, pw) = padding
-    hp, wp = h + 2 * ph, w + 2 * pw
-    unpadded = ph == 0 and pw == 0
-    gpad = memory.zeros((n, c, hp, wp), values.dtype, xp, "gradients" if unpadded else "workspace")
-    pos = _positions(xp, (hp, wp), kernel, stride, tuple(out_hw))
-    scatter_add(gpad.reshape(n, c, hp * wp), (slice(None), slice(None), pos), values)
-    if unpadded:
-        return gpad
-    gx = memory.empty(x_shape, values.dtype, xp, "gradients")
-    xp.copyto(gx, gpad[:, :, ph : ph + h, pw : pw + w])
+def _gather_windows(kernel, g, extra, x_shape, window, stride, padding, out_hw, xp):
+    """The input gradient of a pool, by one of the gather kernels: ``extra`` is ``(idx,)`` for
+    max pooling and ``(scale,)`` for average pooling (after the geometry)."""
+    (kh, kw), (sh, sw), (ph, pw) = window, stride, padding
+    g = g if g.flags.c_contiguous else memory.track(xp.ascontiguousarray(g), "workspace")
+    gx = memory.empty(x_shape, g.dtype, xp, "gradients")
+    geometry = (x_shape[2], x_shape[3], out_hw[0], out_hw[1], kh, kw, sh, sw, ph, pw)
+    if kernel is K.max_pool_backward:
+        kernel(g, *extra, *geometry, gx)
+    else:
+        kernel(g, *geometry, *extra, gx)
     return gx
 
 
 def max_pool_forward_gpu(x, kernel, stride, padding, out_hw, limit, track_index, xp):
     """:func:`max_pool_forward` in a constant number of calls: the windows copied once,
     then a max (and an argmax: the first maximum, NaN counting as the maximum)."""
-    low = -xp.inf if x.dtype.kind == "f" else (xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else False)
+    low = -xp.inf if is_floating(x.dtype) else (xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else False)
     shape = x.shape[:2] + tuple(out_hw)
     n_off = kernel[0] * kernel[1]
     xpad = _padded(x, padding, low, xp)  # named: the window view alone may not keep it counted
@@ -201,27 +185,8 @@ def max_pool_forward_gpu(x, kernel, stride, padding, out_hw, limit, track_index,
 
 
 def max_pool_backward_gpu(g, idx, x_shape, kernel, stride, padding, out_hw, limit, xp):
-    """Each output's gradient to its window's first maximum: a one-hot of the saved offset
-    times the gradient, scattered over the windows."""
-    n_off = kernel[0] * kernel[1]
-    offsets = _offsets(xp, n_off, idx.dtype)
-    hit = memory.empty(idx.shape + (n_off,), bool, xp, "workspace")
-    xp.equal(idx[..., None], offsets, out=hit)
-    values = memory.empty(hit.shape, g.dtype, xp, "workspace")
-    xp.multiply(hit, g[..., None], out=values)
-    del hit
-    return _scatter_windows(values, x_shape, kernel, stride, padding, out_hw, xp)
-
-
-_offset_ranges: dict = {}  # (device, n, dtype) -> arange(n) on that device
-
-
-def _offsets(xp, n_off, dtype):
-    key = (xp.cuda.runtime.getDevice(), n_off, np.dtype(dtype).str)
-    ks = _offset_ranges.get(key)
-    if ks is None:
-        ks = _offset_ranges[key] = memory.track(xp.asarray(np.arange(n_off, dtype=dtype)), "other")
-    return ks
+    """Each output's gradient to its window's first maximum (one gather kernel)."""
+    return _gather_windows(K.max_pool_backward, g, (idx,), x_shape, kernel, stride, padding, out_hw, xp)
 
 
 def avg_pool_forward_gpu(x, kernel, stride, padding, out_hw, limit, xp):
@@ -236,10 +201,10 @@ def avg_pool_forward_gpu(x, kernel, stride, padding, out_hw, limit, xp):
 
 
 def avg_pool_backward_gpu(g, x_shape, kernel, stride, padding, out_hw, xp):
-    """Each output's gradient divided among its window: one scaling, one scatter-add."""
-    values = memory.empty(g.shape + (1,), g.dtype, xp, "workspace")
-    xp.multiply(g[..., None], 1.0 / (kernel[0] * kernel[1]), out=values)
-    return _scatter_windows(values, x_shape, kernel, stride, padding, out_hw, xp)
+    """Each output's gradient divided among its window (one gather kernel): ``g * 1/(kh*kw)``
+    rounded to g's dtype, then added (the CPU divides the sums once instead)."""
+    scale = g.dtype.type(1.0 / (kernel[0] * kernel[1]))
+    return _gather_windows(K.avg_pool_backward, g, (scale,), x_shape, kernel, stride, padding, out_hw, xp)
 
 
 class Kernels(NamedTuple):

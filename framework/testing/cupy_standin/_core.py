@@ -120,11 +120,18 @@ def _h2d(host: numpy.ndarray) -> ndarray:
     return res
 
 
-def _view(owner: ndarray, a: numpy.ndarray) -> ndarray:
-    """``a`` (a NumPy view into ``owner``'s memory) as a stand-in view of ``owner``."""
-    mem = owner.data.mem
+def _view(owner: ndarray, a: numpy.ndarray, indexed: bool = False) -> ndarray:
+    """``a`` (a NumPy view into ``owner``'s memory) as a stand-in view of ``owner``, with
+    CuPy's references: ``base`` the array that owns the memory; ``data`` the owner's own
+    pointer object where the view starts where it does (CuPy's ``_view``: a transpose, a
+    reshape, ``view()``), else a new pointer over the same memory (``owner.data + offset``:
+    basic indexing, ``indexed``, always makes one for a non-empty view)."""
     ptr = a.__array_interface__["data"][0] if a.size else owner.data.ptr
-    return _new(a, _memory.MemoryPointer(mem, ptr - mem.ptr), owner if owner.base is None else owner.base)
+    if ptr == owner.data.ptr and not (indexed and a.size):
+        memptr = owner.data
+    else:
+        memptr = owner.data + (ptr - owner.data.ptr)
+    return _new(a, memptr, owner if owner.base is None else owner.base)
 
 
 def _adopt(res: numpy.ndarray, inputs) -> ndarray:
@@ -741,7 +748,7 @@ class ndarray:
         res = self._a[index]
         if type(res) is not numpy.ndarray:  # every axis indexed by an int: CuPy gives a 0-d view
             res = self._a[(index if type(index) is tuple else (index,)) + (Ellipsis,)]
-        return _view(self, res)
+        return _view(self, res, indexed=True)
 
     def __setitem__(self, key, value) -> None:
         index, advanced = _index(key, self)
@@ -817,7 +824,7 @@ class ndarray:
         return _view(self, self._a.squeeze(axis))
 
     def diagonal(self, offset=0, axis1=0, axis2=1) -> ndarray:
-        return _view(self, self._a.diagonal(offset, axis1, axis2))
+        return _view(self, self._a.diagonal(offset, axis1, axis2), indexed=True)  # CuPy: by indexing
 
     def fill(self, value) -> None:
         _check_current(self, value)

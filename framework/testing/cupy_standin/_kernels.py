@@ -249,7 +249,8 @@ class ElementwiseKernel:
         for o in outs:
             if not isinstance(o, ndarray):
                 raise TypeError("Output arguments type must be cupy.ndarray")
-        shape = _broadcast_shape(ins, self.in_params, size != -1)
+        # CuPy broadcasts the outputs with the inputs: an output alone can set the loop size
+        shape = _broadcast_shape(args, list(self.in_params) + list(self.out_params), size != -1)
         in_types, out_types = _decide_types(
             self.in_params,
             self.out_params,

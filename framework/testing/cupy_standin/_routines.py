@@ -31,6 +31,8 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, *, blocki
         return _from_host(host)
     if isinstance(obj, (list, tuple)) and _holds_device_arrays(obj):
         return stack([asarray(x) for x in obj]).astype(dtype or _result_dtype(obj), copy=False)
+    if order in (None, "K", "k", "A", "a"):  # CuPy's ``_array_default``: a host array arrives C or F
+        order = "F" if isinstance(obj, numpy.ndarray) and obj.flags.fnc else "C"
     return _h2d(numpy.array(obj, dtype=dtype, order=order, ndmin=ndmin))
 
 

@@ -319,6 +319,29 @@ def test_an_inplace_op_on_a_view_of_a_non_leaf_replays_its_history(policy):
     assert any(n.info.get("copyslices") for n in compiled.program.nodes)
 
 
+def test_an_inplace_op_on_a_view_of_a_base_in_another_layout_replays_its_history():
+    # the base's gradient is laid out as the base (a transposed clone), so the `view` of its
+    # transposed view replays on it, eagerly and at every replay
+    w = fw.tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), requires_grad=True)
+
+    def step(x):
+        w.grad = None
+        b = (x * w).t().clone()  # (4, 3) laid out as (3, 4)
+        b.t().view(12).exp_()
+        loss = (b * b).sum()
+        loss.backward()
+        return loss
+
+    compiled = fw.compile(step, modules=[], optimizers=[])
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = fw.tensor(rng.standard_normal((3, 4)).astype(np.float32))
+        a = compiled(x).item()
+        ga = w.grad.numpy().copy()
+        assert step(x).item() == a and ga.tobytes() == w.grad.numpy().tobytes()
+    assert any(n.info.get("copyslices") for n in compiled.program.nodes)
+
+
 @pytest.mark.parametrize("policy", ["off", "on"])
 def test_a_step_that_accumulates_gradients_reads_them_and_keyword_arguments_work(policy):
     # no zero_grad: each step adds into .grad (in place under on); the optimizer steps every call

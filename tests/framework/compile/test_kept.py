@@ -74,50 +74,122 @@ def test_a_replay_copies_nothing_when_the_caller_keeps_nothing():
     assert f.report()["replay_mode"] == "cuda graph" and graph.kept_copies == graph.arenas_left == 0
 
 
+def _hold(how, g):
+    """One way of holding gradient ``g`` (a tensor on the GPU) beside, or instead of, its
+    tensor: whatever eager leaves intact after later steps."""
+    cp = fw.backend.cupy_module()
+    a = g._data
+    ways = {
+        "view": lambda: g[0],  # a view tensor: its array's base is the gradient's array
+        "detached": g.detach,  # a tensor sharing the array
+        "data": lambda: g.data,  # the same
+        "as_strided": lambda: fw.as_strided(g, (2,), (1,), 1),  # an array over `a.data + 4`: no base
+        "array": lambda: a,
+        "pointer": lambda: a.data,
+        "offset pointer": lambda: a.data + a.itemsize,  # a new MemoryPointer over the same memory
+        "cupy as_strided": lambda: cp.lib.stride_tricks.as_strided(a, (2,), (a.itemsize,)),  # memptr=a.data
+        "array over a pointer": lambda: cp.ndarray((2,), a.dtype, memptr=a.data + a.itemsize),
+        "unowned memory": lambda: cp.ndarray(
+            a.shape, a.dtype, memptr=cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(a.data.ptr, a.nbytes, a, 0), 0)
+        ),
+    }
+    return ways[how]()
+
+
+def _held_values(held, how, shape, dtype):
+    """What ``held`` (see :func:`_hold`) shows now, as a NumPy array."""
+    cp = fw.backend.cupy_module()
+    if how == "pointer":
+        return cp.ndarray(shape, dtype, memptr=held).get()
+    if how == "offset pointer":
+        return cp.ndarray((2,), dtype, memptr=held).get()
+    return (held._data if isinstance(held, fw.Tensor) else held).get()
+
+
+def _expected(want, how):
+    """What ``how`` holds of the gradient ``want`` (its values after that step, eagerly)."""
+    flat = want.reshape(-1)
+    if how == "view":
+        return want[0]
+    if how in ("as_strided", "offset pointer", "array over a pointer"):
+        return flat[1:3]
+    if how == "cupy as_strided":
+        return flat[:2]
+    return want
+
+
 def _holder(how, at=None):
     """What the caller keeps of the first parameter's gradient after each step (``at``: only
-    after that step): a view of it, a tensor sharing its array, the raw array, its pointer."""
+    after that step): see :func:`_hold`."""
 
     def hold(model, loss):
         if at is not None and len(model.__dict__.setdefault("_steps", [])) != at:
             model._steps.append(None)
             return None
         model.__dict__.setdefault("_steps", []).append(None)
-        g = next(iter(model.parameters())).grad
-        return {"view": lambda: g[0], "detached": g.detach, "array": lambda: g._data, "pointer": lambda: g._data.data}[
-            how
-        ]()
+        return _hold(how, next(iter(model.parameters())).grad)
 
     return hold
 
 
 def _check_held(kept, eager, how):
-    cp = fw.backend.cupy_module()
     for k, held in enumerate(kept):
         if held is None:
             continue
         want = eager[k][0]
-        if how == "pointer":
-            got = cp.ndarray(want.shape, want.dtype, memptr=held).get()
-        else:
-            got = (held._data if isinstance(held, fw.Tensor) else held).get()
-            want = want[0] if how == "view" else want
-        assert got.tobytes() == want.tobytes(), f"step {k}: the held gradient changed"
+        got = _held_values(held, how, want.shape, want.dtype)
+        assert got.tobytes() == _expected(want, how).tobytes(), f"step {k}: the held gradient changed"
+
+
+HOLDERS = [
+    "view",
+    "detached",
+    "data",
+    "as_strided",
+    "array",
+    "pointer",
+    "offset pointer",
+    "cupy as_strided",
+    "array over a pointer",
+    "unowned memory",
+]
 
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("how", ["view", "detached", "array", "pointer"])
+@pytest.mark.parametrize("how", HOLDERS)
 def test_a_gradient_held_other_than_by_its_tensor_leaves_the_arena_to_its_holder(how):
-    # A view of a gradient, a tensor sharing its array, the raw array or its pointer cannot
-    # be pointed at a copy: the graph leaves its arena to them and is captured again on a
-    # new one; the step goes on replaying as a graph
+    # A view of a gradient, a tensor sharing its array, an array or a pointer made from its
+    # memory (fw.as_strided's `x.data + offset` has no base) cannot be pointed at a copy: the
+    # graph leaves its arena to them and is captured again on a new one; the step goes on
+    # replaying as a graph
     eager, _ = _train("mlp", None, "off", "cuda", False, _values)
     kept, f = _train("mlp", None, "off", "cuda", True, _holder(how, at=5))
     _check_held(kept, eager, how)
     graph = _graph(f)
     assert graph.arenas_left == 1 and graph.captures == 2
     assert f.report()["replay_mode"] == "cuda graph"
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_a_gradient_tensor_held_with_a_view_of_it_keeps_sharing_its_memory():
+    # the tensor is not pointed at a copy while a view holds its memory: eager's two share
+    # memory, so do these (the arena is left to both)
+    eager, _ = _train("mlp", None, "off", "cuda", False, _values)
+
+    def hold(model, loss):
+        steps = model.__dict__.setdefault("_steps", [])
+        steps.append(None)
+        g = next(iter(model.parameters())).grad
+        return (g, fw.as_strided(g, (2,), (1,), 1)) if len(steps) == 6 else None
+
+    kept, f = _train("mlp", None, "off", "cuda", True, hold)
+    graph = _graph(f)
+    assert graph.arenas_left == 1 and graph.kept_copies == 0
+    t, view = kept[5]
+    assert t._data.get().tobytes() == eager[5][0].tobytes()
+    assert view._data.data.ptr == t._data.data.ptr + t._data.itemsize
 
 
 @pytest.mark.gpu

@@ -224,6 +224,20 @@ def test_unused_values_are_removed_and_effects_kept():
     assert [n.index for n in b.p.nodes] == [0, 1, 2]
 
 
+def test_fused_attention_with_dropout_draws_random_numbers_and_is_kept_unused():
+    # removing it would shift every later draw of the generator; without dropout it is pure
+    from framework.ops.attention import ScaledDotProductAttention as SDPA
+
+    for p, kept in ((0.1, ["ScaledDotProductAttention", "Exp"]), (0.0, ["Exp"])):
+        b = Builder()
+        q = b.input("q", shape=(1, 2, 4))
+        b.op(SDPA, q, q, q, None, dropout_p=p, is_causal=True, scale=0.5, shape=(1, 2, 4))
+        used = b.op(E.Exp, q, shape=(1, 2, 4))
+        b.p.outputs = Ref(used)
+        dce.eliminate_dead_code(b.p)
+        assert [n.name for n in b.p.nodes] == kept
+
+
 def test_a_kept_backward_keeps_its_forward():
     b = Builder()
     x = b.input("x")

@@ -149,6 +149,22 @@ def test_for_device_without_gpu_says_what_to_do(without_cupy):
         assert for_device(world, "cuda", "auto") is world
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("version,wheel", [(12080, "nvidia-nccl-cu12"), (13000, "nvidia-nccl-cu13")])
+def test_without_nccl_the_hint_names_the_wheel_of_the_cuda_version_in_use(monkeypatch, cupy, version, wheel):
+    from framework import backend
+    from framework.distributed.nccl import import_nccl
+
+    monkeypatch.setattr(backend, "nccl_module", lambda: None)
+    monkeypatch.setattr(cupy.cuda.runtime, "runtimeGetVersion", lambda: version)
+    major = version // 1000
+    with pytest.raises(
+        RuntimeError,
+        match=rf"CuPy \(CUDA {major}\) cannot load.*pip install {wheel} or pip install -e '.\[gpu-cuda{major}\]'",
+    ):
+        import_nccl()
+
+
 def test_gpu_buffers_are_refused_where_they_cannot_go():
     with pytest.raises(TypeError, match="must be a NumPy or CuPy array, got memoryview"):
         SingleProcessCommunicator().allreduce_(memoryview(b"abcd"))

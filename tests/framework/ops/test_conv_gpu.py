@@ -63,6 +63,11 @@ def cudnn_frontend():
     fw_backend.forget_cudnn()
 
 
+def _on_standin() -> bool:
+    """Whether the cuDNN frontend here is the stand-in (its heuristics are known: documented there)."""
+    return fw_backend.cudnn_module().__name__.endswith("cudnn_standin")
+
+
 @pytest.fixture
 def no_frontend(monkeypatch):
     """A machine without the cuDNN frontend, its warning not yet given in this process."""
@@ -156,10 +161,15 @@ def test_plans_are_built_once_per_geometry_dtype_and_pass(cudnn_frontend, monkey
 
 def test_the_cudnn_workspace_is_counted_and_freed(cudnn_frontend, monkeypatch):
     monkeypatch.setattr(gpu, "_plans", {})
-    x, w = _cuda(_rand((2, 3, 6, 6), 8, np.float32)), _cuda(_rand((4, 3, 3, 3), 9, np.float32))
-    conv2d(x, w, None, 1, 1)  # builds the plan
-    (plan,) = gpu._plans.values()
-    assert plan.workspace_bytes > 0  # the stand-in's plans need one, as many real ones do
+    # The first of these forward passes whose plan needs a workspace (each of the stand-in's
+    # does; on an H200 the smallest needed none, so larger ones follow)
+    for n, c, hw in ((2, 3, 6), (8, 32, 16), (32, 64, 32)):
+        x, w = _cuda(_rand((n, c, hw, hw), 8, np.float32)), _cuda(_rand((c, c, 3, 3), 9, np.float32))
+        conv2d(x, w, None, 1, 1)  # builds the plan
+        plan = gpu._plans[next(reversed(gpu._plans))]
+        if plan.workspace_bytes > 0:
+            break
+    assert plan.workspace_bytes > 0, "no forward plan here needs a workspace: nothing to check"
     base = memory.breakdown("cuda")["workspace"]
     seen = []
     run = plan.graph.execute
@@ -208,6 +218,33 @@ def test_a_pass_cudnn_cannot_run_is_computed_by_the_fallback_with_a_warning(cudn
         conv2d(x, w, None, 2, 1).sum().backward()
 
 
+def _off_alignment(a):
+    """A device array with ``a``'s values starting one element past a 16-byte boundary: a
+    view into a flat buffer after a 1-element parameter."""
+    flat = fw_backend.cupy_module().zeros(a.size + 1, a.dtype)
+    view = flat[1:].reshape(a.shape)
+    view[...] = fw_backend.cupy_module().asarray(a)
+    assert view.data.ptr % gpu.ALIGNMENT == a.dtype.itemsize
+    return view
+
+
+def test_buffers_off_the_16_byte_alignment_are_bound_through_aligned_copies(cudnn_frontend):
+    """cuDNN's descriptors promise 16-byte aligned buffers: bound as they are, such views
+    failed in cuBLASLt on an H200 (the stand-in refuses them, as a failed execution)."""
+    from framework.ops import matmul_gpu
+
+    xp = fw_backend.cupy_module()
+    x64, w64 = _rand((2, 3, 6, 6), 30), _rand((4, 3, 3, 3), 31)
+    y = conv2d(fw.Tensor._from_array(_off_alignment(x64)), fw.Tensor._from_array(_off_alignment(w64)), None, 1, 1)
+    np.testing.assert_allclose(to_numpy(y._data), ref_conv2d(x64, w64, (1, 1), (1, 1)), rtol=1e-12, atol=1e-12)
+    a, b = _rand((5, 4), 32), _rand((4, 3), 33)
+    for dtype in (np.float64, np.float32):
+        out = _off_alignment(np.zeros((5, 3), dtype))
+        got = matmul_gpu.matmul(_off_alignment(a.astype(dtype)), _off_alignment(b.astype(dtype)), xp, out=out)
+        assert got is out
+        np.testing.assert_allclose(to_numpy(out), a @ b, rtol=1e-6 if dtype == np.float32 else 1e-12)
+
+
 def test_float32_is_full_float32_unless_tf32_is_chosen(cudnn_frontend):
     x32, w32 = _rand((2, 16, 8, 8), 12, np.float32), _rand((8, 16, 3, 3), 13, np.float32)
     expected = ref_conv2d(x32.astype(np.float64), w32.astype(np.float64), (1, 1), (1, 1))
@@ -221,7 +258,10 @@ def test_float32_is_full_float32_unless_tf32_is_chosen(cudnn_frontend):
     assert error() < 1e-6
     with C.math_mode("tf32"):
         assert C.explain(x32.shape, w32.shape, 1, 1, device="cuda").forward == "cudnn_tf32"
-        assert 1e-5 < error() < 1e-2  # TF32: 10 mantissa bits
+        # TF32 (10 mantissa bits) is allowed, not forced: cuDNN's heuristics pick the engine,
+        # and on an H200 they picked a full-float32 one at this size (error 4e-7). The
+        # stand-in's heuristics rank the tensor-core engine first, as on larger problems.
+        assert (1e-5 if _on_standin() else 0) < error() < 1e-2
     assert error() < 1e-6  # and back
     x = _cuda(x32.astype(np.float64))
     with C.math_mode("tf32"):  # TF32 is float32's: float64 stays exact
@@ -246,7 +286,7 @@ def test_tensor_core_engines_are_deselected_for_float32_only(cudnn_frontend, mon
         ("float64", False): False,
         ("float64", True): False,
     }
-    if cudnn.__name__.endswith("cudnn_standin"):  # the engines the stand-in's heuristics pick
+    if _on_standin():  # the engines the stand-in's heuristics pick
         monkeypatch.setattr(gpu, "_plans", {})
         for dtype in (np.float16, np.float32, np.float64):
             conv2d(_cuda(_rand((2, 4, 6, 6), 20, dtype)), _cuda(_rand((3, 4, 3, 3), 21, dtype)), None, 1, 1)
@@ -254,19 +294,28 @@ def test_tensor_core_engines_are_deselected_for_float32_only(cudnn_frontend, mon
         assert engines == {"float16": "tensor_core_fp16", "float32": "full_precision", "float64": "full_precision"}
 
 
-def test_the_math_mode_of_the_forward_call_applies_to_its_backward(cudnn_frontend):
+def test_the_math_mode_of_the_forward_call_applies_to_its_backward(cudnn_frontend, monkeypatch):
     x32, w32 = _rand((2, 16, 8, 8), 14, np.float32), _rand((8, 16, 3, 3), 15, np.float32)
-    grads = {}
+    grads, passes = {}, []
+    run = gpu._run
+    monkeypatch.setattr(
+        gpu,
+        "_run",
+        lambda op, geom, a, b, shape, tf32, *rest: passes.append((op, tf32)) or run(op, geom, a, b, shape, tf32, *rest),
+    )
     for mode in ("fp32", "tf32"):
         x, w = _cuda(x32, True), _cuda(w32, True)
         with C.math_mode(mode):
             y = conv2d(x, w, None, 1, 1)
         y.sum().backward()  # outside the block
         grads[mode] = to_numpy(w.grad._data)
+    # each pass in its forward call's math mode (plans are cached per math mode)
+    assert sorted(passes) == sorted([(op, tf32) for op in ("fprop", "wgrad", "dgrad") for tf32 in (False, True)])
     x64 = x32.astype(np.float64)
     exact = np.einsum("nchw->c", np.pad(x64, ((0, 0), (0, 0), (1, 1), (1, 1)))[:, :, 1:9, 1:9])  # w.grad[o, c, 1, 1]
     assert np.abs(grads["fp32"][0, :, 1, 1] - exact).max() < 1e-5 * np.abs(exact).max()
-    assert np.abs(grads["tf32"][0, :, 1, 1] - exact).max() > 1e-5 * np.abs(exact).max()
+    if _on_standin():  # its heuristics take the TF32 engine where allowed (a real GPU's may not)
+        assert np.abs(grads["tf32"][0, :, 1, 1] - exact).max() > 1e-5 * np.abs(exact).max()
 
 
 def test_math_mode_setting():

@@ -54,7 +54,13 @@ def _cases():
             out.append(("running_stat_update", {"T": t, "U": u}, ("fused_running_stat_update",)))
         out.append(("running_stat_from_moments", {"T": t}, ("fused_running_stat_from_moments", "fused_bn_eval_stats")))
     for t in K.FLOATS:
-        bn = ("fused_bn_moments", "fused_bn_forward", "fused_bn_grad_sums", "fused_bn_backward_affine")
+        bn = (
+            "fused_bn_moments",
+            "fused_channel_sums",
+            "fused_bn_forward",
+            "fused_bn_grad_sums",
+            "fused_bn_backward_affine",
+        )
         out.append(("batch_norm", {"T": t}, bn))
         out.append(("batch_norm weight without grad", {"T": t}, ("fused_bn_backward",)))
         out.append(("batch_norm eval", {"T": t}, ("fused_bn_eval_stats", "fused_bn_forward", "fused_bn_scale")))
@@ -73,6 +79,12 @@ def _cases():
             )
         )
     for t in K.FLOATS:
+        for i in ("uint8", "uint16", "uint32"):
+            out.append((f"pool max {i}", {"T": t, "I": i}, ("fused_max_pool_backward",)))
+        out.append(("pool avg", {"T": t}, ("fused_avg_pool_backward",)))
+    for t in K.FLOATS:
+        for i in ("int32", "int64"):
+            out.append((f"embedding {i}", {"T": t, "I": i}, ("fused_embedding_backward",)))
         for a in ("none", "tanh"):
             out.append((f"gelu {a}", {"T": t}, (f"fused_gelu_{a}", f"fused_gelu_{a}_backward")))
         forward = ("fused_ln_moments", "fused_ln_forward")
@@ -240,6 +252,25 @@ def test_batch_norm(launched, case, binding, names):
         _check(op, [x], dtype, case)
     else:
         _check(lambda x_, w_, b_: norm.batch_norm(x_, None, None, w_, b_, training=True), [x, w, b], dtype, case)
+    _ran(launched, names, binding)
+
+
+# (input shape, kernel, stride, padding) whose window offsets need each index dtype: overlapping
+# windows (stride below the kernel) and padding, where each input gradient gathers several
+POOL_GEOMETRY = {
+    "uint8": ((2, 3, 7, 6), 3, 2, 1),
+    "uint16": ((1, 2, 20, 19), 17, 2, 3),  # 289 offsets
+    "uint32": ((1, 1, 258, 257), 257, 1, 0),  # 66,049 offsets
+}
+
+
+@pytest.mark.parametrize("case,binding,names", _table("pool"))
+def test_pool(launched, case, binding, names):
+    dtype = binding["T"]
+    shape, k, s, p = POOL_GEOMETRY[binding.get("I", "uint8")]
+    x = _normal(shape, 1, dtype)
+    pool = F.max_pool2d if case.startswith("pool max") else F.avg_pool2d
+    _check(lambda x_: pool(x_, k, s, p), [x], dtype, case)
     _ran(launched, names, binding)
 
 
@@ -433,6 +464,32 @@ def test_triangle(launched, case, binding, names, layout):
             assert got.dtype == want.dtype == _dtype(dtype)
             np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=f"{case} {k} ({layout}) in {dtype}")
     _ran(launched, names, binding)
+
+
+@pytest.mark.parametrize("case,binding,names", _table("embedding"))
+@pytest.mark.parametrize("padding_idx", [None, 2])
+def test_embedding(launched, case, binding, names, padding_idx):
+    dtype, index = binding["T"], binding["I"]
+    idx = np.random.default_rng(3).integers(0, 5, size=(4, 7)).astype(index)  # rows picked several times
+    w = _normal((5, 3), 1, dtype)
+    _check(lambda w_: F.embedding(fw.tensor(idx, device=w_.device), w_, padding_idx=padding_idx), [w], dtype, case)
+    _ran(launched, names, binding)
+
+
+def test_embedding_backward_is_deterministic_and_independent_of_the_index_order():
+    """The gather sums each row's gradients in index order: the same bits at every call."""
+    idx = np.random.default_rng(0).integers(0, 3, size=4000)
+    g = np.random.default_rng(1).standard_normal((4000, 8)).astype(np.float32)
+    grads = []
+    for _ in range(2):
+        w = fw.zeros(3, 8, device="cuda", requires_grad=True)
+        F.embedding(fw.tensor(idx, device="cuda"), w).backward(fw.tensor(g, device="cuda"))
+        grads.append(to_numpy(w.grad))
+    assert grads[0].tobytes() == grads[1].tobytes()
+    want = np.zeros((3, 8), np.float32)
+    for k in range(4000):  # float32 additions in index order, as the kernel's loop
+        want[idx[k]] += g[k]
+    np.testing.assert_array_equal(grads[0], want)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -74,19 +74,21 @@ def test_half_precision_attention_is_one_cudnn_execute_each_way(counting, dtype,
 
 
 def test_float32_attention_runs_the_fused_kernels_not_cudnn_sdpa(counting):
-    """cuDNN's SDPA takes no float32: three launches forward (the scores and the output on
-    the cuDNN matmul, one row kernel), eight backward, none of them a host read."""
+    """cuDNN's SDPA takes no float32: forward the scores and the output on the cuDNN matmul
+    and one row kernel, backward five products and three kernels, none of them a host read.
+    Each float32 product is made in float64 (framework/ops/matmul_gpu.py): its two operands
+    widened (two elementwise launches) and its result rounded back (one copy)."""
     q, k, v = (_t((2, 3, 6, 8), s, requires_grad=True) for s in range(3))
     with counting.count() as fwd:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     kinds = fwd.by_kind()
-    assert kinds == {"cudnn": 2, "kernel": 1}, fwd.by_site()
+    assert kinds == {"cudnn": 2, "elementwise": 2 * 2, "copy": 2, "kernel": 1}, fwd.by_site()
     assert fwd.host_syncs == 0
     g = _t(out.shape, 5)
     with counting.count() as bwd:
         fw.autograd.grad(out, (q, k, v), g)
     # the products (scores, dV, dP, dQ, dK) and the kernels (probabilities, D = rowsum(dO * O), dS)
-    assert bwd.by_kind() == {"cudnn": 5, "kernel": 3}, bwd.by_site()
+    assert bwd.by_kind() == {"cudnn": 5, "elementwise": 2 * 5, "copy": 5, "kernel": 3}, bwd.by_site()
     assert bwd.host_syncs == 0
 
 
@@ -163,21 +165,24 @@ def test_half_precision_kernels_compute_in_float32(dtype):
     assert_close(to_numpy(F.gelu(x)).astype(np.float64), 0.5 * xn * (1 + erf(xn / math.sqrt(2))), rtol=tol, atol=tol)
 
 
-def test_four_dim_products_go_through_the_cudnn_matmul_without_copies(counting):
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_four_dim_products_go_through_the_cudnn_matmul_without_copies(counting, dtype):
     """Attention's (batch, heads, rows, columns) products on the capturable cuDNN matmul,
-    a transposed operand declared by its strides, an output written into a transposed view."""
+    a transposed operand declared by its strides, an output written into a transposed view:
+    no copy, but float32's widening to float64 and rounding back (framework/ops/matmul_gpu.py)."""
     if backend.cudnn_module() is None:
         pytest.skip("needs the cuDNN frontend")
     from framework.ops.matmul_gpu import matmul
 
     cp = backend.cupy_module()
-    qkv = cp.asarray(np.random.default_rng(0).standard_normal((2, 5, 3 * 12)).astype(np.float32))
+    qkv = cp.asarray(np.random.default_rng(0).standard_normal((2, 5, 3 * 12)).astype(dtype))
     q = qkv[..., :12].reshape(2, 5, 3, 4).transpose(0, 2, 1, 3)  # views of one buffer, as nanoGPT's
     k = qkv[..., 12:24].reshape(2, 5, 3, 4).transpose(0, 2, 1, 3)
-    out = cp.empty((2, 5, 3, 5), np.float32).transpose(0, 2, 1, 3)
+    out = cp.empty((2, 5, 3, 5), dtype).transpose(0, 2, 1, 3)
     with counting.count() as c:
         matmul(q, cp.swapaxes(k, -1, -2), cp, out=out)
-    assert c.by_kind() == {"cudnn": 1}, c.by_site()
+    widening = {"elementwise": 2, "copy": 1} if dtype == np.float32 else {}
+    assert c.by_kind() == {"cudnn": 1, **widening}, c.by_site()
     host = to_numpy(qkv)
     hq = host[..., :12].reshape(2, 5, 3, 4).transpose(0, 2, 1, 3)
     hk = host[..., 12:24].reshape(2, 5, 3, 4).transpose(0, 2, 1, 3)

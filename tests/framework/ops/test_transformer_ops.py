@@ -94,9 +94,10 @@ ATTN_CASES = [((2, 3, 4), (2, 5, 4), (2, 5, 3)), ((1, 2, 3, 4), (1, 2, 3, 4), (1
 # its storage (and, for attention, CuPy's copies: cuDNN's matmul takes row- or column-major
 # matrices only), so those layouts get specs of their own.
 CONTIGUOUS, OTHER_LAYOUTS = ("contiguous",), ("transposed", "strided")
-# attention: the scores, the row kernel, the output; backward: eight launches
-ATTN_BUDGET = Budget(forward=3, backward=10)
-ATTN_LAYOUT_BUDGET = Budget(forward=7, backward=22)
+# attention: the scores, the row kernel, the output; backward: eight launches (forward is checked
+# in float32: each of its two products three launches more, made in float64 on the cuDNN matmul)
+ATTN_BUDGET = Budget(forward=3 + 2 * 3, backward=10)
+ATTN_LAYOUT_BUDGET = Budget(forward=7 + 2 * 3, backward=22)
 BOOL_MASK = np.array([[1, 0, 1, 1, 0], [1, 1, 0, 1, 1], [0, 1, 1, 1, 1]], bool)  # (L=3, S=5)
 
 
@@ -423,14 +424,6 @@ def test_attention_refuses_mismatched_shapes_and_dtypes():
 def test_layer_norm_refuses_a_wrong_shape():
     with pytest.raises(RuntimeError, match=r"expected input with shape \[\*, 5\]"):
         F.layer_norm(fw.randn(2, 4), (5,))
-
-
-def test_memory_efficient_layer_norm_refuses_a_zero_weight():
-    w = fw.ones(4)
-    with fw.no_grad():
-        w[1] = 0.0
-    with pytest.raises(ValueError, match="equal to 0"):
-        F.layer_norm(fw.randn(2, 4), (4,), w, memory_efficient=True)
 
 
 def test_embedding_checks_its_indices_on_the_cpu():

@@ -95,6 +95,18 @@ def _bfloat16_add_at(xp):
     return _raised(xp.add.at, a, xp.asarray([0, 0]), xp.ones(2, dtype=ml_dtypes.bfloat16))
 
 
+def _raw_in_array_out(xp, out_shape, in_shape=(6,)):
+    """An elementwise kernel over raw inputs: its (non-raw) output gives the loop size."""
+    k = xp.ElementwiseKernel("raw T a", "T out", "out = a[i % a.size()] * 2", "behaviour_raw_in_array_out")
+    if hasattr(xp, "counting"):  # the stand-in runs a NumPy reference in place of CUDA
+        k.reference = lambda a, out: out.__setitem__(
+            ..., (a.reshape(-1)[np.arange(out.size) % a.size] * 2).reshape(out.shape)
+        )
+    out = xp.zeros(out_shape, dtype=xp.float32)
+    k(_arange(xp).reshape(in_shape), out)
+    return out.get().tolist()
+
+
 def _set_refused(xp):
     a = xp.zeros(2, dtype=xp.float32)
     return _captured(xp, lambda s: _raised(a.set, np.ones(2, np.float32)))
@@ -143,6 +155,44 @@ def _other_thread_during_capture(xp):
     return _captured(xp, body)
 
 
+def _forked(xp, join: bool):
+    """Capture on ``s`` forks onto ``s2`` (``s2`` waits on an event recorded in the capture:
+    it joins the capture) and, when ``join``, joins back (``s`` waits on an event recorded
+    on ``s2``). Returns ``(s2 capturing while forked, a after the capture, a after one launch,
+    how the capture ended)``: the kernel launched on ``s2`` is in the graph."""
+    a = xp.zeros(2, dtype=xp.float32)
+    s, s2 = xp.cuda.Stream(non_blocking=True), xp.cuda.Stream(non_blocking=True)
+    graphs: list = []
+    with s:
+        s.begin_capture()
+        try:
+            s2.wait_event(s.record())
+            joined = s2.is_capturing()
+            with s2:
+                xp.add(a, 1, out=a)
+            if join:
+                s.wait_event(s2.record())
+        finally:
+            ended = _raised(lambda: graphs.append(s.end_capture())) or "graph"
+    after_capture = a.get().tolist()
+    for graph in graphs:
+        graph.launch(stream=s)
+        s.synchronize()
+    return joined, after_capture, a.get().tolist(), ended, s2.is_capturing()
+
+
+def _event_done_in_capture(xp):
+    """``Event.done`` of an event recorded in the capture: cudaEventQuery fails (CuPy's
+    ``done`` answers False) and the capture is invalid."""
+    return _captured(xp, lambda s: s.record().done)
+
+
+def _wait_on_an_uncaptured_event(xp):
+    """A capturing stream waits on an event recorded before the capture began."""
+    e = xp.cuda.Stream(non_blocking=True).record()
+    return _captured(xp, lambda s: _raised(s.wait_event, e))
+
+
 def _set_allocator_inside_using_allocator(xp):
     with xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
         return _raised(xp.cuda.set_allocator, None)
@@ -178,6 +228,14 @@ def _served_from_existing_memory(xp):
     g.launch(stream=s)
     s.synchronize()
     return y.get().tolist(), y.data.ptr == slab.data.ptr
+
+
+def _references(xp, make):
+    """How a view or array made from ``a`` refers to it: ``(data is a.data, data.mem is
+    a.data.mem, base is a)``: what holds ``a``'s memory alive."""
+    a = xp.zeros((2, 3), dtype=xp.float32)  # an array that owns its memory: base None
+    v = make(xp, a)
+    return v.data is a.data, v.data.mem is a.data.mem, v.base is a
 
 
 def _axis_error(axis, ndim):
@@ -221,6 +279,26 @@ class AxisErrorRow:
 
 # (id, f(xp), expected value or AxisErrorRow)
 ROWS = [
+    (
+        "asarray of a permuted host array: C-contiguous",
+        lambda xp: xp.asarray(np.zeros((2, 3, 4), np.float32).transpose(1, 2, 0)).strides,
+        (32, 8, 4),
+    ),
+    (
+        "asarray of an F-contiguous host array: F-contiguous",
+        lambda xp: xp.asarray(np.asfortranarray(np.zeros((2, 3), np.float32))).strides,
+        (4, 8),
+    ),
+    (
+        "ElementwiseKernel: raw inputs, the output sets the loop",
+        lambda xp: _raw_in_array_out(xp, (2, 3)),
+        [[0, 2, 4], [6, 8, 10]],
+    ),
+    (
+        "ElementwiseKernel: raw inputs, no output",
+        lambda xp: _raised(xp.ElementwiseKernel("raw T a", "T out", "out = a[i]", "behaviour_raw_only"), _arange(xp)),
+        "ValueError: Loop size is undecided.",
+    ),
     # shares_memory compares element addresses from a kernel; a 0-d element's is a local's.
     ("shares_memory: two distinct 0-d arrays", lambda xp: xp.shares_memory(xp.asarray(1.0), xp.asarray(2.0)), True),
     ("shares_memory: a 0-d array with itself", lambda xp: (lambda a: xp.shares_memory(a, a))(xp.asarray(1.0)), True),
@@ -306,6 +384,36 @@ ROWS = [
     ),
     ("capture: another thread allocates and computes meanwhile", _other_thread_during_capture, (599998.0, "graph")),
     ("capture: an allocator serving existing memory", _served_from_existing_memory, ([2.0, 2.0, 2.0, 2.0], True)),
+    # Cross-stream capture (CUDA's programming guide, "Cross-stream Dependencies and Events"):
+    # a stream that waits on an event recorded in a capture joins it; the origin stream must
+    # wait on the forked work before end_capture. Querying a captured event is invalid, and
+    # so is a capturing stream waiting on work outside the capture.
+    (
+        "capture: a stream waiting on a captured event joins it",
+        lambda xp: _forked(xp, True),
+        (True, [0.0, 0.0], [1.0, 1.0], "graph", False),
+    ),
+    (
+        "capture: a fork not joined back fails end_capture",
+        lambda xp: _forked(xp, False),
+        (True, [0.0, 0.0], [0.0, 0.0], "CUDARuntimeError: cudaErrorStreamCaptureUnjoined", False),
+    ),
+    (
+        "capture: is_capturing of an invalidated capture",
+        lambda xp: _captured(xp, lambda s: (_raised(s.synchronize), _raised(s.is_capturing)))[0][1],
+        "RuntimeError: the stream was capturing, but an error has invalidated the capture sequence",
+    ),
+    (
+        "capture: Event.done of a captured event",
+        _event_done_in_capture,
+        (False, "CUDARuntimeError: cudaErrorStreamCaptureInvalidated"),
+    ),
+    (
+        "capture: waiting on an event from before the capture",
+        _wait_on_an_uncaptured_event,
+        ("CUDARuntimeError: cudaErrorStreamCaptureIsolation", "CUDARuntimeError: cudaErrorStreamCaptureInvalidated"),
+    ),
+    ("Event.done outside a capture", lambda xp: xp.cuda.Stream(non_blocking=True).record().done, True),
     (
         "using_allocator: set_allocator inside it",
         _set_allocator_inside_using_allocator,
@@ -327,6 +435,33 @@ ROWS = [
         "ReductionKernel, CUB path: x alone",
         lambda xp: _cub_moments(xp, "moment((double)x)", "F", _MOMENT),
         256 + 256j,
+    ),
+    # What holds an array's memory (cupy/cuda/memory.pyx, cupy/_core/core.pyx,
+    # _routines_indexing.pyx, cupy/lib/stride_tricks.py): a pointer holds its memory object,
+    # `+` makes a new pointer over the same one (CuPy's `+=` moves the pointer itself, and its
+    # arrays with it: the stand-in refuses it, test_cupy_standin.py); a view made by `_view`
+    # shares its owner's pointer, one made by indexing gets `a.data + offset`; both name the
+    # owner as base; as_strided is `ndarray(memptr=x.data)`, with no base.
+    (
+        "MemoryPointer: p + 4 holds the same memory",
+        lambda xp: (lambda a: (a.data + 4).mem is a.data.mem)(_arange(xp)),
+        True,
+    ),
+    ("view: transpose", lambda xp: _references(xp, lambda xp, a: a.T), (True, True, True)),
+    ("view: reshape", lambda xp: _references(xp, lambda xp, a: a.reshape(3, 2)), (True, True, True)),
+    ("view: view()", lambda xp: _references(xp, lambda xp, a: a.view()), (True, True, True)),
+    ("view: a[1:]", lambda xp: _references(xp, lambda xp, a: a[1:]), (False, True, True)),
+    ("view: a[:] (no offset)", lambda xp: _references(xp, lambda xp, a: a[:]), (False, True, True)),
+    ("view: a[1:][:, 1:] names the owner", lambda xp: _references(xp, lambda xp, a: a[1:][:, 1:]), (False, True, True)),
+    (
+        "as_strided: memptr=x.data, no base",
+        lambda xp: _references(xp, lambda xp, a: xp.lib.stride_tricks.as_strided(a, (2,), (4,))),
+        (True, True, False),
+    ),
+    (
+        "UnownedMemory: holds its owner",
+        lambda xp: (lambda a: xp.cuda.UnownedMemory(a.data.ptr, a.nbytes, a, 0)._owner is a)(_arange(xp)),
+        True,
     ),
     # NCCL errors: NcclError(status), the message CuPy's name and NCCL's string.
     (

@@ -206,6 +206,24 @@ def test_as_strided_is_a_base_less_view_that_must_fit_its_block():
         cp.lib.stride_tricks.as_strided(a, shape=(1000,), strides=(4,))
 
 
+def test_pointer_arithmetic_and_unowned_memory_hold_memory_as_cupys():
+    a = cp.arange(16, dtype=cp.float32)
+    p = a.data + 8
+    assert p.mem is a.data.mem and p.ptr == a.data.ptr + 8 and (8 + a.data).ptr == p.ptr and (p - 8).ptr == a.data.ptr
+    assert cp.ndarray((2,), cp.float32, memptr=p).get().tolist() == [2.0, 3.0]
+    q = a.data
+    with pytest.raises(NotImplementedError, match=r"`p \+= n` moves the pointer itself"):
+        q += 4  # CuPy moves a's own pointer (and a with it): the stand-in's arrays cannot follow
+    assert a.data.ptr == q.ptr and a[0].get() == 0.0
+    u = cp.cuda.UnownedMemory(a.data.ptr + 4, 8, a, 0)
+    assert u._owner is a and u.size == 8 and u.device_id == 0
+    b = cp.ndarray((2,), cp.float32, memptr=cp.cuda.MemoryPointer(u, 0))
+    b[...] = 7
+    assert a[1:3].get().tolist() == [7.0, 7.0]
+    with pytest.raises(RuntimeError, match="explicit device ID for a null pointer"):
+        cp.cuda.UnownedMemory(0, 0, None)
+
+
 # --- the memory pool --------------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from .memory import (  # noqa: F401
     Memory,
     MemoryPointer,
     MemoryPool,
+    UnownedMemory,
     alloc,
     get_allocator,
     set_allocator,

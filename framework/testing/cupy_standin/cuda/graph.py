@@ -29,6 +29,18 @@ CUDA and CuPy refuse while a stream captures, the stand-in refuses the same way:
   CuPy raises ``NotImplementedError("calling cuBLAS API during stream capture is
   currently unsupported")`` before calling the library; the capture goes on.
 
+Streams join a capture as CUDA's do ("Cross-stream Dependencies and Events" of its
+programming guide): an event recorded on a capturing stream is a captured event (the
+kernels recorded so far on that stream); a stream that waits on one joins the capture, its
+kernels are recorded into the same graph, and the origin stream must wait on an event
+recorded after them before its ``end_capture``, else ``cudaErrorStreamCaptureUnjoined``
+(every stream of the capture leaves capture mode either way; ``end_capture`` on a stream
+that joined is ``cudaErrorStreamCaptureUnmatched``). ``Event.done`` of a captured event
+answers False and invalidates the capture (cudaEventQuery is not allowed there); a
+capturing stream that waits on an event recorded outside the capture fails with
+``cudaErrorStreamCaptureIsolation``, on one of another capture with
+``cudaErrorStreamCaptureMerge``, and invalidates its capture.
+
 A stream whose capture failed stays capturing until ``end_capture`` is called, as on a
 GPU. The stand-in is stricter than CUDA in one place, on purpose: an allocation from the
 pool (or a raw one) by the thread whose current stream captures. In relaxed mode CUDA
@@ -57,10 +69,18 @@ from . import runtime
 
 _UNSUPPORTED = 900
 _INVALIDATED = 901
+_MERGE = 902
+_UNMATCHED = 903
+_UNJOINED = 904
+_ISOLATION = 905
 _ILLEGAL_STATE = 401
-_MESSAGES = {
+_MESSAGES = {  # cudaGetErrorString's, after CUDA's names (as CuPy's CUDARuntimeError shows them)
     _UNSUPPORTED: "cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing",
     _INVALIDATED: "cudaErrorStreamCaptureInvalidated: operation failed due to a previous error during capture",
+    _MERGE: "cudaErrorStreamCaptureMerge: operation would result in a merge of separate capture sequences",
+    _UNMATCHED: "cudaErrorStreamCaptureUnmatched: capture was not ended in the same stream as it began",
+    _UNJOINED: "cudaErrorStreamCaptureUnjoined: capturing stream has unjoined work",
+    _ISOLATION: "cudaErrorStreamCaptureIsolation: dependency created on uncaptured work in another stream",
     _ILLEGAL_STATE: "cudaErrorIllegalState: the operation cannot be performed in the present state",
 }
 CUBLAS_MESSAGE = "calling cuBLAS API during stream capture is currently unsupported"
@@ -73,16 +93,38 @@ def cuda_error(status: int) -> runtime.CUDARuntimeError:
 
 
 class _Capture:
-    """The state of one stream's capture: the recorded kernels, and whether it failed."""
+    """The state of one capture: the recorded kernels, whether it failed, and the streams
+    in it: the origin stream (``stream``) and those that joined it by waiting on one of its
+    events. ``frontier`` maps each stream's handle to the kernels its next one will depend
+    on; ``deps`` holds each kernel's (what end_capture reads to see that every fork was
+    joined back)."""
 
-    __slots__ = ("stream", "mode", "thread", "nodes", "invalidated")
+    __slots__ = ("stream", "mode", "thread", "nodes", "invalidated", "frontier", "deps")
 
     def __init__(self, stream, mode: int):
         self.stream = stream
         self.mode = mode
         self.thread = threading.get_ident()  # the thread that began it
-        self.nodes: list = []  # (kind, fn)
+        self.nodes: list = []  # (kind, fn, blocks)
         self.invalidated = False
+        self.frontier: dict = {stream.ptr: frozenset()}
+        self.deps: list = []
+
+    def add(self, stream_ptr: int, node) -> None:
+        """A kernel launched on stream ``stream_ptr`` (in the capture): after its frontier."""
+        self.deps.append(self.frontier.get(stream_ptr, frozenset()))
+        self.frontier[stream_ptr] = frozenset((len(self.nodes),))
+        self.nodes.append(node)
+
+    def unjoined(self) -> bool:
+        """Whether a stream that joined has work the origin stream does not wait on."""
+        seen, todo = set(), list(self.frontier[self.stream.ptr])
+        while todo:  # the origin's frontier and everything before it
+            k = todo.pop()
+            if k not in seen:
+                seen.add(k)
+                todo.extend(self.deps[k])
+        return any(not nodes <= seen for ptr, nodes in self.frontier.items() if ptr != self.stream.ptr)
 
 
 _captures: dict[int, _Capture] = {}  # stream ptr -> its capture (all threads)
@@ -107,14 +149,71 @@ def _begin(stream, mode) -> None:
 
 
 def _end(stream) -> Graph:
-    capture = _captures.pop(stream.ptr, None)
-    if not _captures:
-        counting._capture_guard = None
+    capture = _captures.get(stream.ptr)
     if capture is None:
         raise cuda_error(_ILLEGAL_STATE)
+    if capture.stream.ptr != stream.ptr:  # a stream that joined: the origin ends the capture
+        raise fail(capture, _UNMATCHED)
+    for ptr in capture.frontier:  # every stream of the capture leaves capture mode
+        _captures.pop(ptr, None)
+    if not _captures:
+        counting._capture_guard = None
     if capture.invalidated:
         raise cuda_error(_INVALIDATED)
+    if capture.unjoined():
+        raise cuda_error(_UNJOINED)
     return Graph(capture.nodes, stream.device_id)
+
+
+def record_event(event, stream) -> None:
+    """``event`` recorded on ``stream``: in a capture, a captured event (the kernels the
+    stream's next one would depend on); else an event of work already done here."""
+    capture = capture_of(stream)
+    event._capture = capture
+    event._nodes = capture.frontier.get(stream.ptr, frozenset()) if capture is not None else None
+
+
+def wait_event(stream, event) -> None:
+    """``stream`` waits on ``event`` (``cudaStreamWaitEvent``). Outside a capture, nothing
+    to order here, except that waiting on an event recorded in a capture that goes on makes
+    the stream join it: its work from then on is captured in that graph (and the origin
+    stream must wait on it before ``end_capture``). A capturing stream may wait on an event
+    of its own capture only: one of another capture is CUDA's cudaErrorStreamCaptureMerge,
+    one recorded outside any capture cudaErrorStreamCaptureIsolation (both invalidate)."""
+    captured = getattr(event, "_capture", None)
+    if captured is not None and _captures.get(captured.stream.ptr) is not captured:
+        captured = None  # its capture has ended: the event stands for work done
+    mine = capture_of(stream)
+    if mine is None:
+        if captured is None:
+            return
+        if stream.ptr == 0:
+            raise NotImplementedError(
+                "cupy stand-in: the legacy default stream waiting on an event of a capture is not modelled"
+            )
+        _captures[stream.ptr] = captured  # the stream joins the capture
+        captured.frontier[stream.ptr] = event._nodes
+        return
+    if captured is mine:
+        mine.frontier[stream.ptr] = mine.frontier.get(stream.ptr, frozenset()) | event._nodes
+        return
+    if getattr(event, "_recorded_on", None) is None:
+        return  # an event never recorded: nothing to wait for
+    if captured is not None:
+        captured.invalidated = True
+        raise fail(mine, _MERGE)
+    raise fail(mine, _ISOLATION)
+
+
+def query_event(event) -> bool:
+    """``Event.done``: True outside a capture (the work is done here). Querying an event
+    recorded in a capture that goes on is invalid: the capture is invalidated, and CuPy's
+    ``done`` answers False (cudaEventQuery's status is not cudaSuccess)."""
+    captured = getattr(event, "_capture", None)
+    if captured is not None and _captures.get(captured.stream.ptr) is captured:
+        captured.invalidated = True
+        return False
+    return True
 
 
 def capture_of(stream):
@@ -137,10 +236,10 @@ def any_capture(device_id: int | None = None):
     return None
 
 
-def fail(capture: _Capture) -> runtime.CUDARuntimeError:
+def fail(capture: _Capture, status: int = _UNSUPPORTED) -> runtime.CUDARuntimeError:
     """Invalidates ``capture`` and returns the error CUDA answers (the caller raises it)."""
     capture.invalidated = True
-    return cuda_error(_UNSUPPORTED)
+    return cuda_error(status)
 
 
 def check_allocation(device_id: int, nbytes: int, new_block: bool, source: str) -> None:
@@ -175,22 +274,23 @@ def check_library(message: str) -> None:
         raise NotImplementedError(message)
 
 
-def record(kind: str, fn, capture=None, arrays=()) -> bool:
+def record(kind: str, fn, stream_ptr=None, arrays=()) -> bool:
     """Records kernel ``fn`` (a function that writes into existing device memory) into the
-    capture of the current stream (or ``capture``) and returns True; False when nothing
-    captures (the caller then runs it and counts its launch). ``arrays``: the device arrays
-    it reads and writes; a launch refuses to replay it once one's memory went back to the
-    pool (on a GPU: a kernel on freed memory, silently wrong)."""
+    capture of the current stream (or of stream ``stream_ptr``) and returns True; False
+    when nothing captures (the caller then runs it and counts its launch). ``arrays``: the
+    device arrays it reads and writes; a launch refuses to replay it once one's memory went
+    back to the pool (on a GPU: a kernel on freed memory, silently wrong)."""
+    if not _captures:
+        return False
+    if stream_ptr is None:
+        stream_ptr = _current_stream().ptr
+    capture = _captures.get(int(stream_ptr))
     if capture is None:
-        if not _captures:
-            return False
-        capture = current_capture()
-        if capture is None:
-            return False
+        return False
     if capture.invalidated:
         raise cuda_error(_INVALIDATED)
     blocks = [weakref.ref(a.data.mem) for a in arrays if getattr(a, "data", None) is not None and a.data.mem.ptr]
-    capture.nodes.append((kind, fn, blocks))
+    capture.add(int(stream_ptr), (kind, fn, blocks))
     return True
 
 
@@ -209,9 +309,7 @@ def launch_on(stream_ptr: int, kind: str, fn, arrays=()) -> None:
     recorded when that stream captures. Work on the legacy default stream while a blocking
     stream of the device captures is refused as CUDA refuses it; otherwise it runs now
     (uncaptured, as on a GPU)."""
-    capture = _captures.get(int(stream_ptr)) if _captures else None
-    if capture is not None:
-        record(kind, fn, capture, arrays)
+    if _captures and record(kind, fn, stream_ptr, arrays):
         return
     if int(stream_ptr) == 0 and _captures:
         for other in _captures.values():
@@ -290,7 +388,7 @@ class Graph:
                 fn()
 
         if capture is not None:  # a graph launched into a capture becomes a child graph
-            record("graph", replay, capture)
+            record("graph", replay, stream.ptr)
             return
         replay()
         counting.launch("graph")

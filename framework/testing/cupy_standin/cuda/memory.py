@@ -113,8 +113,43 @@ class PooledMemory:
             pass
 
 
+class UnownedMemory:
+    """Device memory that CuPy does not own, as ``cupy.cuda.UnownedMemory(ptr, size, owner,
+    device_id=-1)``: ``owner`` is held to keep the memory alive (CuPy holds nothing else).
+
+    The stand-in reads it through the pool block (or the ``owner``'s memory) that holds
+    ``[ptr, ptr + size)``; any other address is refused (there is no other memory here)."""
+
+    __slots__ = ("ptr", "size", "device_id", "_owner", "_buf", "__weakref__")
+
+    def __init__(self, ptr: int, size: int, owner, device_id: int = -1):
+        ptr, size = int(ptr), int(size)
+        if device_id < 0 and ptr == 0:
+            raise RuntimeError("UnownedMemory requires explicit device ID for a null pointer.")
+        found = _block_at(ptr, size) if ptr else None
+        if found is not None:
+            block, offset = found
+        else:
+            block = getattr(getattr(owner, "data", owner), "mem", owner)  # an array, a pointer, memory
+            offset = ptr - getattr(block, "ptr", 0)
+            if not ptr or getattr(block, "_buf", None) is None or not 0 <= offset <= block.size - size:
+                raise ValueError(f"cupy stand-in: UnownedMemory at 0x{ptr:x} ({size} bytes) is no device memory here")
+        self.ptr, self.size = ptr, size
+        self.device_id = block.device_id if device_id < 0 else int(device_id)
+        self._owner = owner
+        self._buf = block._buf[offset : offset + size]
+
+    @property
+    def device(self) -> Device:
+        return Device(self.device_id)
+
+
 class MemoryPointer:
-    """A pointer into device memory, as ``cupy.cuda.MemoryPointer``: ``mem`` and ``ptr``."""
+    """A pointer into device memory, as ``cupy.cuda.MemoryPointer``: ``mem`` and ``ptr``.
+
+    As CuPy's: ``p + n`` (or ``n + p``, ``p - n``) is a new pointer that holds the same
+    ``mem``. CuPy's ``p += n`` moves ``p`` itself, and so every array whose ``data`` it is;
+    the stand-in's arrays cannot follow their pointer: it refuses, naming it."""
 
     __slots__ = ("mem", "ptr", "device_id")
 
@@ -131,7 +166,20 @@ class MemoryPointer:
         return self.ptr
 
     def __add__(self, offset: int) -> MemoryPointer:
-        return MemoryPointer(self.mem, self.ptr - self.mem.ptr + offset)
+        return MemoryPointer(self.mem, self.ptr - self.mem.ptr + int(offset))
+
+    __radd__ = __add__
+
+    def __sub__(self, offset: int) -> MemoryPointer:
+        return self + -int(offset)
+
+    def __iadd__(self, offset: int) -> MemoryPointer:
+        raise NotImplementedError(
+            "cupy stand-in: `p += n` moves the pointer itself in CuPy, and every array whose .data it is "
+            "with it; the stand-in's arrays cannot follow: use `p = p + n` (a new pointer)"
+        )
+
+    __isub__ = __iadd__
 
     def __repr__(self) -> str:
         return f"<MemoryPointer 0x{self.ptr:x} on device {self.device_id}>"

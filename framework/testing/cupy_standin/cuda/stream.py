@@ -1,9 +1,11 @@
 """``cupy.cuda.Stream`` and ``Event`` of the stand-in: CuPy's API, ordering nothing.
 
 Every stand-in operation has finished when its call returns, so on the CPU a stream
-orders nothing and an event is always ``done``. What is checked is what CuPy and CUDA
-check: a stream is made current only on the device it was created on, a stream handle
-(``ptr``) names a live stream, and an event is waited on only after it exists.
+orders nothing and an event is ``done``. What is checked is what CuPy and CUDA check: a
+stream is made current only on the device it was created on, a stream handle (``ptr``)
+names a live stream, and an event is waited on only after it exists. In a capture, events
+are CUDA's (:mod:`.graph`): a stream that waits on an event recorded in a capture joins
+it, and querying or synchronizing such an event is invalid.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ def _check_device(device_id: int) -> int:
 class Event:
     """A CUDA event: ``record`` it on a stream, make another stream ``wait_event`` on it.
 
-    On the stand-in the work before a record is already done: ``done`` is True.
+    On the stand-in the work before a record is already done: ``done`` is True, except for
+    an event recorded in a capture that goes on, which stands for no work yet (see
+    :func:`.graph.query_event`); a stream that waits on such an event joins the capture
+    (:func:`.graph.wait_event`).
     """
 
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False):
@@ -43,14 +48,16 @@ class Event:
             raise ValueError("Timing must be disabled for interprocess events")
         self.ptr = next(_handles)
         self._recorded_on = None
+        self._capture = None
+        self._nodes = None
 
     @property
     def done(self) -> bool:
-        return True
+        return _graph.query_event(self)
 
     def record(self, stream=None) -> None:
         self._recorded_on = get_current_stream() if stream is None else stream
-        self._capture = _graph.capture_of(self._recorded_on)
+        _graph.record_event(self, self._recorded_on)
 
     def synchronize(self) -> None:
         """Returns at once (nothing is pending); a host synchronization on a GPU. Refused for
@@ -128,8 +135,13 @@ class _BaseStream:
         return _graph._end(self)
 
     def is_capturing(self) -> bool:
-        """Whether the stream is in capture mode (a failed capture too, until ``end_capture``)."""
-        return _graph.capture_of(self) is not None
+        """Whether the stream is in capture mode; for a capture an error invalidated (it stays
+        in capture mode until ``end_capture``), CuPy's RuntimeError, as ``streamIsCapturing``
+        raises on CUDA's cudaStreamCaptureStatusInvalidated."""
+        capture = _graph.capture_of(self)
+        if capture is not None and capture.invalidated:
+            raise RuntimeError("the stream was capturing, but an error has invalidated the capture sequence")
+        return capture is not None
 
     def record(self, event: Event | None = None) -> Event:
         """Records an event on this stream (a new one when ``event`` is None)."""
@@ -139,9 +151,12 @@ class _BaseStream:
         return event
 
     def wait_event(self, event: Event) -> None:
-        """Orders this stream after ``event`` (nothing to order on the stand-in)."""
+        """Orders this stream after ``event``: nothing to order on the stand-in, except in a
+        capture (:func:`.graph.wait_event`: a stream joins the capture of an event recorded
+        in it; a capturing stream may wait on its own capture's events only)."""
         if not isinstance(event, Event):
             raise TypeError(f"wait_event takes a cupy.cuda.Event, got {type(event).__name__}")
+        _graph.wait_event(self, event)
 
 
 class Stream(_BaseStream):
