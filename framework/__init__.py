@@ -99,6 +99,13 @@ from .ops import (
     var,
     where,
 )
+from .ops.autocast import (
+    autocast,
+    clear_autocast_cache,
+    get_autocast_dtype,
+    is_autocast_cache_enabled,
+    is_autocast_enabled,
+)
 from .tensor import Tensor
 
 bool = bool_  # noqa: A001  (fw.bool, as torch.bool)
@@ -110,6 +117,7 @@ def is_inference(t: Tensor):
 
 
 from . import (  # noqa: E402  (they build on everything above)
+    amp,
     nn,
     optim,
     random,  # noqa: E402,F401

@@ -517,12 +517,13 @@ def synchronize(dev: Device) -> None:
 
 
 def device_properties(dev: Device) -> dict:
-    """Name, memory and versions of GPU ``dev`` (for reports)."""
+    """Name, compute capability ``(major, minor)``, memory and versions of GPU ``dev``."""
     cp = _cupy_or_raise()
     props = cp.cuda.runtime.getDeviceProperties(dev.index)
     name = props["name"]
     return {
         "name": name.decode() if isinstance(name, bytes) else str(name),
+        "compute_capability": (int(props["major"]), int(props["minor"])),
         "total_memory": int(props["totalGlobalMem"]),
         "cupy": cp.__version__,
         "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),

@@ -16,7 +16,9 @@ and ``+fused`` runs attention as one ``scaled_dot_product_attention``
 (``model.args.attention``); they combine (``on+meln+fused``). ``+full`` and
 ``+selective`` recompute in backward what the model would keep (``recompute``,
 docs/RECOMPUTE.md: whole blocks, or a GPT's attention core / a ResNet block's
-BatchNorms and activations), at a step-time cost the samples/s column shows. ``auto`` is policy auto,
+BatchNorms and activations), at a step-time cost the samples/s column shows. ``+bf16`` or
+``+fp16`` runs the forward and loss in mixed precision (``precision``: autocast, and with
+fp16 a GradScaler; docs/PRECISION.md): activations in 16 bits, other roundings. ``auto`` is policy auto,
 which runs an op in place only where it proves the input dead (the table then shows how
 many ops per step and the MB they saved). ``compiled`` runs the step compiled
 (``compile: true``, captured under policy ``off``): the table then adds the compiled
@@ -76,6 +78,12 @@ MODEL_VARIANTS = {
     "full": "recompute=full",  # ResNet, GPT: each block keeps its input and runs again in backward
     "selective": "recompute=selective",  # GPT: the attention core recomputed; ResNet: BN and activations
 }
+# What a ``+variant`` changes in how the step computes: its precision (docs/PRECISION.md),
+# at most one per entry. These change the numbers (rounding), unlike the model variants.
+PRECISION_VARIANTS = {
+    "bf16": "precision=bf16",  # forward and loss under autocast in bfloat16
+    "fp16": "precision=fp16",  # ... in float16, the loss scaled (GradScaler)
+}
 # the step compiled (fw.compile) and captured under off: every inplace decision is the
 # compiler's (docs/COMPILE.md)
 COMPILED = "compiled"
@@ -90,6 +98,8 @@ def _override(extra: str) -> str | None:
     """The config override of one ``+variant``, or None."""
     if extra in MODEL_VARIANTS:
         return MODEL_VARIANTS[extra]
+    if extra in PRECISION_VARIANTS:
+        return PRECISION_VARIANTS[extra]
     if extra in STEP_VARIANTS:
         return STEP_VARIANTS[extra]
     m = re.fullmatch(r"acc([1-9][0-9]*)", extra)
@@ -104,13 +114,14 @@ def variant(name: str):
     overrides = [_override(e) for e in extras]
     keys = [o.split("=")[0] for o in overrides if o is not None]
     if policy not in POLICIES or None in overrides or len(set(keys)) != len(keys):
-        return None  # unknown, or two variants of one key (+zero1+zero2, +acc2+acc4, +full+selective)
+        return None  # unknown, or two variants of one key (+zero1+zero2, +acc2+acc4, +full+selective, +bf16+fp16)
     return policy, overrides
 
 
 VARIANTS_HELP = (
-    f"{', '.join(POLICIES)} or {COMPILED}; a policy may add +{', +'.join([*MODEL_VARIANTS, *STEP_VARIANTS])}, "
-    "+acc<k> (e.g. on+abn, auto+meln+fused, auto+acc4; +zero under mpiexec)"
+    f"{', '.join(POLICIES)} or {COMPILED}; a policy may add "
+    f"+{', +'.join([*MODEL_VARIANTS, *PRECISION_VARIANTS, *STEP_VARIANTS])}, "
+    "+acc<k> (e.g. on+abn, auto+meln+fused, auto+bf16, auto+acc4; +zero under mpiexec)"
 )
 
 

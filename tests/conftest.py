@@ -26,6 +26,7 @@ import pytest
 from framework import backend as fw_backend
 from framework import inplace, memory
 from framework.autograd.grad_mode import state as _grad_state
+from framework.ops import autocast as autocast_ops
 from framework.ops import conv as conv_ops
 
 #: Why the gpu leg runs on the stand-in although CuPy is installed (None otherwise).
@@ -183,12 +184,22 @@ def without_cupy(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _restore_global_state():
-    """Grad mode, anomaly mode, the inplace policy and conv2d's algorithm and math
-    settings are process-global (a Trainer sets the last three): restore them."""
+    """Grad mode, anomaly mode, the inplace policy, conv2d's algorithm and math settings
+    and autocast's regions are process-global (a Trainer sets the policy and conv2d's
+    settings): restore them."""
     enabled, anomaly, policy = _grad_state.enabled, _grad_state.anomaly, inplace.get_policy()
     conv_mode, conv_math = conv_ops.get_contraction(), conv_ops.get_math_mode()
+    regions = {name: (d.enabled, d.dtype) for name, d in autocast_ops.state.devices.items()}
     yield
     _grad_state.enabled, _grad_state.anomaly = enabled, anomaly
     inplace.set_policy(policy)
     conv_ops.set_contraction(conv_mode)
     conv_ops.set_math_mode(conv_math)
+    if autocast_ops.state.nesting or regions != {
+        n: (d.enabled, d.dtype) for n, d in autocast_ops.state.devices.items()
+    }:
+        for name, (on, dtype) in regions.items():  # a test that failed inside an autocast region
+            autocast_ops.state.devices[name].enabled, autocast_ops.state.devices[name].dtype = on, dtype
+        autocast_ops.state.nesting = 0
+        autocast_ops.clear_autocast_cache()
+        autocast_ops._sync_hook()

@@ -30,7 +30,7 @@ LAYERS = [
     ["framework.tensor", "framework.ops", "framework.autograd", "framework.creation"],
     ["framework.nn.functional", "framework.utils"],  # utils: checkpointing, over autograd and the ops
     ["framework.nn"],
-    ["framework.optim"],
+    ["framework.optim", "framework.amp"],  # amp: the GradScaler steps optimizers
     ["framework.distributed"],
     ["framework.compile"],
     ["framework", "framework.testing"],

@@ -134,6 +134,16 @@ SCHEMA: dict[str, Any] = {
         "kept); the run name gets `_recompute-<mode>`; not with compile",
         choices=("none", "full", "selective"),
     ),
+    "precision": Field(
+        "str",
+        "fp32",
+        "Mixed precision of the forward pass and loss (`fw.autocast`, docs/PRECISION.md): `fp32` (none), "
+        "`bf16` (PyTorch's autocast lists in bfloat16) or `fp16` (float16, with a `GradScaler`: the loss "
+        "scaled, steps with inf/NaN gradients skipped); parameters, gradients and optimizer state stay "
+        "float32; the run name gets `_bf16`/`_fp16`; bf16 on a GPU needs compute capability 8.0; not with "
+        "compile",
+        choices=("fp32", "bf16", "fp16"),
+    ),
     "conv2d": Field(
         "str",
         "auto",

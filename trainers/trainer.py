@@ -199,6 +199,15 @@ def recompute_mode(cfg: Config) -> str:
     return cfg["recompute"] if "recompute" in cfg else "none"
 
 
+#: The lower precision of each mixed-precision setting (``precision: fp32`` runs none).
+AUTOCAST_DTYPES = {"bf16": fw.bfloat16, "fp16": fw.float16}
+
+
+def precision(cfg: Config) -> str:
+    """The config's ``precision`` (``fp32`` where this version's config has no such key)."""
+    return cfg["precision"] if "precision" in cfg else "fp32"
+
+
 def conv2d_mode(cfg: Config) -> str:
     """The config's conv2d choosing mode (``"auto"`` where the config has no such key)."""
     return cfg["conv2d"] if "conv2d" in cfg else conv_ops.AUTO
@@ -568,6 +577,11 @@ class Trainer:
         self.policy = policy_label(cfg.inplace, self.inplace_abn)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         _check_compile(cfg, self.device)
+        # Mixed precision: forward and loss under autocast; fp16 scales the loss (GradScaler)
+        self.precision = precision(cfg)
+        _check_precision(self.precision, cfg, self.device)
+        self.autocast_dtype = AUTOCAST_DTYPES.get(self.precision)
+        self.scaler = fw.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         # Several processes: gradients are averaged through in-place allreduced buckets
         # (framework/distributed/data_parallel.py); parameters start from rank 0's.
         self.dp = None
@@ -640,6 +654,7 @@ class Trainer:
                 "conv-tf32" if conv_math(cfg) == "tf32" else None,
                 f"zero{cfg.distributed.zero}" if cfg.distributed.zero else None,
                 f"acc{cfg.train.accumulate}" if cfg.train.accumulate > 1 else None,
+                None if self.precision == "fp32" else self.precision,
             )
         )
         self.log_root = os.path.dirname(run_dir(cfg.logging.logdir, cfg.experiment, self.base_name))
@@ -754,6 +769,7 @@ class Trainer:
             "optimizer": host_state(self.optimizer.state_dict()),
             "rng": fw.random.get_state(),
             "loader": self.loader.state_dict(),
+            "scaler": self.scaler.state_dict(),  # empty unless precision: fp16
             "config": self.cfg.to_dict(),
             "ranks": ranks if ranks is not None else [self._rank_state()],
             "run": {
@@ -852,6 +868,8 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.loader.load_state_dict(state["loader"])
+        if state.get("scaler") and self.scaler.is_enabled():  # a run saved in fp16 goes on with its scale
+            self.scaler.load_state_dict(state["scaler"])
         self.step = state["step"]
         self.totals_restored = ranks is not None
         if ranks is None:  # a checkpoint of an earlier version: rank 0's random state only
@@ -982,8 +1000,9 @@ class Trainer:
             sync = self.dp is None or i == len(xs) - 1
             with contextlib.nullcontext() if sync else self.dp.no_sync():
                 memory.mark("forward")
-                out, y = per_token(self.net(x), y)
-                loss = self.criterion(out, y)
+                with self._autocast():
+                    out, y = per_token(self.net(x), y)
+                    loss = self.criterion(out, y)
                 if self.losses_on_device:
                     value = loss._data  # read with the others at the next log point (_read_losses)
                 else:
@@ -995,7 +1014,8 @@ class Trainer:
                 if i == 0:
                     self.optimizer.zero_grad(set_to_none=True)
                 memory.mark("backward")
-                (loss if len(xs) == 1 else loss * weight).backward()
+                with self._overflow_expected():  # the loss itself unless precision: fp16 scales it
+                    self.scaler.scale(loss if len(xs) == 1 else loss * weight).backward()
             if self.classification:
                 # Left on the device: read at the next log point, not here (a GPU would wait
                 # for the whole step and lose the overlap of the next step's launch with it).
@@ -1005,13 +1025,24 @@ class Trainer:
         if self.dp is not None:
             self.dp.finish()  # averaged gradients, before clipping and the update
         if self.cfg.train.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)  # the true gradients' norm (a no-op unless fp16)
             if self.zero == 2:  # this rank's shard of the gradients: the norm summed over the ranks
                 self.optimizer.clip_grad_norm_(self.cfg.train.grad_clip)
             else:
                 clip_grad_norm_(self.params, self.cfg.train.grad_clip)
         memory.mark("optimizer")
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)  # skipped on inf/NaN gradients (fp16); optimizer.step() otherwise
+        self.scaler.update()
         return loss_value, correct, saved
+
+    def _overflow_expected(self):
+        """fp16's scaled backward may overflow (to inf): the scaler skips that step, so NumPy's
+        overflow warnings are silenced there; other precisions leave them as they are."""
+        return np.errstate(over="ignore", invalid="ignore") if self.scaler.is_enabled() else contextlib.nullcontext()
+
+    def _autocast(self):
+        """The region a step's forward and loss run in: autocast in the config's precision."""
+        return fw.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
     def _check_finite(self, steps, when: str) -> None:
         """Raises TrainingError at the first non-finite loss of ``steps`` (``(step, lr,
@@ -1072,7 +1103,7 @@ class Trainer:
         self.model.eval()
         total, score = 0, None
         n, batch = len(self.test_set), self.cfg.data.eval_batch_size
-        with fw.no_grad():
+        with fw.no_grad(), self._autocast():
             for start in range(0, n, batch):
                 xs, ys = self.test_set[np.arange(start, min(start + batch, n))]
                 x, y = self._to_tensors(xs, ys)
@@ -1310,6 +1341,8 @@ class Trainer:
             hp["conv2d"] = conv2d_mode(cfg)
         if "conv_math" in cfg:
             hp["conv_math"] = conv_math(cfg)
+        if "precision" in cfg:
+            hp["precision"] = self.precision
         hp.update(
             {
                 "zero": cfg.distributed.zero,
@@ -1373,6 +1406,8 @@ class Trainer:
         for key, count in window.items():
             if key.startswith(("auto_inplace_ops.", "auto_owned_ops.")):
                 metrics["inplace/auto_ops_per_step/" + key.split(".", 1)[1]] = count / n
+        if self.scaler.is_enabled():  # fp16: the loss scale now (read back at log points only)
+            metrics["train/loss_scale"] = self.scaler.get_scale()
         if self.compiled is not None:  # what the compiled step's plan expects, beside the measured tags
             plan = self.compiled.plan
             metrics["memory/planned_peak_mb"] = plan.planned_peak_bytes / MB
@@ -1464,6 +1499,35 @@ def check_zero(cfg: Config, processes: int) -> None:
             "distributed.zero: 1 shards the optimizer state, and sgd without momentum keeps none: nothing to "
             "shard; set distributed.zero: 2 (it shards the gradients too) or 0"
         )
+
+
+def _check_precision(precision: str, cfg: Config, device) -> None:
+    """What ``precision: bf16 | fp16`` needs: an eager step, fp16 unsharded gradients (no
+    ZeRO), and for bf16 on a GPU one that computes in bfloat16 (compute capability 8.0,
+    Ampere, or later). The CPU takes both:
+    every CPU kernel of this framework takes float16 and bfloat16 (products, convolutions
+    and normalizations in float32, rounded once; docs/PRECISION.md)."""
+    if precision == "fp32":
+        return
+    if compiled(cfg):
+        raise ConfigError(
+            f"precision: {precision} cannot run compiled: fw.compile does not support autocast (its replay of a "
+            "bf16 step is not the eager step's numbers bit for bit); set compile: false or precision: fp32"
+        )
+    if precision == "fp16" and cfg.distributed.zero:
+        raise ConfigError(
+            f"precision: fp16 does not run with distributed.zero: {cfg.distributed.zero} yet: the GradScaler "
+            "checks the gradients this rank holds and steps the optimizer, and ZeRO shards both; use "
+            "precision: bf16 (no scaler) or distributed.zero: 0"
+        )
+    if precision == "bf16" and device.type == "cuda":
+        props = backend.device_properties(device)
+        major, minor = props["compute_capability"]
+        if major < 8:
+            raise ConfigError(
+                f"precision: bf16 needs a GPU of compute capability 8.0 or later; {props['name']} ({device}) "
+                f"is {major}.{minor}: use precision: fp16 there"
+            )
 
 
 def _broadcast(tensors, comm) -> None:

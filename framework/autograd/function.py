@@ -268,6 +268,10 @@ def _check_inplace_target(cls, target, grad_on: bool, any_needs: bool = False) -
 # written, while autograd.graph.allow_mutation_on_saved_tensors() is active.
 before_write = None
 
+# framework.ops.autocast.cast_inputs while an autocast region is enabled, else None:
+# ``autocast(cls, inputs)`` returns the inputs as the region casts them for op ``cls``.
+autocast = None
+
 
 def _check_view_rewrite(cls, target) -> None:
     """Raises where an inplace op may not rewrite the history of the view ``target``:
@@ -346,11 +350,19 @@ def _apply(cls, inputs, params, inplace):
     An ``auto`` rewrite hands the input's storage to a new tensor object, which the op
     then runs in place on, and leaves the input consumed (see :mod:`framework.inplace`).
     While a compiled step is captured, the recorder runs this path and records the call.
+    Inside an autocast region an out-of-place call's inputs are first cast as autocast
+    says (:mod:`framework.ops.autocast`); a call whose inputs were cast never runs in place.
     """
+    cast = False
+    if autocast is not None and not inplace:
+        cast_inputs = autocast(cls, inputs)
+        cast = cast_inputs is not inputs
+        inputs = cast_inputs
+        del cast_inputs  # policy auto's proof counts the references to the inputs
     if _node.capture is not None:
         return _node.capture.apply(cls, inputs, params, inplace)
     where = None
-    if not inplace and cls.auto_inplace and _inplace._policy == "auto":
+    if not inplace and not cast and cls.auto_inplace and _inplace._policy == "auto":
         where = _inplace.auto_target(cls, inputs, params)
         if where is not None:
             # Consumed before the kernel runs: if it raised half way, the old object could

@@ -199,6 +199,11 @@ def _measure_sole_array() -> int:
 _SOLE_ARRAY_REFS = _measure_sole_array()
 
 
+def _floating(dtype) -> bool:
+    """IEEE floats, and bfloat16 (ml_dtypes: NumPy calls its kind "V"): autocast's activations."""
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
 def auto_target(cls, inputs, params):
     """Where policy ``auto`` runs op ``cls`` in place on ``inputs[0]``: ``(file, line)``, or None.
 
@@ -213,7 +218,7 @@ def auto_target(cls, inputs, params):
     if x.__class__ is not _Tensor or x._base is not None:
         return None
     data = x._data
-    if data.nbytes < _auto_min_bytes or data.dtype.kind != "f" or (x._requires_grad and x._grad_fn is None):
+    if data.nbytes < _auto_min_bytes or not _floating(data.dtype) or (x._requires_grad and x._grad_fn is None):
         return None
     for other in inputs[1:]:
         if isinstance(other, _Tensor):

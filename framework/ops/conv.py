@@ -81,6 +81,7 @@ from .conv_algorithms.workspace import (  # noqa: F401  (the settings' home is c
 from .conv_algorithms.workspace import chunks as _chunks  # noqa: F401  (tests read it)
 from .conv_algorithms.workspace import resolve_limit as _resolve_limit
 from .elementwise import MaskedGrad
+from .promotion import half_on_cpu, is_floating, narrow, widen
 from .view import IndexAdd
 
 #: The im2col contractions: every geometry (stride, padding, kernel).
@@ -243,7 +244,7 @@ class Conv2d(Function):
                 f"{fn}: input has {x.shape[1]} channels (shape {tuple(x.shape)}) but the weight "
                 f"{tuple(w.shape)} expects {w.shape[1]} input channels; check C_in of the layer"
             )
-        if x.dtype != w.dtype or x.dtype.kind != "f":
+        if x.dtype != w.dtype or not is_floating(x.dtype):
             raise TypeError(f"{fn}: input ({x.dtype}) and weight ({w.dtype}) must have the same floating dtype")
         if b is not None and (b.shape != (w.shape[0],) or b.dtype != w.dtype):
             raise RuntimeError(
@@ -255,23 +256,37 @@ class Conv2d(Function):
         ctx.geom, ctx.limit, ctx.modes = geom, limit, (contraction, math)
         ctx.has_bias = b is not None
         ctx.plan = plan = _plan(contraction, geom, xp, math)
+        half = half_on_cpu(x.dtype, xp)
+        if half is not None:
+            x, w, b = widen(x), widen(w), widen(b)
         out = ALGORITHMS[plan.forward].forward(x, w, geom, limit, xp)
         if b is not None:
             out += b.reshape(1, -1, 1, 1)
-        return out
+        return out if half is None else narrow(out, half, "activations")
 
     def backward(ctx, g):
         xp = get_array_module(g)
         geom, limit, plan = ctx.geom, ctx.limit, ctx.plan
         need_x, need_w, need_b = ctx.needs_input_grad
         gx = gw = gb = None
-        if need_b:
-            gb = g.sum(axis=(0, 2, 3))
         if g.__class__ is Tensor:  # create_graph: the two passes as ops, differentiable
+            gb = g.sum(axis=(0, 2, 3)) if need_b else None
             conv = (geom, limit, plan, ctx.modes)
             gw = _grad_weight(ctx.x, g, conv) if need_w else None
             gx = _grad_input(g, ctx.w, conv) if need_x else None
             return gx, gw, gb
+        half = half_on_cpu(g.dtype, xp)
+        if half is not None:  # computed in float32 (see half_on_cpu), each gradient rounded once
+            g32 = widen(g)
+            gb = narrow(g32.sum(axis=(0, 2, 3)), half, "gradients") if need_b else None
+            if need_w:
+                gw = narrow(ALGORITHMS[plan.grad_weight].grad_weight(widen(ctx.x), g32, geom, limit, xp), half)
+            if need_x:
+                gx = ALGORITHMS[plan.grad_input].grad_input(g32, widen(ctx.w), geom, limit, xp, False)
+                gx = narrow(gx, half)
+            return gx, gw, gb
+        if need_b:
+            gb = g.sum(axis=(0, 2, 3))
         if need_w:
             gw = ALGORITHMS[plan.grad_weight].grad_weight(ctx.x, g, geom, limit, xp)
         if need_x:
@@ -458,19 +473,27 @@ class AvgPool2d(Function):
     def forward(ctx, x, kernel=(2, 2), stride=(2, 2), padding=(0, 0), limit=None):
         fn = "avg_pool2d"
         _check_4d(fn, x)
-        if x.dtype.kind != "f":
+        if not is_floating(x.dtype):
             raise TypeError(f"{fn}: expected a floating input, got {x.dtype}")
         out_hw = _out_size(fn, x.shape[2:], kernel, stride, padding)
         ctx.geom, ctx.limit = (x.shape, kernel, stride, padding, out_hw), limit
         xp = get_array_module(x)
-        return _choice.pooling(xp).avg_pool_forward(x, kernel, stride, padding, out_hw, limit, xp)
+        half = half_on_cpu(x.dtype, xp)  # each window's sum in float32 on the CPU, rounded once
+        out = _choice.pooling(xp).avg_pool_forward(
+            x if half is None else widen(x), kernel, stride, padding, out_hw, limit, xp
+        )
+        return out if half is None else narrow(out, half, "activations")
 
     def backward(ctx, g):
         if g.__class__ is Tensor:  # create_graph: the same pass as an op
             return AvgPool2dGrad.apply(g, geom=ctx.geom, limit=ctx.limit)
         x_shape, kernel, stride, padding, out_hw = ctx.geom
         xp = get_array_module(g)
-        return _choice.pooling(xp).avg_pool_backward(g, x_shape, kernel, stride, padding, out_hw, xp)
+        half = half_on_cpu(g.dtype, xp)
+        gx = _choice.pooling(xp).avg_pool_backward(
+            g if half is None else widen(g), x_shape, kernel, stride, padding, out_hw, xp
+        )
+        return gx if half is None else narrow(gx, half)
 
 
 class AvgPool2dGrad(Function):
@@ -569,6 +592,6 @@ def adaptive_avg_pool2d(input, output_size):  # noqa: A002
         return AvgPool2d.apply(
             input, kernel=kernel, stride=kernel, padding=(0, 0), limit=_resolve_limit(get_workspace_limit(), input)
         )
-    if input.dtype.kind != "f":
+    if not is_floating(input.dtype):
         raise TypeError(f"{fn}: expected a floating input, got {input.dtype}")
     return AdaptiveAvgPool2dSeparable.apply(input, output_size=size)

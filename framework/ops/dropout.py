@@ -19,6 +19,7 @@ from .. import random as _random
 from ..autograd.function import Function
 from ..backend import get_array_module
 from ..tensor import Tensor
+from .promotion import is_floating
 
 __all__ = ["dropout", "Dropout"]
 
@@ -92,7 +93,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     check_probability(p)
     if not training or p == 0 or input.numel() == 0:
         return input
-    if input.dtype.kind != "f":
+    if not is_floating(input.dtype):
         raise TypeError(f"dropout expects a floating point input, got {input.dtype}")
     p = float(p)
     return Dropout.apply_(input, p=p) if inplace else Dropout.apply(input, p=p)

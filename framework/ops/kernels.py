@@ -37,7 +37,6 @@ __all__ = ["on_gpu", "launch", "opmath_dtype", "Takes", "KERNELS"]
 
 # The dtypes a kernel declares (names: bfloat16 is ml_dtypes', as CuPy 14 takes it).
 FLOATS = ("float16", "bfloat16", "float32", "float64")
-IEEE_FLOATS = ("float16", "float32", "float64")  # what ``dtype.kind == "f"`` lets through
 INTEGERS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 LAYOUTS = ("contiguous", "strided", "0-d")
 
@@ -348,15 +347,17 @@ __device__ T bn_xhat(T x, const complex<double>& s, double inv_m, double eps) {
 __device__ complex<double> bn_moment(double v) { return complex<double>(v, v * v); }
 """
 
-# BatchNorm's and InPlace-ABN's call sites: an (N, C, ...) input of a floating dtype that
-# ``dtype.kind == "f"`` lets through, with the per-channel values broadcast from (1, C, 1, ...)
+# BatchNorm's and InPlace-ABN's call sites: an (N, C, ...) input of any floating dtype (bfloat16:
+# autocast's activations), with the per-channel values broadcast from (1, C, 1, ...)
 # (contiguous all: a batch of one (1, C) sample, as a trainer's first check of the model runs).
-_PER_CHANNEL = Takes(each(T=IEEE_FLOATS), layouts=("contiguous", "strided"), scalars=("inv_m", "eps"))
+_PER_CHANNEL = Takes(each(T=FLOATS), layouts=("contiguous", "strided"), scalars=("inv_m", "eps"))
 # ... and with the per-channel sums of the gradient, in the complex type of g's precision.
 # A per-channel reduction with spatial axes writes complex128 partial sums first (one per
 # sample and channel: framework/ops/norm.py's ``_channel_sums``), then ``channel_sums`` adds them.
 _WITH_SUMS = tuple(
-    {"T": t, "C": c} for t in IEEE_FLOATS for c in dict.fromkeys((np.result_type(t, np.complex64).name, "complex128"))
+    {"T": t, "C": c}
+    for t in FLOATS
+    for c in dict.fromkeys((np.result_type(dtype_of(t), np.complex64).name, "complex128"))
 )
 # The running statistics: (C,) buffers of any floating dtype (the running buffers' own).
 _RUNNING = Takes(each(T=FLOATS), layouts=("contiguous", "strided"), scalars=("eps",))
@@ -399,7 +400,7 @@ bn_moments = reduction(
     "0",
     "fused_bn_moments",
     moments,
-    Takes(each(T=IEEE_FLOATS), warnings=CUB_UNREAD_J),
+    Takes(each(T=FLOATS), warnings=CUB_UNREAD_J),
     reduce_type="complex<double>",
     preamble=_BN_PREAMBLE,
 )
@@ -721,7 +722,7 @@ abn_dz = elementwise(
     "dz = (y > (T)0 ? (T)1 : slope) * g;",
     "fused_abn_dz",
     lambda y, g, slope, dz: _put(dz, _opmath(np.where(y > 0, y.dtype.type(1), slope)) * _opmath(g)),
-    Takes(each(T=IEEE_FLOATS), layouts=("contiguous", "strided"), scalars=("slope",)),
+    Takes(each(T=FLOATS), layouts=("contiguous", "strided"), scalars=("slope",)),
 )
 abn_weight_grad = elementwise(
     "C sums, T w",
@@ -791,7 +792,7 @@ max_pool_backward = elementwise(
     "fused_max_pool_backward",
     lambda g, idx, *geometry_gx: _pool_backward_reference(g, idx, *geometry_gx[:-1], None, geometry_gx[-1]),
     Takes(
-        each(T=IEEE_FLOATS, I=_POOL_INDEX_TYPES),
+        each(T=FLOATS, I=_POOL_INDEX_TYPES),
         layouts=("contiguous",),
         scalars=tuple(_POOL_GEOMETRY.replace("int32 ", "").split(", ")),
         raw={"g": 4, "idx": 4},
@@ -805,7 +806,7 @@ avg_pool_backward = elementwise(
     "fused_avg_pool_backward",
     lambda g, *geometry_scale_gx: _pool_backward_reference(g, None, *geometry_scale_gx),
     Takes(
-        each(T=IEEE_FLOATS),
+        each(T=FLOATS),
         layouts=("contiguous",),
         scalars=tuple(_POOL_GEOMETRY.replace("int32 ", "").split(", ")) + ("scale",),
         raw={"g": 4},

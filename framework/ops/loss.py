@@ -290,6 +290,9 @@ class MseLoss(Function):
     saves = ("x", "y")  # inputs that exist anyway; the difference is recomputed
 
     def forward(ctx, x, y, reduction="mean"):
+        # checked here, on the arrays the op computes with: autocast casts both first
+        if not is_floating(x.dtype) or x.dtype != y.dtype:
+            raise TypeError(f"mse_loss: input ({x.dtype}) and target ({y.dtype}) must have the same floating dtype")
         xp = get_array_module(x)
         ctx.reduction, ctx.n = reduction, max(x.size, 1)
         d = memory.empty(x.shape, x.dtype, xp, "workspace")
@@ -361,8 +364,4 @@ def mse_loss(input, target, reduction="mean"):  # noqa: A002
             f"mse_loss: input shape {tuple(input.shape)} and target shape {tuple(target.shape)} differ; "
             "reshape one so they match (broadcasting is not done, it usually hides a bug)"
         )
-    if input.dtype.kind != "f" or input.dtype != target.dtype:
-        raise TypeError(
-            f"mse_loss: input ({input.dtype}) and target ({target.dtype}) must have the same floating dtype"
-        )
-    return MseLoss.apply(input, target, reduction=reduction)
+    return MseLoss.apply(input, target, reduction=reduction)  # (it checks the dtypes)

@@ -35,6 +35,7 @@ import numpy as np
 from .. import memory
 from ..backend import cudnn_module, cupy_module, current_device, current_stream
 from .conv_algorithms.gpu import ALIGNMENT, aligned, handle_for  # one cuDNN handle per device, shared with convs
+from .promotion import widen
 
 _plans: dict = {}  # (device, a shape, a strides, b shape, b strides, dtype) -> _Plan or _UNSUPPORTED
 _UNSUPPORTED = object()
@@ -94,6 +95,14 @@ def matmul(a, b, xp, out=None):
     on_cupy = xp is cupy_module()  # not NumPy, nor a double backward's tensors
     if on_cupy and max(a.ndim, b.ndim) > 2 and "bfloat16" in (a.dtype.name, b.dtype.name):
         return _bfloat16_batched(a, b, xp, out)
+    if xp is np and a.dtype == b.dtype == np.float16:
+        # NumPy's float16 product has no BLAS (~100x slower than float32's): made in float32
+        # and rounded once, as its bfloat16 product (ml_dtypes) and PyTorch's CPU kernels are
+        product = memory.track(np.matmul(widen(a), widen(b)), "workspace")
+        if out is None:
+            return product.astype(np.float16)
+        out[...] = product
+        return out
     cudnn = cudnn_module() if on_cupy else None
     if cudnn is None or not _usable(a, b) or (out is not None and not _matrix_layout(out)):
         if out is not None:

@@ -58,6 +58,7 @@ from . import kernels as K
 from .broadcast import astype
 from .elementwise import mask_grad
 from .kernels import on_gpu
+from .promotion import half_on_cpu, is_floating, narrow, widen
 
 __all__ = ["batch_norm", "inplace_abn", "BatchNorm", "BatchNormEval", "InPlaceABN"]
 
@@ -290,6 +291,12 @@ class BatchNorm(Function):
                 stats["moments"], stats["count"] = s, ctx.m
             ctx.keep(stats=s)
             return out
+        half = half_on_cpu(x.dtype, xp)
+        if half is not None:  # in float32, rounded once into the output (see half_on_cpu)
+            given, ctx.out = ctx.out, None  # the float32 pass writes a buffer of its own
+            out32 = BatchNorm.forward(ctx, widen(x), weight, bias, eps, stats, comm)
+            ctx.out = given
+            return narrow(out32, half, "activations", out)
         if comm is None:
             mean, var = _normalize_into(out, x, stats, xp)
             m = _count(x.shape)
@@ -326,6 +333,9 @@ class BatchNorm(Function):
             gw, gb = memory.empty((c,), x.dtype, xp), memory.empty((c,), x.dtype, xp)
             K.bn_backward_affine(*args, c, x.size // (x.shape[0] * c), gx, gw, gb)
             return gx, gw if need_w else None, gb if need_b else None
+        half = half_on_cpu(g.dtype, xp)
+        if half is not None:  # in float32, x's gradient rounded once (the weight's and bias's stay float32)
+            x, g = widen(x), widen(g)
         # Written with out= and the results assigned: in place on arrays (xhat's buffer
         # becomes the input's gradient); new tensors under create_graph, where mean and
         # invstd are recomputed from x with history (kept_as_tensors)
@@ -346,6 +356,8 @@ class BatchNorm(Function):
             t = xp.add(t, astype(sum_g / ctx.m, x.dtype).reshape(cs), out=t)
             t = xp.subtract(g, t, out=t)
             gx = xp.multiply(t, scale.reshape(cs), out=t)
+            if half is not None:
+                gx = narrow(gx, half)
         return gx, gw if need_w else None, gb if need_b else None
 
     def kept_as_tensors(ctx):
@@ -400,6 +412,12 @@ class BatchNormEval(Function):
             ctx.keep(stats=s)
             ctx.dtype = x.dtype
             return out
+        half = half_on_cpu(x.dtype, xp)
+        if half is not None:  # in float32, rounded once into the output (see half_on_cpu)
+            given, ctx.out = ctx.out, None  # the float32 pass writes a buffer of its own
+            out32 = BatchNormEval.forward(ctx, widen(x), weight, bias, mean, var, eps)
+            ctx.out = given
+            return narrow(out32, half, "activations", given)
         mean = mean.astype(x.dtype, copy=True)  # private: running buffers change in place later
         invstd = 1.0 / xp.sqrt(var.astype(x.dtype, copy=False) + eps)
         scale = invstd if weight is None else invstd * _channel(weight, x.dtype)
@@ -420,8 +438,11 @@ class BatchNormEval(Function):
             return ctx.gpu_backward(g, need_x, need_w, need_b, xp, cs)
         invstd = ctx.invstd
         gx = gw = gb = None
+        half = half_on_cpu(g.dtype, xp)
+        if half is not None:  # in float32, x's gradient rounded once
+            g = widen(g)
         if need_w:
-            x = ctx.x
+            x = ctx.x if half is None else widen(ctx.x)
             xhat = memory.empty(x.shape, x.dtype, xp, "workspace")
             xhat = xp.subtract(x, ctx.mean.reshape(cs), out=xhat)
             xhat = xp.multiply(xhat, invstd.reshape(cs), out=xhat)
@@ -434,6 +455,8 @@ class BatchNormEval(Function):
             scale = invstd if w is None else invstd * _channel(w, g.dtype)
             gx = memory.empty(g.shape, g.dtype, xp)
             gx = xp.multiply(g, scale.reshape(cs), out=gx)
+            if half is not None:
+                gx = narrow(gx, half)
         return gx, gw, gb
 
     def kept_as_tensors(ctx):
@@ -501,6 +524,14 @@ class InPlaceABN(Function):
             ctx.keep(stats=s)
             ctx.dtype = x.dtype
             return out
+        half = half_on_cpu(x.dtype, xp)
+        if half is not None:  # in float32, rounded once into the output (x's buffer in place)
+            given, ctx.out = ctx.out, None  # the float32 pass writes a buffer of its own
+            out32 = InPlaceABN.forward(
+                ctx, widen(x), weight, bias, widen(residual), mean, var, eps, negative_slope, stats
+            )
+            ctx.out = given
+            return narrow(out32, half, "activations", out)
         if ctx.batch:
             _, var = _normalize_into(out, x, stats, xp)
         else:
@@ -524,6 +555,9 @@ class InPlaceABN(Function):
         cs = _cshape(y.shape)
         if on_gpu(g):
             return ctx.gpu_backward(g, y, cs, xp)
+        half = half_on_cpu(g.dtype, xp)
+        if half is not None:  # in float32 from the rounded output; x's and the residual's gradients rounded once
+            y, g = widen(y), widen(g)
         # Written with out= and the results assigned: in place on arrays; new tensors under
         # create_graph (where invstd, in training, carries its dependence on x: kept_as_tensors)
         invstd = ctx.invstd
@@ -554,6 +588,9 @@ class InPlaceABN(Function):
         if need_w:
             w = ctx.weight
             gw = mask_grad(ga, xp.sign(_channel(w, ga.dtype)), w)  # d|w|/dw = sign(w)
+        if half is not None:
+            gx = None if gx is None else narrow(gx, half)
+            dz = narrow(dz, half) if need_r else dz
         return gx, gw, gb if need_b else None, dz if need_r else None
 
     def kept_as_tensors(ctx):
@@ -677,7 +714,7 @@ def _check_args(name, input, tensors, momentum, eps):
         raise TypeError(f"{name} expects a Tensor input, got {type(input).__name__}")
     if input.ndim < 2:
         raise ValueError(f"{name} expects an input of shape (N, C) or (N, C, H, W), got shape {input.shape}")
-    if input.dtype.kind != "f":
+    if not is_floating(input.dtype):
         raise TypeError(f"{name} expects a floating point input, got {input.dtype}")
     c = input.shape[1]
     for what, t in tensors.items():

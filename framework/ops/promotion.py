@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import memory
 from ..tensor import Tensor
 
 DEFAULT_FLOAT = np.dtype(np.float32)
@@ -190,6 +191,31 @@ def result_type(*operands):
                 return None
             scalars = d if scalars is None else promote_types(scalars, d)
     return _combine(dims, _combine(zero, scalars))
+
+
+def half_on_cpu(dtype, xp):
+    """``dtype`` where an op computes a half type (float16, bfloat16) in float32 and rounds
+    once, else None: on the CPU (NumPy), for the ops whose kernels would otherwise add long
+    sums in the half type or run NumPy's half-precision loops, which have no BLAS (its
+    float16 product is ~100x slower than float32's). PyTorch's CPU kernels (oneDNN, and
+    its ``opmath`` type) accumulate half types in float32 too. A GPU's kernels take half
+    types as they are (docs/GPU.md, "Precision")."""
+    return dtype if xp is np and dtype.name in ("float16", "bfloat16") else None
+
+
+def widen(a):
+    """A half-type array as float32, counted as workspace (None stays None)."""
+    return None if a is None else memory.track(a.astype(np.float32), "workspace")
+
+
+def narrow(a, dtype, category="gradients", out=None):
+    """A float32 result rounded once to ``dtype`` (into ``out`` when given); the float32
+    buffer becomes workspace."""
+    memory.retag(a, "workspace")
+    if out is not None:
+        out[...] = a
+        return out
+    return memory.track(a.astype(dtype), category)
 
 
 def can_cast(source, target) -> bool:

@@ -74,6 +74,9 @@ class Adam(Optimizer):
         denom = u.add(u.div(exp_avg_sq.sqrt(), _sqrt(bias_correction2)), eps)
         return u.add(p, exp_avg / denom, alpha=-step_size)
 
+    def _fused_takes_flag(self, group, fg) -> bool:
+        return True  # the kernel skips, and the skipped steps are subtracted from the count
+
     def _update_fused(self, p, grad, state, group, inplace):
         lr, (beta1, beta2), eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         step = self._next_step(p, state)
@@ -81,27 +84,17 @@ class Adam(Optimizer):
         p_out = _fused_out(pa, inplace, "parameters")
         m_out = _fused_out(m._data, inplace, "optimizer_state")
         v_out = _fused_out(v._data, inplace, "optimizer_state")
-        bias_correction1 = 1 - beta1**step
-        bias_correction2 = 1 - beta2**step
-        K.adam(
-            pa,
-            grad._data,
-            m._data,
-            v._data,
-            1 - lr * weight_decay,
-            weight_decay,
-            beta1,
-            1 - beta1,
-            beta2,
-            1 - beta2,
-            math.sqrt(bias_correction2),
-            eps,
-            -(lr / bias_correction1),
-            int(self._decoupled),
-            p_out,
-            m_out,
-            v_out,
-        )
+        amp = self._amp  # GradScaler's flag on the device (see Optimizer._flat_step), or None
+        self._amp_used = amp is not None
+        rule = (1 - lr * weight_decay, weight_decay, beta1, 1 - beta1, beta2, 1 - beta2)
+        if amp is None:
+            sqrt_bc2, nstep = K.adam_corrections(lr, beta1, beta2, step)
+            K.adam(
+                pa, grad._data, m._data, v._data, *rule, sqrt_bc2, eps, nstep, int(self._decoupled), p_out, m_out, v_out
+            )
+        else:  # the corrections in the kernel, from the step count less the steps the flag skipped
+            counts = (lr, beta1, beta2, float(step), amp[1], amp[0])
+            K.adam_amp(pa, grad._data, m._data, v._data, *rule, eps, int(self._decoupled), *counts, p_out, m_out, v_out)
         self._set_state(state, "exp_avg", m if m_out is m._data else _wrap(m_out))
         self._set_state(state, "exp_avg_sq", v if v_out is v._data else _wrap(v_out))
         return p if p_out is pa else _wrap(p_out)

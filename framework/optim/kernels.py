@@ -21,11 +21,13 @@ flushed.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ops.kernels import Takes, each, elementwise
 
-__all__ = ["sgd", "sgd_momentum", "adam", "FUSED_DTYPES"]
+__all__ = ["sgd", "sgd_momentum", "adam", "sgd_amp", "sgd_momentum_amp", "adam_amp", "FUSED_DTYPES"]
 
 # The dtypes the kernels take (CUDA's float and double); others run the rule op by op.
 FUSED_DTYPES = frozenset(np.dtype(t) for t in ("float32", "float64"))
@@ -122,5 +124,120 @@ adam = elementwise(
     "fused_adam",
     _adam,
     _takes("decay", "wd", "beta1", "c1", "beta2", "c2", "sqrt_bc2", "eps", "nstep", "decoupled"),
+    options=_OPTIONS,
+)
+
+
+# --- the same rules under GradScaler's device flag ------------------------------------------------
+# ``found_inf`` (a one-element float32 array, :mod:`framework.amp`) set: nothing is updated (a skipped
+# first momentum step leaves a zero buffer, which the next step's ``b * momentum + d`` turns
+# into d exactly when dampening is 0; SGD asks for a host read otherwise). Adam's bias
+# corrections come from its step count less the steps the flag skipped (``skipped``, a
+# one-element float64 array), computed as the host computes them, in double.
+
+_SKIP = "if (found_inf[0] != 0.0f) { %s } else { %s }"
+
+
+def _amp_takes(*scalars, raw=("found_inf",)):
+    return Takes(
+        each(T=sorted(t.name for t in FUSED_DTYPES)),
+        layouts=("contiguous",),
+        scalars=scalars,
+        raw={name: 1 for name in raw},
+    )
+
+
+def _sgd_amp(p, g, wd, nlr, found_inf, p_out):
+    if found_inf[0]:
+        p_out[...] = p
+    else:
+        _sgd(p, g, wd, nlr, p_out)
+
+
+sgd_amp = elementwise(
+    "T p, T g, T wd, T nlr, raw float32 found_inf",
+    "T p_out",
+    _SKIP % ("p_out = p;", "T d = g; if (wd != (T)0) d = g + p * wd; p_out = p + d * nlr;"),
+    "fused_sgd_amp",
+    _sgd_amp,
+    _amp_takes("wd", "nlr"),
+    options=_OPTIONS,
+)
+
+
+def _sgd_momentum_amp(p, g, b, wd, momentum, damp, nlr, first, nesterov, found_inf, p_out, b_out):
+    if found_inf[0]:
+        p_out[...] = p
+        b_out[...] = 0 if first else b
+    else:
+        _sgd_momentum(p, g, b, wd, momentum, damp, nlr, first, nesterov, p_out, b_out)
+
+
+sgd_momentum_amp = elementwise(
+    "T p, T g, T b, T wd, T momentum, T damp, T nlr, int32 first, int32 nesterov, raw float32 found_inf",
+    "T p_out, T b_out",
+    _SKIP
+    % (
+        "p_out = p; b_out = first ? (T)0 : b;",
+        "T d = g; if (wd != (T)0) d = g + p * wd;"
+        " T bv = first ? d : b * momentum + d * damp;"
+        " d = nesterov ? d + bv * momentum : bv;"
+        " b_out = bv; p_out = p + d * nlr;",
+    ),
+    "fused_sgd_momentum_amp",
+    _sgd_momentum_amp,
+    _amp_takes("wd", "momentum", "damp", "nlr", "first", "nesterov"),
+    options=_OPTIONS,
+)
+
+
+def adam_corrections(lr, beta1, beta2, step):
+    """``(sqrt(1 - beta2**t), -lr / (1 - beta1**t))``: Adam's bias corrections at step ``t``, in double."""
+    return math.sqrt(1 - beta2**step), -(lr / (1 - beta1**step))
+
+
+def _adam_amp(p, g, m, v, decay, wd, beta1, c1, beta2, c2, eps, decoupled, lr, b1, b2, t, skipped, found_inf, *outs):
+    p_out, m_out, v_out = outs
+    if found_inf[0]:
+        p_out[...], m_out[...], v_out[...] = p, m, v
+        return
+    sqrt_bc2, nstep = adam_corrections(lr, b1, b2, t - float(skipped[0]))
+    t_ = p.dtype.type
+    _adam(p, g, m, v, decay, wd, beta1, c1, beta2, c2, t_(sqrt_bc2), eps, t_(nstep), decoupled, *outs)
+
+
+adam_amp = elementwise(
+    "T p, T g, T m, T v, T decay, T wd, T beta1, T c1, T beta2, T c2, T eps, int32 decoupled,"
+    " float64 lr, float64 b1, float64 b2, float64 t, raw float64 skipped, raw float32 found_inf",
+    "T p_out, T m_out, T v_out",
+    _SKIP
+    % (
+        "p_out = p; m_out = m; v_out = v;",
+        "double te = t - skipped[0];"
+        " T sqrt_bc2 = (T)sqrt(1.0 - pow(b2, te)); T nstep = (T)(-(lr / (1.0 - pow(b1, te))));"
+        " T pv = p, gv = g;"
+        " if (decoupled) pv = pv * decay; else if (wd != (T)0) gv = gv + pv * wd;"
+        " T mv = m * beta1 + gv * c1;"
+        " T vv = v * beta2 + (gv * gv) * c2;"
+        " m_out = mv; v_out = vv;"
+        " p_out = pv + (mv / (sqrt(vv) / sqrt_bc2 + eps)) * nstep;",
+    ),
+    "fused_adam_amp",
+    _adam_amp,
+    _amp_takes(
+        "decay",
+        "wd",
+        "beta1",
+        "c1",
+        "beta2",
+        "c2",
+        "eps",
+        "decoupled",
+        "lr",
+        "b1",
+        "b2",
+        "t",
+        raw=("skipped", "found_inf"),
+    ),
     options=_OPTIONS,
 )

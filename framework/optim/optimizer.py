@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+
 from .. import backend, memory
 from .. import inplace as _inplace
 from ..autograd import node as _node  # _node.capture: framework.compile's recorder, or None
@@ -99,11 +101,21 @@ class Optimizer:
         defaults: the hyperparameters of groups that do not set them.
     """
 
+    #: GradScaler may hand a GPU step its found-inf flag as ``self.found_inf`` (PyTorch's
+    #: contract with its fused optimizers): see :meth:`step`.
+    _step_supports_amp_scaling = True
+
     def __init__(self, params, defaults: dict):
         self.defaults = dict(defaults)
         self.state: dict = {}
         self.param_groups: list[dict] = []
         self._flat: dict = {}  # group index -> (signature, [FlatGroup], params outside them)
+        # (group index, device, dtype) -> one-element float64 device array: steps that GradScaler's
+        # flag skipped on the device since the host last subtracted them from the step counts
+        self._amp_skipped: dict = {}
+        self._amp = None  # (found_inf, skipped) while a flat group's fused kernel may take the flag
+        self._amp_used = False  # the fused kernel took it
+        self._amp_host = None  # the flag, read on the host once in a step where a path needs it
         if isinstance(params, Tensor):
             raise TypeError(
                 "params argument given to the optimizer should be an iterable of Tensors or dicts, but got a Tensor"
@@ -197,11 +209,17 @@ class Optimizer:
                 loss = closure()
         u = _Updater(_inplace.enabled())
         site = call_site()
+        found_inf = self.__dict__.get("found_inf")  # GradScaler's flag (a GPU's, on the device)
+        self._amp_host = None
+        if found_inf is None and self._amp_skipped:
+            self._fold_amp_skipped()
         with no_grad(), memory.category("workspace"):
             for gi, group in enumerate(self.param_groups):
                 rest = group["params"]
                 if _node.capture is None:
                     rest = self._flat_step(gi, group, u, site)
+                if rest and found_inf is not None and self._found_inf_on_host(found_inf):
+                    continue  # a path that cannot take the flag: skipped, as read on the host
                 for p in rest:
                     if p.grad is None:
                         continue
@@ -222,6 +240,8 @@ class Optimizer:
         cached = self._flat.get(gi)
         if cached is not None and cached[0] == sig and all(fg.valid() and not fg.could_borrow() for fg in cached[1]):
             return cached[1], cached[2]
+        if self._amp_skipped:  # the groups change: the host's step counts first
+            self._fold_amp_skipped()
         by_key: dict = {}
         rest = []
         for p in params:
@@ -235,13 +255,59 @@ class Optimizer:
 
     def _flat_step(self, gi: int, group: dict, u: _Updater, site) -> list:
         """Updates what it can over flat buffers; returns the parameters left to update one
-        by one."""
+        by one. With GradScaler's ``found_inf``, a GPU's fused kernels take the flag (and
+        update nothing where it is set); other paths read it on the host first."""
+        found_inf = self.__dict__.get("found_inf")
         flats, rest = self._flat_groups(gi, group)
         rest = list(rest)
         for fg in flats:
-            if not self._flat_update(fg, group, u, site):
+            amp = None
+            if found_inf is not None:
+                if on_gpu(fg.param) and fg.dtype in FUSED_DTYPES and self._fused_takes_flag(group, fg):
+                    key = (gi, backend.device_of(fg.param).index, fg.dtype)
+                    skipped = self._amp_skipped.get(key)
+                    if skipped is None:
+                        skipped = self._amp_skipped[key] = fg.xp.zeros((1,), dtype=np.float64)
+                    amp = (found_inf, skipped)
+                elif self._found_inf_on_host(found_inf):
+                    continue  # skipped
+            self._amp, self._amp_used = amp, False
+            try:
+                done = self._flat_update(fg, group, u, site)
+            finally:
+                self._amp = None
+            if self._amp_used:
+                fg.xp.add(amp[1], amp[0], out=amp[1])  # one more step the flag may have skipped
+            if not done:
                 rest.extend(fg.params)
         return rest
+
+    def _fused_takes_flag(self, group: dict, fg: FlatGroup) -> bool:
+        """Whether this optimizer's fused kernel can take GradScaler's flag for ``fg`` and
+        skip on the device exactly as a skipped step (subclasses that can say True)."""
+        return False
+
+    def _found_inf_on_host(self, found_inf) -> bool:
+        """GradScaler's flag read back (once per step: one host sync), for a path that cannot
+        take it on the device; the host's step counts are brought up to date first."""
+        if self._amp_host is None:
+            self._fold_amp_skipped()
+            self._amp_host = bool(backend.to_numpy(found_inf)[0])
+        return self._amp_host
+
+    def _fold_amp_skipped(self) -> None:
+        """Subtracts the steps GradScaler's flag skipped on the device from the step counts
+        (``state["step"]``) of their parameters: one read per flat group, where the host
+        needs the counts (``state_dict``, a path without the flag, new flat groups)."""
+        for (gi, device, dtype), skipped in self._amp_skipped.items():
+            k = int(round(float(backend.to_numpy(skipped)[0])))
+            if not k or gi >= len(self.param_groups):
+                continue
+            for p in self.param_groups[gi]["params"]:
+                st = self.state.get(p)
+                if st and isinstance(st.get("step"), int) and p._data.dtype == dtype and p.device.index == device:
+                    st["step"] -= k
+        self._amp_skipped.clear()
 
     def _flat_update(self, fg: FlatGroup, group: dict, u: _Updater, site) -> bool:
         """One update of ``fg``'s parameters over its flat buffers; False (nothing done)
@@ -406,6 +472,8 @@ class Optimizer:
         tensors are the live ones (not copies): serialise them, or ``copy.deepcopy`` the
         dict, to keep a snapshot.
         """
+        if self._amp_skipped:
+            self._fold_amp_skipped()
         index: dict[int, int] = {}
         groups = []
         for g in self.param_groups:
@@ -457,6 +525,7 @@ class Optimizer:
             new_groups.append(ng)
         self.state = new_state
         self.param_groups = new_groups
+        self._amp_skipped.clear()  # the loaded counts are the truth
 
     def __repr__(self) -> str:
         s = type(self).__name__ + " ("

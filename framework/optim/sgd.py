@@ -69,19 +69,37 @@ class SGD(Optimizer):
             d_p = d_p.add(buf, alpha=momentum) if nesterov else buf
         return u.add(p, d_p, alpha=-lr)
 
+    def _fused_takes_flag(self, group, fg) -> bool:
+        # A skipped first momentum step leaves a zero buffer: exact for the next step only
+        # without dampening (b * momentum + d * 1 = d), so with dampening the flag is read
+        # on the host until every buffer exists.
+        if group["momentum"] == 0 or group["dampening"] == 0:
+            return True
+        return all((self.state.get(p) or {}).get("momentum_buffer") is not None for p in fg.params)
+
     def _update_fused(self, p, grad, state, group, inplace):
         lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
         weight_decay, nesterov = group["weight_decay"], group["nesterov"]
         pa = p._data
         p_out = _fused_out(pa, inplace, "parameters")
+        amp = self._amp  # GradScaler's flag on the device (see Optimizer._flat_step), or None
+        self._amp_used = amp is not None
         if momentum == 0:
-            K.sgd(pa, grad._data, weight_decay, -lr, p_out)
+            if amp is None:
+                K.sgd(pa, grad._data, weight_decay, -lr, p_out)
+            else:
+                K.sgd_amp(pa, grad._data, weight_decay, -lr, amp[0], p_out)
         else:
             buf = state.get("momentum_buffer")
             first = buf is None  # the kernel makes the buffer (b = d): b_in's values go unused
             b_in = memory.empty(pa.shape, pa.dtype, get_array_module(pa), "optimizer_state") if first else buf._data
             b_out = b_in if first else _fused_out(b_in, inplace, "optimizer_state")
             damp, flags = 1 - dampening, (int(first), int(nesterov))
-            K.sgd_momentum(pa, grad._data, b_in, weight_decay, momentum, damp, -lr, *flags, p_out, b_out)
+            if amp is None:
+                K.sgd_momentum(pa, grad._data, b_in, weight_decay, momentum, damp, -lr, *flags, p_out, b_out)
+            else:
+                K.sgd_momentum_amp(
+                    pa, grad._data, b_in, weight_decay, momentum, damp, -lr, *flags, amp[0], p_out, b_out
+                )
             self._set_state(state, "momentum_buffer", buf if buf is not None and b_out is buf._data else _wrap(b_out))
         return p if p_out is pa else _wrap(p_out)

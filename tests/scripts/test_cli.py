@@ -65,6 +65,11 @@ def test_train_succeeds_and_prints_the_summary(tmp_path):
         (["--set", "data.batch_size=0"], ["data.batch_size"]),
         (["--set", "nonsense"], ["nonsense", "="]),
         (["--resume", "nowhere.ckpt"], ["nowhere.ckpt", "does not exist"]),
+        (["--set", "precision=fp8"], ["precision", "fp32, bf16, fp16"]),
+        (
+            ["--set", "precision=bf16", "--set", "compile=true"],
+            ["precision: bf16 cannot run compiled", "compile: false"],
+        ),
         (["--set", "distributed.zero=1"], ["distributed.zero: 1", "this run has one", "mpiexec -n N"]),
     ],
 )

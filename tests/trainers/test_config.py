@@ -24,7 +24,7 @@ from trainers.config import (
 
 # The keys the spec promises; a renamed or dropped key must fail here, not in a user's config.
 EXPECTED_KEYS = """
-experiment seed device inplace compile recompute conv2d conv_math threads
+experiment seed device inplace compile recompute precision conv2d conv_math threads
 data.name data.batch_size data.eval_batch_size data.drop_last data.num_train data.num_test
 data.image_size data.channels data.num_classes data.noise data.in_features data.out_features
 data.test_fraction

@@ -370,6 +370,7 @@ def test_hparams_tell_policies_and_inplace_abn_apart(tmp_path):
             "recompute",
             "conv2d",
             "conv_math",
+            "precision",
             "zero",
             "accumulate",
             "processes",
@@ -380,6 +381,7 @@ def test_hparams_tell_policies_and_inplace_abn_apart(tmp_path):
         }
         assert hp["compiled"] is False and hp["conv2d"] == "auto" and hp["conv_math"] == "fp32"
         assert hp["recompute"] == "none"
+        assert hp["precision"] == "fp32"
         assert hp["processes"] == 1 and hp["model"] == "mlp" and hp["batch_size"] == 32
         assert hp["zero"] == 0 and hp["accumulate"] == 1
     # inplace, the column TensorBoard shows by default, names InPlace-ABN too.

@@ -124,7 +124,12 @@ def deselected_notes(cudnn, dtype, tf32) -> list:
 
 
 def _build(cudnn, op, geom, dtype, tf32, handle) -> _Plan:
-    types = {"float32": cudnn.data_type.FLOAT, "float64": cudnn.data_type.DOUBLE, "float16": cudnn.data_type.HALF}
+    types = {
+        "float32": cudnn.data_type.FLOAT,
+        "float64": cudnn.data_type.DOUBLE,
+        "float16": cudnn.data_type.HALF,
+        "bfloat16": cudnn.data_type.BFLOAT16,
+    }
     io = types[dtype.name]
     compute = cudnn.data_type.DOUBLE if dtype.name == "float64" else cudnn.data_type.FLOAT
     graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=compute, compute_data_type=compute, handle=handle)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ... import memory
 from .. import kernels as K
+from ..promotion import is_floating  # bfloat16 too (ml_dtypes' kind is "V"): -inf padding, NaN maxima
 from .workspace import chunks, offset, pad, padded_image_bytes, reaches, windows
 
 
@@ -34,11 +35,11 @@ def index_dtype(xp, n_offsets):
 def max_pool_forward(x, kernel, stride, padding, out_hw, limit, track_index, xp):
     """``(out, idx)``: the max of each window, and (when ``track_index``) the offset
     ``i*kw + j`` of its first maximum (NaN counts as the maximum), else None."""
-    low = -xp.inf if x.dtype.kind == "f" else (xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else False)
+    low = -xp.inf if is_floating(x.dtype) else (xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else False)
     shape = x.shape[:2] + tuple(out_hw)
     out = memory.empty(shape, x.dtype, xp, "activations")
     idx = memory.zeros(shape, index_dtype(xp, kernel[0] * kernel[1]), xp, "activations") if track_index else None
-    is_float = x.dtype.kind == "f"
+    is_float = is_floating(x.dtype)
     per_out = math.prod(shape[1:])
     per_image = padded_image_bytes(x.shape, padding, x.itemsize) + per_out * (2 if is_float else 1)
     parts = chunks(x.shape[0], per_image, limit)
@@ -163,7 +164,7 @@ def _gather_windows(kernel, g, extra, x_shape, window, stride, padding, out_hw, 
 def max_pool_forward_gpu(x, kernel, stride, padding, out_hw, limit, track_index, xp):
     """:func:`max_pool_forward` in a constant number of calls: the windows copied once,
     then a max (and an argmax: the first maximum, NaN counting as the maximum)."""
-    low = -xp.inf if x.dtype.kind == "f" else (xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else False)
+    low = -xp.inf if is_floating(x.dtype) else (xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else False)
     shape = x.shape[:2] + tuple(out_hw)
     n_off = kernel[0] * kernel[1]
     xpad = _padded(x, padding, low, xp)  # named: the window view alone may not keep it counted

@@ -53,7 +53,7 @@ def _cases():
         for u in K.FLOATS:
             out.append(("running_stat_update", {"T": t, "U": u}, ("fused_running_stat_update",)))
         out.append(("running_stat_from_moments", {"T": t}, ("fused_running_stat_from_moments", "fused_bn_eval_stats")))
-    for t in K.IEEE_FLOATS:
+    for t in K.FLOATS:
         bn = (
             "fused_bn_moments",
             "fused_channel_sums",
@@ -78,7 +78,7 @@ def _cases():
                 ("fused_abn_grad_sums", "fused_abn_dz", "fused_abn_weight_grad"),
             )
         )
-    for t in K.IEEE_FLOATS:
+    for t in K.FLOATS:
         for i in ("uint8", "uint16", "uint32"):
             out.append((f"pool max {i}", {"T": t, "I": i}, ("fused_max_pool_backward",)))
         out.append(("pool avg", {"T": t}, ("fused_avg_pool_backward",)))
@@ -109,6 +109,11 @@ def _cases():
         out.append(("sgd", {"T": t}, ("fused_sgd",)))
         out.append(("sgd momentum", {"T": t}, ("fused_sgd_momentum",)))
         out.append(("adam", {"T": t}, ("fused_adam",)))
+        scaler = ("fused_amp_unscale", "fused_amp_update_scale")
+        out.append(("sgd amp", {"T": t}, ("fused_sgd_amp",) + scaler))
+        out.append(("sgd momentum amp", {"T": t}, ("fused_sgd_momentum_amp",) + scaler))
+        out.append(("adam amp", {"T": t}, ("fused_adam_amp",) + scaler))
+    out.append(("sgd amp bfloat16", {"T": "bfloat16"}, ("fused_amp_unscale",)))  # SGD by op, the flag read
     return out
 
 
@@ -503,7 +508,7 @@ def test_half_embedding_gradients_add_up_in_float32(dtype):
         assert (g[1:] == 0).all()
 
 
-@pytest.mark.parametrize("case,binding,names", _table("sgd", "adam"))
+@pytest.mark.parametrize("case,binding,names", [c for c in _table("sgd", "adam") if "amp" not in c.values[0]])
 def test_optimizer(launched, case, binding, names):
     dtype = binding["T"]
     p0, g0 = _normal((5,), 0, dtype), _normal((5,), 1, dtype)
@@ -521,6 +526,35 @@ def test_optimizer(launched, case, binding, names):
         return p
 
     _close(step("cuda", dtype), step("cpu", "float64"), dtype, case)
+    _ran(launched, names, binding)
+
+
+@pytest.mark.parametrize("case,binding,names", [c for c in _table("sgd", "adam") if "amp" in c.values[0]])
+def test_optimizer_under_a_grad_scaler(launched, case, binding, names):
+    """Three steps, the second with an inf gradient (skipped): GradScaler's kernels and the
+    optimizers' flagged kernels on the GPU against the CPU in float64."""
+    dtype = binding["T"]
+    p0, g0 = _normal((5,), 0, dtype), _normal((5,), 1, dtype)
+
+    def run(device, dt):
+        p = fw.tensor(p0.astype(_dtype(dt)), device=device, requires_grad=True)
+        opt = {
+            "sgd": lambda: SGD([p], lr=0.1, weight_decay=0.01),
+            "sgd momentum": lambda: SGD([p], lr=0.1, momentum=0.9, nesterov=True),
+            "adam": lambda: Adam([p], lr=0.1, weight_decay=0.01),
+        }[case.split(" amp")[0]]()
+        scaler = fw.amp.GradScaler(device, init_scale=4.0, growth_interval=1)
+        for k in range(3):
+            g = g0 * (np.inf if k == 1 else 1.0)
+            opt.zero_grad()
+            scaler.scale((p * fw.tensor(g.astype(_dtype(dt)), device=device)).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+        assert scaler.get_scale() == 8.0  # up, down, up
+        return p
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        _close(run("cuda", dtype), run("cpu", "float64"), dtype, case)
     _ran(launched, names, binding)
 
 

@@ -173,3 +173,17 @@ def test_bfloat16_products_are_bfloat16_rounded_once(backend):
     ones = np.ones((2, 3, 4), np.float32)
     np.testing.assert_array_equal(to_numpy(x.grad), (ones @ b3.astype(np.float32).transpose(0, 2, 1)).astype(bf16))
     np.testing.assert_array_equal(to_numpy(y.grad), (a3.astype(np.float32).transpose(0, 2, 1) @ ones).astype(bf16))
+
+
+def test_float16_products_on_the_cpu_are_made_in_float32_and_rounded_once():
+    """NumPy's float16 product has no BLAS; the CPU makes it in float32 and rounds once
+    (the value of a float32 product of the same float16 matrices, rounded)."""
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal(s).astype(np.float16) for s in ((2, 3, 40), (2, 40, 5)))
+    want = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    x, y = fw.tensor(a, requires_grad=True), fw.tensor(b, requires_grad=True)
+    out = x @ y
+    assert out.dtype == fw.float16
+    np.testing.assert_array_equal(out.detach().numpy(), want)
+    out.sum().backward()
+    assert x.grad.dtype == fw.float16 and y.grad.dtype == fw.float16
