@@ -23,6 +23,7 @@ The state is process-global, as grad mode's is (:mod:`framework.autograd.grad_mo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 import weakref
@@ -250,6 +251,23 @@ class autocast:  # noqa: N801  (PyTorch's name)
                 return fn(*args, **kwargs)
 
         return wrapper
+
+
+def settings() -> tuple:
+    """The autocast settings in force (each device's on/off and dtype, the cache setting):
+    what :func:`framework.utils.checkpoint.checkpoint` records at forward, as
+    ``torch.utils.checkpoint`` does, to recompute under them."""
+    return tuple((name, d.enabled, d.dtype) for name, d in state.devices.items()), state.cache_enabled
+
+
+@contextlib.contextmanager
+def restored(recorded: tuple):
+    """A region with the autocast ``settings()`` recorded earlier (regions for every device)."""
+    devices, cache = recorded
+    with contextlib.ExitStack() as stack:
+        for name, enabled, dtype in devices:
+            stack.enter_context(autocast(name, dtype=dtype, enabled=enabled, cache_enabled=cache))
+        yield
 
 
 def _sync_hook() -> None:

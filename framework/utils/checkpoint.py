@@ -53,6 +53,7 @@ from ..autograd.grad_mode import state as _grad_state
 from ..autograd.node import SavedTensor, VersionCounter, modified_by
 from ..backend import device_of
 from ..callsite import call_site
+from ..ops import autocast as _autocast
 from ..ops.attention import ScaledDotProductAttention
 from ..ops.conv import Conv2d
 from ..ops.linalg import Linear, Matmul
@@ -184,6 +185,7 @@ class _Frame:
         self.writes = set()  # VersionCounters of tensors from outside fn that its forward wrote in place
         self.made = set()  # VersionCounters of the tensors the forward made (while it runs)
         self.rng = {} if preserve_rng_state else None  # generator key -> its state at fn's first draw
+        self.autocast = _autocast.settings()  # recomputed under the forward's mixed precision
         self.recomputed = {}  # GraphTask -> True once recomputed in that backward
         self.forward_completed = False
         self.ignore_mismatch = False  # a backward inside the forward recomputed part of it
@@ -327,7 +329,7 @@ class _Frame:
         _node.saved_hooks.append(run)
         _node.op_mode, _node.graph_mode, _grad_state.recomputing = run, False, True
         try:
-            with enable_grad(), self.replay_rng(), self.recompute_context:
+            with enable_grad(), self.replay_rng(), _autocast.restored(self.autocast), self.recompute_context:
                 self.fn(*args, **self.kwargs)
         except _StopRecomputation:
             pass

@@ -130,6 +130,31 @@ def test_gradients_are_bit_for_bit_those_without_checkpoint(backend, policy, pro
         assert inplace[key][0] > 0 and inplace[key][1] > 0, inplace
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_recomputation_runs_under_the_forwards_autocast(policy, prove_every_tensor):
+    """Forward in a bfloat16 autocast region, backward outside it (as a training step does):
+    the recomputation is autocast as the forward was (torch.utils.checkpoint records the
+    state too), so the gradients are those without checkpoint bit for bit; recomputed in
+    float32 the determinism check would stop it (other dtypes than forward saved)."""
+
+    def run(mode):
+        with fw.inplace.policy("off" if mode == "none" else policy):
+            model = _model("cpu")
+            fw.manual_seed(1)
+            x = fw.randn(16, 8, requires_grad=True)
+            with fw.autocast("cpu", dtype=fw.bfloat16):
+                h = x * 1.0
+                for block in model:
+                    h = block(h) if mode == "none" else checkpoint(block, h, use_reentrant=False)
+                loss = (h.float() * h.float()).mean()
+            loss.backward()  # outside the region
+            return [to_numpy(loss)] + [to_numpy(t.grad) for t in (x, *model.parameters())]
+
+    ref, got = run("none"), run("full")
+    assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(ref, got, strict=True))
+    assert not fw.is_autocast_enabled("cpu")  # the recomputation's region closed again
+
+
 def test_dropout_masks_are_replayed_not_redrawn(backend):
     """Not vacuous: without the generator's state the recomputation draws other masks
     (and the gradient changes); with it, the stream after the step is untouched."""
