@@ -34,10 +34,11 @@ import numpy as np
 
 from .. import memory
 from ..backend import cudnn_module, cupy_module, current_device, current_stream
-from .conv_algorithms.gpu import ALIGNMENT, aligned, handle_for  # one cuDNN handle per device, shared with convs
+from .conv_algorithms.gpu import ALIGNMENT, PLAN_CACHES, aligned, handle_for  # shared with the convolutions
 from .promotion import widen
 
 _plans: dict = {}  # (device, a shape, a strides, b shape, b strides, dtype) -> _Plan or _UNSUPPORTED
+PLAN_CACHES.append(_plans)
 _UNSUPPORTED = object()
 
 
@@ -118,15 +119,25 @@ def matmul(a, b, xp, out=None):
         out = xp.empty(a.shape[:-1] + b.shape[-1:], a.dtype)
     if a.dtype.name == "float32":  # cuDNN's float32 products are TF32: made in float64 (module doc)
         wide = memory.empty(out.shape, np.float64, xp, "workspace")
-        _execute(cudnn, xp, _widened(a, xp), _widened(b, xp), wide)
+        _execute(cudnn, xp, _widened(a, xp), _widened(b, xp), _one_batch_dim(wide))
         out[...] = wide  # rounded once
         return out
     return _execute(cudnn, xp, a, b, out)
 
 
 def _widened(a, xp):
-    """``a`` as float64, in its own layout (a transposed view stays one): counted workspace."""
-    return memory.track(a.astype(np.float64, order="K"), "workspace")
+    """``a`` as a row-major float64 copy (counted workspace), its batch dims as one
+    (:func:`_one_batch_dim`)."""
+    return _one_batch_dim(memory.track(a.astype(np.float64, order="C"), "workspace"))
+
+
+def _one_batch_dim(a):
+    """A C-contiguous ``[*batch, rows, columns]`` array as ``[batch, rows, columns]`` (a view).
+
+    cuDNN's float64 products run on its cuBLASLt engine alone, whose batches are one count
+    and one stride: on an H200 it offered no plan for attention's 4-d float64 products (they
+    fell back to cuBLAS, which a CUDA graph cannot capture)."""
+    return a.reshape((-1,) + a.shape[-2:]) if a.ndim > 3 else a
 
 
 def _execute(cudnn, xp, a, b, out):
