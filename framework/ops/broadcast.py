@@ -28,35 +28,52 @@ def _ones(n: int, dtype) -> np.ndarray:
     return v
 
 
-def sum_axes(a, axis, keepdims: bool = False):
-    """``a.sum(axis, keepdims)`` for an array (or, under ``create_graph``, a tensor).
+def sum_axes(a, axis, keepdims: bool = False, out=None):
+    """``a.sum(axis, keepdims)`` for an array (or, under ``create_graph``, a tensor), into
+    ``out`` when given.
 
-    A C-contiguous float32/float64 NumPy array summed over its leading axes (the columns of
-    a ``(rows, n)`` view) or its trailing ones (rows of at most :data:`BLAS_ROW_MAX`) is one
-    BLAS matrix-vector product with a vector of ones: 4-9x faster than NumPy's reduction
-    on the rows of tens to hundreds of elements a Transformer's statistics and bias
-    gradients sum. The sums run in another order than NumPy's, so their float rounding
-    differs (as PyTorch's kernels' order differs from both); the same call gives the same
-    sums every time, under every inplace policy.
+    A float32/float64 NumPy array summed over its leading axes (the columns of a ``(rows,
+    n)`` view) or its trailing ones (rows of at most :data:`BLAS_ROW_MAX`) is one BLAS
+    matrix-vector product with a vector of ones: 4-9x faster than NumPy's reduction on the
+    rows of tens to hundreds of elements a Transformer's statistics and bias gradients sum.
+    The sums run in another order than NumPy's, so their float rounding differs (as
+    PyTorch's kernels' order differs from both). Which way an array is summed depends on its
+    dtype, shape and axes only (an array of other strides is made contiguous first), so
+    the same values give the same sums under every inplace policy and in a compiled step,
+    which replays this function (``framework/compile/kernels.py``).
     """
-    nd = getattr(a, "ndim", 0)
-    if axis is not None and nd and a.__class__ is np.ndarray and a.dtype in _SUMMED and a.flags.c_contiguous and a.size:
-        axes = tuple(sorted(d % nd for d in ((axis,) if isinstance(axis, int) else axis)))
-        k = len(axes)
-        if 0 < k < nd and len(set(axes)) == k:
-            if axes == tuple(range(nd - k, nd)) and math.prod(a.shape[nd - k :]) <= BLAS_ROW_MAX:
-                n = math.prod(a.shape[nd - k :])
-                out = a.reshape(-1, n) @ _ones(n, a.dtype)
-                kept = a.shape[: nd - k] + (1,) * k
-            elif axes == tuple(range(k)):
-                m = math.prod(a.shape[:k])
-                out = _ones(m, a.dtype) @ a.reshape(m, -1)
-                kept = (1,) * k + a.shape[k:]
-            else:
-                out = None
-            if out is not None:
-                return out.reshape(kept if keepdims else tuple(n for d, n in enumerate(a.shape) if d not in axes))
-    return get_array_module(a).sum(a, axis=axis, keepdims=keepdims)
+    sums = _blas_sums(a, axis, keepdims) if a.__class__ is np.ndarray and axis is not None else None
+    if sums is None:
+        xp = get_array_module(a)
+        return (
+            xp.sum(a, axis=axis, keepdims=keepdims) if out is None else xp.sum(a, axis=axis, keepdims=keepdims, out=out)
+        )
+    if out is None:
+        return sums
+    out[...] = sums
+    return out
+
+
+def _blas_sums(a, axis, keepdims):
+    """:func:`sum_axes` of a NumPy array as one matrix-vector product, or None where it is not one."""
+    nd = a.ndim
+    if not nd or a.dtype not in _SUMMED or not a.size:
+        return None
+    axes = tuple(sorted(d % nd for d in ((axis,) if isinstance(axis, int) else axis)))
+    k = len(axes)
+    if not 0 < k < nd or len(set(axes)) != k:
+        return None
+    if axes == tuple(range(nd - k, nd)) and math.prod(a.shape[nd - k :]) <= BLAS_ROW_MAX:
+        n = math.prod(a.shape[nd - k :])
+        sums = np.ascontiguousarray(a).reshape(-1, n) @ _ones(n, a.dtype)
+        kept = a.shape[: nd - k] + (1,) * k
+    elif axes == tuple(range(k)):
+        m = math.prod(a.shape[:k])
+        sums = _ones(m, a.dtype) @ np.ascontiguousarray(a).reshape(m, -1)
+        kept = (1,) * k + a.shape[k:]
+    else:
+        return None
+    return sums.reshape(kept if keepdims else tuple(n for d, n in enumerate(a.shape) if d not in axes))
 
 
 def shape_of(a) -> tuple:
