@@ -13,8 +13,12 @@ high-water mark over 5 steps above what it was once the model and the batch exis
 ``bench_vs_pytorch.py --rss`` measures ResNet-20's), and our framework's own counter of
 array memory (``memory.max_allocated_bytes``) beside it.
 
+``--ops``: the step's ops one by one instead (forward + backward of each on the ``tiny``
+model's shapes, through each framework's autograd, alternating), to say where a step's
+time goes and what a change to one op bought.
+
 Run:  OMP_NUM_THREADS=1 python benchmarks/bench_gpt_vs_pytorch.py [--repeats 9] [--quick] [--only tiny char]
-          [--json PATH]
+          [--json PATH] [--ops]
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ else:
     from .bench_vs_pytorch import _status_kb
 
 import framework as fw
+import framework.nn.functional as F
 from framework import memory
 from models import GPT
 from trainers.config import config_from_dict
@@ -101,6 +106,70 @@ def _training_step(model, opt, x, y):
         opt.step()
 
     return step
+
+
+# The ops of the tiny model's step on its shapes (batch 16, context 64, width 64, 4 heads):
+# name -> (input shapes, our call, PyTorch's call); each is timed as forward + backward.
+def _op_table():
+    import torch  # noqa: PLC0415
+
+    tf = torch.nn.functional
+    b, t, c, h = 16, 64, 64, 4
+    causal = np.tril(np.ones((t, t), bool))
+    ours_mask, torch_mask = fw.tensor(~causal), torch.from_numpy(~causal)
+    return {
+        "gelu": ([(b, t, 4 * c)], F.gelu, tf.gelu),
+        "layer_norm": (
+            [(b, t, c), (c,), (c,)],
+            lambda x, w, bias: F.layer_norm(x, (c,), w, bias),
+            lambda x, w, bias: tf.layer_norm(x, (c,), w, bias),
+        ),
+        "masked_fill + softmax": (
+            [(b, h, t, t)],
+            lambda x: F.softmax(x.masked_fill(ours_mask, float("-inf")), dim=-1),
+            lambda x: tf.softmax(x.masked_fill(torch_mask, float("-inf")), dim=-1),
+        ),
+        "linear (c_fc)": ([(b, t, c), (4 * c, c), (4 * c,)], F.linear, tf.linear),
+        "attention products": (
+            [(b, h, t, c // h), (b, h, t, c // h)],
+            lambda q, k: (q @ k.transpose(-2, -1)) @ k,
+            lambda q, k: (q @ k.transpose(-2, -1)) @ k,
+        ),
+        "cross_entropy": (
+            [(b * t, 65)],
+            lambda x: F.cross_entropy(x, fw.tensor(np.arange(b * t) % 65)),
+            lambda x: tf.cross_entropy(x, torch.from_numpy(np.arange(b * t) % 65)),
+        ),
+    }
+
+
+def measure_ops(rounds: int) -> dict:
+    """Forward + backward of each op of :func:`_op_table`, ours against PyTorch's,
+    alternating: ``{op: {"ours_ms", "pytorch_ms", "ratio"}}`` (medians, ratio = time over
+    PyTorch's time)."""
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    results = {}
+    for name, (shapes, our_op, their_op) in _op_table().items():
+        arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        ours_in = [fw.tensor(a, requires_grad=True) for a in arrays]
+        theirs_in = [torch.from_numpy(a.copy()).requires_grad_() for a in arrays]
+
+        def run(op, inputs):
+            def step():
+                y = op(*inputs)
+                y.backward(y.detach() * 0 + 1)
+                for x in inputs:
+                    x.grad = None
+
+            return step
+
+        times = common.interleaved({"ours": run(our_op, ours_in), "pytorch": run(their_op, theirs_in)}, rounds)
+        ours_ms, theirs_ms = (1e3 * statistics.median(times[k]) for k in ("ours", "pytorch"))
+        results[name] = {"ours_ms": ours_ms, "pytorch_ms": theirs_ms, "ratio": ours_ms / theirs_ms}
+    return results
 
 
 def measure(name: str, rounds: int, policy: str, batch: int | None = None) -> dict:
@@ -180,6 +249,7 @@ def main(argv=None):
     p.add_argument("--only", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     p.add_argument("--policy", choices=fw.inplace.POLICIES, default=fw.inplace.DEFAULT_POLICY)
     p.add_argument("--batch", type=int, default=None, help="samples per step (default: the shape's)")
+    p.add_argument("--ops", action="store_true", help="time the step's ops one by one (the tiny model's shapes)")
     p.add_argument("--rss-child", choices=("ours", "pytorch"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rss_child:
@@ -193,6 +263,8 @@ def main(argv=None):
         print("note: set OMP_NUM_THREADS=1 so NumPy's BLAS runs one thread, as PyTorch does here")
     rounds = common.repeats_of(args, 9)
     results = {"machine": common.machine_info(), "command": common.command_line(), "torch": torch.__version__}
+    if args.ops:
+        return _print_ops(results, measure_ops(rounds), args)
     rows = []
     for name in args.only:
         batch = 2 if args.quick else args.batch
@@ -226,6 +298,25 @@ def main(argv=None):
                     "a 5-step training process's resident high-water mark above its start, ours vs PyTorch (median)",
                 ),
                 ("our counter's peak MB", "the framework's own count of array memory, peak over the same steps"),
+            ],
+        )
+    )
+    if args.json:
+        common.write_json(args.json, results)
+    return results
+
+
+def _print_ops(results, ops, args):
+    results["ops"] = ops
+    print(common.machine_line(results["machine"]) + f", PyTorch {results['torch']}")
+    rows = [[name, f"{r['ours_ms']:.3f}", f"{r['pytorch_ms']:.3f}", f"{r['ratio']:.2f}"] for name, r in ops.items()]
+    print(
+        common.markdown_table(
+            ["op (tiny model's shapes)", "ours ms", "PyTorch ms", "time ratio"],
+            rows,
+            [
+                ("ms", "forward + backward, median of the rounds"),
+                ("time ratio", "our time over PyTorch's"),
             ],
         )
     )

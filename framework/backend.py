@@ -401,17 +401,20 @@ def scatter_add(array, index, values) -> None:
 
 
 #: Elements per pass of :func:`add_scaled_` on the CPU: ``alpha * x`` of one block stays in
-#: the cache (256 KiB of float32) between its multiply and its add.
+#: the cache (256 KiB of float32) between its multiply and its add. The CPU's blocked
+#: elementwise kernels (GELU's) walk their arrays in blocks of this size too.
 ADD_SCALED_BLOCK = 1 << 16
-_SCRATCH = threading.local()  # per thread: dtype -> the block buffer of alpha * x
+_SCRATCH = threading.local()  # per thread: (slot, dtype) -> a block buffer
 
 
-def _scratch(dtype, n):
-    """A reusable buffer of ``n <= ADD_SCALED_BLOCK`` elements of ``dtype`` for this thread."""
+def scratch(dtype, n, slot: str = "add_scaled"):
+    """A reusable buffer of ``n <= ADD_SCALED_BLOCK`` elements of ``dtype`` for this thread,
+    one per ``slot`` (a kernel that needs several blocks at once names them). Not counted by
+    :mod:`framework.memory`: a few fixed blocks per thread, whatever the arrays' sizes."""
     buffers = _SCRATCH.__dict__.setdefault("buffers", {})
-    buf = buffers.get(dtype)
+    buf = buffers.get((slot, dtype))
     if buf is None:
-        buf = buffers[dtype] = np.empty(ADD_SCALED_BLOCK, dtype)
+        buf = buffers[slot, dtype] = np.empty(ADD_SCALED_BLOCK, dtype)
     return buf[:n]
 
 
@@ -441,10 +444,10 @@ def add_scaled_(y, x, alpha) -> None:
         and y.size
     ):
         yf, xf, n = y.reshape(-1), x.reshape(-1), y.size
-        scratch = _scratch(y.dtype, min(n, ADD_SCALED_BLOCK))
+        block = scratch(y.dtype, min(n, ADD_SCALED_BLOCK))
         for start in range(0, n, ADD_SCALED_BLOCK):
             stop = min(start + ADD_SCALED_BLOCK, n)
-            t = scratch[: stop - start]
+            t = block[: stop - start]
             np.multiply(xf[start:stop], alpha, out=t)
             np.add(yf[start:stop], t, out=yf[start:stop])
         return

@@ -80,30 +80,45 @@ class CausalSelfAttention(nn.Module):
             mask = fw.tril(fw.ones(cfg.block_size, cfg.block_size)).view(1, 1, cfg.block_size, cfg.block_size)
             self.register_buffer("bias", mask)
 
-    def forward(self, x):
+    def forward(self, x, past=None, use_cache=False):
+        """The attention of ``x`` (B, T, C). With ``past`` (the keys and values of the
+        positions before ``x``'s, each (B, nh, T_past, hs)) ``x``'s positions attend to those
+        too; with ``use_cache`` the result is ``(y, (keys, values))`` of every position so far."""
         b, t, c = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         k = k.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         q = q.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
         v = v.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-        if self.recompute_core:
+        t0 = 0
+        if past is not None:
+            t0 = past[0].shape[2]
+            k, v = fw.cat([past[0], k], dim=2), fw.cat([past[1], v], dim=2)
+        if self.recompute_core and t0 == 0:
             y = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
-            y = self.core(q, k, v)
+            y = self.core(q, k, v, t0)
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # the heads side by side
-        return self.resid_dropout(self.c_proj(y))
+        y = self.resid_dropout(self.c_proj(y))
+        return (y, (k, v)) if use_cache else y
 
-    def core(self, q, k, v):
-        """Attention proper, ``(B, nh, T, hs)`` each: softmax(q k^T / sqrt(hs), causal) v."""
+    def core(self, q, k, v, t0=0):
+        """Attention proper, ``(B, nh, T, hs)`` each: softmax(q k^T / sqrt(hs), causal) v;
+        ``q``'s positions start at ``t0`` (the keys and values before them cached)."""
+        t = q.shape[-2]
         if self.fused:
             p = self.dropout if self.training else 0.0
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=p, is_causal=True)
-        t = q.shape[-2]
+            mask = None if t0 == 0 or t == 1 else _causal_rows(t0, t, q.device)  # a new token sees every key
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=t0 == 0)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
-        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = att.masked_fill(self.bias[:, :, t0 : t0 + t, : t0 + t] == 0, float("-inf"))
         att = F.softmax(att, dim=-1)
         att = self.attn_dropout(att)
         return att @ v  # (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)
+
+
+def _causal_rows(t0, t, device):
+    """The causal mask of positions ``t0 .. t0 + t - 1`` over keys ``0 .. t0 + t - 1`` (True: attends)."""
+    return fw.tensor(np.tril(np.ones((t, t0 + t), dtype=bool), k=t0), device=device)
 
 
 class MLP(nn.Module):
@@ -139,7 +154,9 @@ class Block(nn.Module):
         self.ln_2 = _layer_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x):
+    def forward(self, x, past=None, use_cache=False):
+        if past is not None or use_cache:  # inference with a key/value cache: nothing to recompute
+            return self.cached(x, past, use_cache)
         if self.recompute == "full":
             return checkpoint(self.block, x, use_reentrant=False)
         return self.block(x)
@@ -148,6 +165,13 @@ class Block(nn.Module):
         x = F.residual_add(self.attn(self.ln_1(x)), x)
         x = F.residual_add(self.mlp(self.ln_2(x)), x)
         return x
+
+    def cached(self, x, past, use_cache):
+        """The block with the attention's cache (``past``); with ``use_cache``, ``(x, (keys, values))``."""
+        a, present = self.attn(self.ln_1(x), past=past, use_cache=True)
+        x = F.residual_add(a, x)
+        x = F.residual_add(self.mlp(self.ln_2(x)), x)
+        return (x, present) if use_cache else x
 
 
 @dataclasses.dataclass
@@ -252,39 +276,73 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, past_key_values=None, use_cache=False):
         """Logits ``(B, T, vocab_size)`` of the token indices ``idx`` ``(B, T)``; with
-        ``targets`` ``(B, T)`` also their mean cross entropy, as ``(logits, loss)``."""
+        ``targets`` ``(B, T)`` also their mean cross entropy, as ``(logits, loss)``.
+
+        A key/value cache, as Hugging Face's ``past_key_values``: ``past_key_values`` holds,
+        per block, the keys and values ``(B, n_head, T_past, head_size)`` of the positions
+        before ``idx``'s (which then sit at positions ``T_past ..``); with ``use_cache`` the
+        logits come with the cache of every position so far, ``(logits, past_key_values)``
+        (without ``targets``)."""
         if idx.ndim != 2:
             raise ValueError(f"GPT expects token indices of shape (batch, time), got shape {tuple(idx.shape)}")
+        if use_cache and targets is not None:
+            raise ValueError("GPT: use_cache is for inference; it takes no targets")
         b, t = idx.shape
-        if t > self.config.block_size:
-            raise ValueError(f"Cannot forward sequence of length {t}, block size is only {self.config.block_size}")
-        pos = self.pos[:t]
+        t0 = 0 if past_key_values is None else past_key_values[0][0].shape[2]
+        if t0 + t > self.config.block_size:
+            raise ValueError(f"Cannot forward sequence of length {t0 + t}, block size is only {self.config.block_size}")
+        pos = self.pos[t0 : t0 + t]
         tok_emb = self.transformer.wte(idx)  # (B, T, n_embd)
         pos_emb = self.transformer.wpe(pos)  # (T, n_embd)
         x = self.transformer.drop(tok_emb + pos_emb)
-        for block in self.transformer.h:
-            x = block(x)
+        presents = []
+        for i, block in enumerate(self.transformer.h):
+            if past_key_values is None and not use_cache:
+                x = block(x)
+            else:
+                x = block(x, past=None if past_key_values is None else past_key_values[i], use_cache=use_cache)
+                if use_cache:
+                    x, present = x
+                    presents.append(present)
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x)
+        if use_cache:
+            return logits, tuple(presents)
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
         return logits, loss
 
     @fw.no_grad()
-    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None):
+    def generate(
+        self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None, use_cache: bool = True
+    ):
         """``idx`` ``(B, T)`` followed by ``max_new_tokens`` sampled tokens, each from the
         softmax of the last position's logits / ``temperature``, restricted to the ``top_k``
-        most likely (``top_k=1``: greedy). The context is cropped to ``block_size``; draws
-        come from the framework's seeded generator (``fw.manual_seed``). Put the model in
-        eval mode first (dropout), as with nanoGPT."""
+        most likely (``top_k=1``: greedy). Draws come from the framework's seeded generator
+        (``fw.manual_seed``). Put the model in eval mode first (dropout), as with nanoGPT.
+
+        With ``use_cache`` (Hugging Face's ``past_key_values``) each new token runs through
+        the model alone, attending to the kept keys and values of the tokens before it,
+        instead of the whole context again: the same tokens as without the cache, at a
+        fraction of the work. Once the sequence is longer than ``block_size`` the context
+        is cropped to its last ``block_size`` tokens (as nanoGPT does); each token then
+        moves every position of the window, whose keys and values are no longer the ones
+        kept, so from there on every token is a forward over the whole window either way.
+        """
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
+        block_size, past = self.config.block_size, None
         for _ in range(max_new_tokens):
-            cond = idx if idx.shape[1] <= self.config.block_size else idx[:, -self.config.block_size :]
-            logits = self(cond)[:, -1, :] / temperature
+            if use_cache and idx.shape[1] <= block_size:
+                cond = idx if past is None else idx[:, -1:]
+                logits, past = self(cond, past_key_values=past, use_cache=True)
+            else:
+                cond = idx if idx.shape[1] <= block_size else idx[:, -block_size:]
+                logits = self(cond)
+            logits = logits[:, -1, :] / temperature
             if top_k is not None:
                 k = min(top_k, logits.shape[-1])
                 kth = np.sort(logits.numpy(), axis=-1)[:, -k]  # the k-th largest of each row

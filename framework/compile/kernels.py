@@ -117,7 +117,8 @@ def has_inplace_form(node) -> bool:
 # expr_without_out, ...)`` writes a call into the output's buffer. Every emitter runs the
 # same NumPy functions, with the same operands in the same order, as the op's own
 # forward/backward: only where the result goes differs (``out=``). (``np_add_reduce`` is
-# ``np.add.reduce``, which ``np.sum`` and ``ndarray.sum`` call.) An emitter returns
+# ``np.add.reduce``, which ``np.sum`` and ``ndarray.sum`` call; ``sum_axes`` and
+# ``relu_array`` are the ops' own functions, framework/ops/broadcast.py and elementwise.py.) An emitter returns
 # False to leave the node to the op's own code; ``g.dry`` is set while annotate() asks.
 
 
@@ -192,7 +193,7 @@ FORWARD = {
     E.Neg: _emit_unary("np.negative"),
     E.Exp: _emit_unary("np.exp"),
     E.Tanh: _emit_unary("np.tanh"),
-    E.Relu: _emit_unary("np.maximum", "0"),
+    E.Relu: _emit_unary("relu_array"),
     E.Sigmoid: _emit_sigmoid,
     L.Matmul: _emit_unary("np.matmul"),
     L.Linear: _emit_linear,
@@ -261,7 +262,7 @@ def _emit_add_like(negate_second):
                     return False
             else:
                 axes, keep = _sum_axes(gv.shape, shape)
-                if not g.call(node, o, "np_add_reduce", [src], f"axis={axes!r}, keepdims=True", reshape=keep):
+                if not g.call(node, o, "sum_axes", [src], f"axis={axes!r}, keepdims=True", reshape=keep):
                     return False
         return True
 
@@ -383,7 +384,7 @@ def _emit_linear_backward(node, g):
         return False
     if ow is not None and ("x" not in saved or not g.call(node, ow, "np.matmul", [f"{gname}.T", g.a(saved["x"])])):
         return False
-    if ob is not None and not g.call(node, ob, "np_add_reduce", [gname], "axis=0"):
+    if ob is not None and not g.call(node, ob, "sum_axes", [gname], "axis=(0,)"):
         return False
     return True
 

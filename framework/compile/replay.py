@@ -24,6 +24,8 @@ import numpy as np
 
 from .. import backend, memory
 from ..autograd.function import CopySlices, _as_array
+from ..ops.broadcast import sum_axes
+from ..ops.elementwise import relu_array
 from ..ops.view import reshape_view
 from ..tensor import _wrap
 from . import kernels
@@ -464,6 +466,8 @@ class Gen:
         self.globals = {
             "np": self.xp,
             "np_add_reduce": np.add.reduce,
+            "sum_axes": sum_axes,
+            "relu_array": relu_array,
             "reshape_view": reshape_view,
             "track": memory.track,
             "as_array": _as_array,

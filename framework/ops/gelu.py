@@ -6,8 +6,11 @@ would have to keep a copy of what it overwrites: there is no free inplace form, 
 is no site of the inplace policy (policy ``auto`` leaves it out of place too, as for
 ``sin``). PyTorch has no ``gelu_`` either.
 
-On a GPU each direction is one fused kernel (:mod:`.kernels_transformer`); on the CPU the
-same arithmetic runs in NumPy (SciPy's ``erf``). Half types compute in float32.
+On a GPU each direction is one fused kernel (:mod:`.kernels_transformer`). On the CPU the
+exact GELU of float32 and half types runs :mod:`.gelu_cpu` (the normal CDF from NumPy's
+SIMD ufuncs, about 4x faster than SciPy's ``erf`` forward and backward); float64 and the
+tanh form run the kernels' NumPy references (SciPy's ``erf`` for float64's accuracy).
+Half types compute in float32.
 
 Under ``create_graph`` the gradient is :class:`GeluGrad` (``g * gelu'(x)``), an op whose
 own backward holds ``gelu''``: derivatives of any order.
@@ -15,9 +18,12 @@ own backward holds ``gelu''``: derivatives of any order.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..autograd.function import Function
 from ..backend import get_array_module
 from ..tensor import Tensor
+from . import gelu_cpu
 from . import kernels_transformer as KT
 from .kernels import launch, on_gpu
 from .promotion import is_floating
@@ -25,13 +31,19 @@ from .promotion import is_floating
 APPROXIMATIONS = ("none", "tanh")
 
 
+def _fast_cpu(x, approximate):
+    """Whether :mod:`.gelu_cpu` computes this GELU on the CPU: the exact form below float64."""
+    return approximate == "none" and x.dtype != np.float64
+
+
 def _gelu_array(x, approximate, out=None):
     if on_gpu(x):
         return launch(KT.gelu[approximate], x, out=out)
-    y = KT.gelu_reference(x, approximate)
+    y = gelu_cpu.gelu(x, out) if _fast_cpu(x, approximate) else KT.gelu_reference(x, approximate)
     if out is None:
         return y.astype(x.dtype, copy=False)
-    out[...] = y
+    if y is not out:
+        out[...] = y
     return out
 
 
@@ -58,10 +70,14 @@ def gelu_grad(g, x, approximate, out=None):
     """``g * gelu'(x)`` on arrays (one kernel on a GPU)."""
     if on_gpu(g):
         return launch(KT.gelu_backward[approximate], g, x, out=out)
-    gx = KT.gelu_derivative_reference(x, approximate, g)
+    if _fast_cpu(x, approximate):
+        gx = gelu_cpu.gelu_backward(g, x, out)
+    else:
+        gx = KT.gelu_derivative_reference(x, approximate, g)
     if out is None:
         return gx.astype(g.dtype, copy=False)
-    out[...] = gx
+    if gx is not out:
+        out[...] = gx
     return out
 
 

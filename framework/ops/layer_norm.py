@@ -45,7 +45,7 @@ from ..autograd.function import ABSENT, Function
 from ..backend import get_array_module
 from ..tensor import Tensor, _wrap
 from . import kernels_transformer as KT
-from .broadcast import astype
+from .broadcast import astype, sum_axes
 from .kernels import on_gpu, opmath_dtype
 from .promotion import is_floating
 
@@ -63,7 +63,15 @@ def _row_shape(x, k):
 def _sum_rows(a, lead):
     """``a`` summed over the leading (row) axes; itself when there are none (a tensor's
     ``sum(())`` would sum everything)."""
-    return a.sum(lead) if lead else a
+    return sum_axes(a, lead) if lead else a
+
+
+def _row_dot(a, w, n, xp):
+    """Each row's (the normalized dims') sum of ``a``, weighted by ``w`` (flat) when given."""
+    rows = a.reshape(-1, n)
+    if w is None:
+        return sum_axes(rows, (1,))
+    return xp.matmul(rows, w.reshape(n))
 
 
 def _gpu_param(a, dtype, default):
@@ -137,7 +145,7 @@ class LayerNorm(Function):
             return out
         a = opmath_dtype(x.dtype)
         xa = x.astype(a, copy=False)
-        mean = xa.mean(axis=axes, keepdims=True)
+        mean = sum_axes(xa, axes, keepdims=True) / a.type(ctx.n)
         y = memory.track(xp.subtract(xa, mean), "activations")
         rows = y.reshape(-1, ctx.n)
         var = xp.einsum("ij,ij->i", rows, rows).reshape(mean.shape) / a.type(ctx.n)
@@ -160,9 +168,11 @@ class LayerNorm(Function):
 
     def xhat(ctx, up=None):
         """The normalized input, from the input and the row statistics (each converted by
-        ``up`` first: half types are computed in float32)."""
+        ``up`` first: half types are computed in float32): a new array (or tensor)."""
         up = up or _same
-        return (up(ctx.x) - up(ctx.mean)) * up(ctx.rstd)
+        xp = get_array_module(ctx.x)
+        xhat = xp.subtract(up(ctx.x), up(ctx.mean))
+        return xp.multiply(xhat, up(ctx.rstd), out=xhat)
 
     def backward(ctx, g):
         need_x, need_w, need_b = ctx.needs_input_grad
@@ -170,12 +180,12 @@ class LayerNorm(Function):
         if on_gpu(g):
             return ctx.gpu_backward(g, need_x, need_w, need_b)
         xp = get_array_module(g)
-        axes = _axes(g, ctx.k)
         lead = tuple(range(g.ndim - ctx.k))
         dtype = g.dtype
         # Half types: every sum and product in float32, rounded once at the end (a bfloat16
         # sum over the rows loses a digit); under create_graph too, with differentiable
-        # conversions, so that both give the same first-order gradients.
+        # conversions, so that both give the same first-order gradients. Written through
+        # out= and the values returned: in place on arrays, new tensors under create_graph.
         a = opmath_dtype(dtype)
         up = _same if a == dtype else (lambda v: astype(v, a))
         g = up(g)
@@ -184,14 +194,22 @@ class LayerNorm(Function):
             gb = astype(_sum_rows(g, lead), dtype)
         if need_x or need_w:
             xhat = ctx.xhat(up)
+            gxhat = g * xhat
             if need_w:
-                gw = astype(_sum_rows(g * xhat, lead), dtype)
+                gw = astype(_sum_rows(gxhat, lead), dtype)
             if need_x:
+                # x's gradient: rstd (w g - mean(w g) - x_hat mean(w g x_hat)), the two row
+                # means as products with w (a BLAS matrix-vector product on arrays)
                 w = up(ctx.weight) if ctx.affine[0] else None
-                wg = g if w is None else g * w
-                c1 = xp.mean(wg, axis=axes, keepdims=True)
-                c2 = xp.mean(wg * xhat, axis=axes, keepdims=True)
-                gx = astype(up(ctx.rstd) * (wg - c1 - xhat * c2), dtype)
+                n, rows = ctx.n, _row_shape(g, ctx.k)
+                c1 = _row_dot(g, w, n, xp).reshape(rows) / n
+                c2 = _row_dot(gxhat, w, n, xp).reshape(rows) / n
+                gx = g * w if w is not None else xp.subtract(g, c1)
+                if w is not None:
+                    gx = xp.subtract(gx, c1, out=gx)
+                gxhat = xp.multiply(xhat, c2, out=gxhat)
+                gx = xp.subtract(gx, gxhat, out=gx)
+                gx = astype(xp.multiply(gx, up(ctx.rstd), out=gx), dtype)
         return gx, gw, gb
 
     def gpu_sources(ctx, w, dtype):

@@ -8,7 +8,7 @@ import numpy as np
 from .. import inplace, memory
 from ..autograd.function import ABSENT, Function
 from ..backend import get_array_module
-from .broadcast import astype, sum_to
+from .broadcast import astype, sum_axes, sum_to
 from .matmul_gpu import matmul as _mm
 
 # PyTorch's matmul dispatches on the dims; its last op names the node (batched: a view)
@@ -163,5 +163,5 @@ class Linear(Function):
         if need_w:
             gw = astype(_mm(g2.T, _rows(ctx.x, xp), xp), ctx.dtypes[1])
         if need_b:
-            gb = astype(g2.sum(axis=0), ctx.dtypes[2])
+            gb = astype(sum_axes(g2, (0,)), ctx.dtypes[2])
         return gx, gw, gb

@@ -27,7 +27,7 @@ from ..autograd.function import Function
 from ..backend import get_array_module
 from ..tensor import Tensor
 from . import kernels as K
-from .broadcast import astype
+from .broadcast import astype, sum_axes
 from .kernels import on_gpu, opmath_dtype
 from .promotion import is_floating
 
@@ -219,7 +219,7 @@ class CrossEntropy(Function):
             loss *= 1.0 - label_smoothing
             loss -= label_smoothing * smooth
         xp.exp(shifted, out=shifted)  # the same workspace, now exp(x - max)
-        loss += xp.log(shifted.sum(axis=1))
+        loss += xp.log(sum_axes(shifted, 1))
         return _reduce(loss.astype(x.dtype, copy=False), reduction, xp)
 
     def backward(ctx, g):
@@ -245,7 +245,7 @@ class CrossEntropy(Function):
         x, g = astype(x, acc), astype(g, acc)
         p = xp.subtract(x, xp.amax(x, axis=1, keepdims=True), out=p)
         p = xp.exp(p, out=p)
-        p = xp.true_divide(p, p.sum(axis=1, keepdims=True), out=p)
+        p = xp.true_divide(p, sum_axes(p, 1, keepdims=True), out=p)
         eps = ctx.eps
         if hasattr(p, "_grad_fn"):
             hot = xp.zeros((n, c), p.dtype)

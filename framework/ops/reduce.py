@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..autograd.function import ABSENT, Function
 from ..backend import get_array_module
 from ..tensor import _wrap
-from .broadcast import astype
+from .broadcast import astype, sum_axes
 
 
 def _axes(dim, ndim):
@@ -186,15 +186,18 @@ class Softmax(Function):
         ctx.dim = dim = _softmax_axis(dim, x.ndim)
         out = xp.subtract(x, xp.amax(x, axis=dim, keepdims=True), out=_out(ctx, x))
         xp.exp(out, out=out)
-        out /= out.sum(axis=dim, keepdims=True)
+        out /= sum_axes(out, dim, keepdims=True)
         return out
 
     def backward(ctx, g):
+        # y (g - sum(g y)), as PyTorch's kernel: written through out= and the values
+        # returned (in place on arrays; new tensors under create_graph)
+        xp = get_array_module(g)
         y = ctx.result
-        gx = g * y
-        s = gx.sum(axis=ctx.dim, keepdims=True)
-        gx -= y * s
-        return gx
+        gx = xp.multiply(g, y, out=xp.empty_like(g))  # out=: an array also for 0-d
+        s = sum_axes(gx, ctx.dim, keepdims=True)
+        gx = xp.subtract(g, s, out=gx)
+        return xp.multiply(gx, y, out=gx)
 
 
 class LogSoftmax(Function):
@@ -207,12 +210,12 @@ class LogSoftmax(Function):
         xp = get_array_module(x)
         ctx.dim = dim = _softmax_axis(dim, x.ndim)
         out = xp.subtract(x, xp.amax(x, axis=dim, keepdims=True), out=_out(ctx, x))
-        lse = xp.log(xp.exp(out).sum(axis=dim, keepdims=True))
+        lse = xp.log(sum_axes(xp.exp(out), dim, keepdims=True))
         out -= lse
         return out
 
     def backward(ctx, g):
         xp = get_array_module(g)
         gx = xp.exp(ctx.result, out=xp.empty_like(g))  # out=: an array also for 0-d
-        gx = xp.multiply(gx, g.sum(axis=ctx.dim, keepdims=True), out=gx)
+        gx = xp.multiply(gx, sum_axes(g, ctx.dim, keepdims=True), out=gx)
         return xp.subtract(g, gx, out=gx)

@@ -176,9 +176,9 @@ def test_vs_pytorch_quick(capsys, tmp_path, torch):
     path = tmp_path / "vs.json"
     bench_vs_pytorch.main(["--quick", "--repeats", "1", "--json", str(path)])
     out = capsys.readouterr().out
-    assert [r[0] for r in _table_rows(out)][1:] == ["mlp", "resnet20", "tiny"]
+    assert [r[0] for r in _table_rows(out)][1:] == ["mlp", "resnet20", "resnet20_eval", "tiny"]
     saved = json.loads(path.read_text())
-    assert set(saved["workloads"]) == {"mlp", "resnet20", "tiny"} and saved["policy"] == "auto"
+    assert set(saved["workloads"]) == {"mlp", "resnet20", "resnet20_eval", "tiny"} and saved["policy"] == "auto"
     assert saved["conv"] == "auto" and "conv2d auto" in out
     assert "PyTorch's" in _legend(out)["speed ratio"] and "spread" in _legend(out)
     bench_vs_pytorch.main(["--quick", "--repeats", "1", "--only", "resnet20", "--conv", "fast"])

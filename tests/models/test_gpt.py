@@ -136,6 +136,45 @@ def test_sampling_is_seeded_and_top_k_restricts_the_choice():
     assert a[0, 4] in np.argsort(logits)[-3:]
 
 
+@pytest.mark.parametrize("attention", ["math", "fused"])
+def test_the_key_value_cache_gives_the_logits_of_the_whole_context(attention):
+    """Hugging Face's past_key_values: a prefix's cache, then the rest (one token, or several:
+    the fused path's explicit causal mask over the cached keys) gives the whole sequence's
+    logits; the cache holds (B, n_head, T, head_size) keys and values per block."""
+    fw.manual_seed(0)
+    model = GPT(**SMALL, attention=attention).eval()
+    idx = _idx(b=2, t=12)
+    with fw.no_grad():
+        full = model(idx).numpy()
+        logits, past = model(idx[:, :5], use_cache=True)
+        assert len(past) == SMALL["n_layer"] and past[0][0].shape == (2, SMALL["n_head"], 5, 8)
+        more, past = model(idx[:, 5:6], past_key_values=past, use_cache=True)
+        rest, past = model(idx[:, 6:], past_key_values=past, use_cache=True)
+    assert past[1][1].shape == (2, SMALL["n_head"], 12, 8)
+    got = np.concatenate([logits.numpy(), more.numpy(), rest.numpy()], axis=1)
+    np.testing.assert_allclose(got, full, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="block size is only 12"):
+        model(idx[:, :1], past_key_values=past, use_cache=True)
+    with pytest.raises(ValueError, match="no targets"):
+        model(idx, idx, use_cache=True)
+
+
+@pytest.mark.parametrize("attention", ["math", "fused"])
+@pytest.mark.parametrize("top_k,temperature", [(1, 1.0), (None, 0.8), (5, 1.5)])
+def test_generation_with_the_cache_writes_the_tokens_it_writes_without(attention, top_k, temperature):
+    """Greedy and sampled (the same seed), past block_size (where the window slides and every
+    token is a whole forward again), in a batch of two prompts."""
+    fw.manual_seed(0)
+    model = GPT(**SMALL, attention=attention, dropout=0.1).eval()
+    prompt = _idx(b=2, t=3)
+    out = {}
+    for use_cache in (True, False):
+        fw.manual_seed(7)
+        out[use_cache] = model.generate(prompt, 14, temperature=temperature, top_k=top_k, use_cache=use_cache).numpy()
+    assert out[True].shape == (2, 17)
+    np.testing.assert_array_equal(out[True], out[False])
+
+
 def test_bad_arguments_are_clear_errors():
     with pytest.raises(ValueError, match="multiple of n_head"):
         GPT(n_embd=30, n_head=4)

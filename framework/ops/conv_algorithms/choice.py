@@ -35,6 +35,14 @@ grows with their square: from 32 channels both beat ``grid`` (F(2x2) by ~15% at 
 gradient 1.05-1.15x), and the input gradient of ``gemm``: the transposed-convolution
 form of ``grid`` needs stride 1.
 
+Forward-only batches (evaluation under ``no_grad``) take the same forward column: measured
+at batch 500 (configs/resnet20_cifar10.yaml's evaluation batch; ``python -m
+benchmarks.bench_conv --threads 1 --clock cpu --batch 500``), the chosen algorithm is the
+fastest of ``auto``'s for every ResNet-20 layer's forward, or within the rounds' spread
+(the strided layers: ``grid`` and ``gemm`` within 10% either way), under every workspace
+limit from 1 MiB up; no limit at all is 2-3x slower (the chunks leave the caches). So
+there is no separate table for them; docs/BENCHMARKS.md has the run.
+
 The rules are pure functions of the shapes (nothing is timed at run time), so a layer
 always takes the same path and its results are reproducible. ``framework.ops.conv.explain``
 shows the plan for a layer.
