@@ -21,11 +21,10 @@ import numpy as np
 
 from .. import memory
 from ..backend import cudnn_module, cupy_module, current_device, current_stream
-from .conv_algorithms.gpu import PLAN_CACHES, handle_for
+from .conv_algorithms.gpu import handle_for
 
 _IO_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16"}
 _plans: dict = {}  # (pass, device, shapes, strides, dtype, scale, causal) -> _Plan or _UNSUPPORTED
-PLAN_CACHES.append(_plans)
 _UNSUPPORTED = object()
 
 

@@ -34,11 +34,10 @@ import numpy as np
 
 from .. import memory
 from ..backend import cudnn_module, cupy_module, current_device, current_stream
-from .conv_algorithms.gpu import ALIGNMENT, PLAN_CACHES, aligned, handle_for  # shared with the convolutions
+from .conv_algorithms.gpu import ALIGNMENT, aligned, handle_for  # one cuDNN handle per device, shared with convs
 from .promotion import widen
 
 _plans: dict = {}  # (device, a shape, a strides, b shape, b strides, dtype) -> _Plan or _UNSUPPORTED
-PLAN_CACHES.append(_plans)
 _UNSUPPORTED = object()
 
 

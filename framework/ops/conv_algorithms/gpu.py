@@ -40,7 +40,6 @@ scatter). Its workspace (``cols``) is batch-sized: ``C*kh*kw*Ho*Wo`` elements pe
 
 from __future__ import annotations
 
-import atexit
 import warnings
 
 from ... import memory
@@ -70,16 +69,6 @@ def frontend():
 
 _plans: dict = {}  # (device, pass, x shape, w shape, stride, padding, dtype, tf32) -> _Plan
 _handles: dict = {}  # device -> cudnn handle
-# Every module's cache of built cuDNN graphs (this one's, the matrix products', attention's):
-# let go of at exit, before the handles, while Python and CUDA still run (left to the
-# interpreter's teardown, a GPT run on an H200 ended with an empty "Error in sys.excepthook").
-PLAN_CACHES: list = [_plans]
-
-
-def _release() -> None:
-    for cache in PLAN_CACHES:
-        cache.clear()
-    _handles.clear()
 
 
 def handle_for(cudnn, device: int):
@@ -87,8 +76,6 @@ def handle_for(cudnn, device: int):
     and matrix products), made on first use."""
     handle = _handles.get(device)
     if handle is None:
-        if not _handles:
-            atexit.register(_release)
         handle = _handles[device] = cudnn.create_handle()
     return handle
 
