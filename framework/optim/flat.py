@@ -158,16 +158,17 @@ class FlatGroup:
             return [False] * len(tensors)
         return [t is r() for t, r in zip(tensors, refs)]
 
-    def grads(self, fresh: bool):
+    def grads(self):
         """The gradients as one flat array (every parameter has one).
 
         Zero copies when each ``p.grad`` is already a view of the flat gradient array, or
         of the borrowed one (DataParallel's, see :func:`_borrowable`). Otherwise one
-        gather: plain gradient arrays are adopted (``p.grad`` becomes a view of the flat
-        array, same values), into the existing flat array when ``fresh`` is False and
-        every gradient is ours or plain, else into a new one. When some gradient views
-        another buffer in another layout, the gather is a ``workspace`` copy for this step
-        only and no ``p.grad`` is rebound.
+        gather into a new flat array: plain gradient arrays are adopted (``p.grad`` becomes
+        a view of it, same values). Never into the slots of the current one: a parameter
+        whose gradient is a new array let go of its view there, which the user may still
+        hold (``kept = p.grad; p.grad = None``), and PyTorch leaves that tensor as it was.
+        When some gradient views another buffer in another layout, the gather is a
+        ``workspace`` copy for this step only and no ``p.grad`` is rebound.
         """
         grads = [p._grad for p in self.params]
         ours = self._ours(grads, self.gtensors)
@@ -179,17 +180,9 @@ class FlatGroup:
         srcs = [g._data for g in grads]
         if not all(o or s.base is None for o, s in zip(ours, srcs)):
             return _gather(srcs, self.numel, self.dtype, self.xp, "workspace")
-        current = self.grad() if self.grad is not None else None
-        flat = current if not fresh and any(ours) else None
-        if flat is None:
-            flat = _gather(srcs, self.numel, self.dtype, self.xp, "gradients")
-            ours = [False] * len(srcs)
-        views = _views(flat, self.params)
-        for p, s, v, o in zip(self.params, srcs, views, ours):
-            if not o:
-                if flat is current:  # a plain array beside views of ours: into its slot
-                    v[...] = s
-                p._grad = _wrap(v)
+        flat = _gather(srcs, self.numel, self.dtype, self.xp, "gradients")
+        for p, v in zip(self.params, _views(flat, self.params)):
+            p._grad = _wrap(v)
         self.grad = weakref.ref(flat)
         self.gtensors = [weakref.ref(p._grad) for p in self.params]
         return flat

@@ -331,7 +331,7 @@ class Optimizer:
                         return False
                 elif isinstance(v, Tensor) or v != first[k]:
                     return False
-        grad = fg.grads(fresh=not u.inplace)
+        grad = fg.grads()
         given = {k: fg.state_flat(k, [st[k] for st in states]) if k in tensor_keys else first[k] for k in keys}
         new_param, final = self._update_over(fg.param, grad, given, group, u, fg.chunks(not u.inplace))
         who = type(self).__name__

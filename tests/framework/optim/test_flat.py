@@ -390,3 +390,26 @@ def test_a_step_compiled_after_eager_flat_steps_replays_like_eager_off(kind, opt
             assert memory.root_buffer(p._data).size == sum(q.numel() for q in model.parameters())
         runs[mode] = out
     assert bitwise_equal(runs["eager off"], runs["mixed"])
+
+
+@pytest.mark.parametrize("policy", ["off", "auto", "on"])
+def test_a_kept_gradient_keeps_its_values_after_its_parameter_lets_go_of_it(policy):
+    """After zero_grad(set_to_none=False) each .grad is a view of the flat array. A user who
+    keeps one and sets p.grad = None gets a gradient of its own at the next backward, as in
+    PyTorch: the next step must not copy it into the kept tensor's slot (it did, beside the
+    other parameters' gradients still in the array)."""
+    with fw.inplace.policy(policy):
+        w1, w2 = nn.Parameter(fw.ones(3)), nn.Parameter(fw.ones(2))
+        opt = optim.SGD([w1, w2], lr=0.1)
+        for scale in (2.0, 3.0):
+            opt.zero_grad(set_to_none=False)
+            (w1.sum() * scale + w2.sum()).backward()
+            opt.step()
+        kept = w1.grad
+        before = kept.numpy().copy()
+        w1.grad = None
+        opt.zero_grad(set_to_none=False)  # w2's gradient: zeroed in its slot
+        (w1.sum() * 5.0 + w2.sum()).backward()
+        opt.step()
+        np.testing.assert_array_equal(kept.numpy(), before)
+        np.testing.assert_array_equal(w1.grad.numpy(), [5.0, 5.0, 5.0])
