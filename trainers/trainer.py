@@ -1084,7 +1084,7 @@ class Trainer:
             return self.compiled.plan.floor_bytes
         params = sum(p.nbytes for p in self.params)
         grads = self.optimizer.gradient_bytes() if self.zero == 2 else params  # zero 2: this rank's shard
-        return params + grads + memory.breakdown(self.mem_device)["optimizer_state"] + saved
+        return params + grads + self.optimizer.state_bytes() + saved
 
     def zero_formula_bytes(self) -> float:
         """What Rajbhandari et al.'s accounting says a rank holds of parameters, gradients and

@@ -286,6 +286,14 @@ class ZeroRedundancyOptimizer:
                     _wrap(s).mul_(scale)
         return total
 
+    def state_bytes(self) -> int:
+        """Bytes of the optimizer state this rank holds: its shard's (the wrapped optimizer's
+        on one process)."""
+        if self.comm.size == 1:
+            return self.optim.state_bytes()
+        runs = chain.from_iterable(self._runs.values())
+        return sum(v.nbytes for run in runs for v in run.state.values() if hasattr(v, "nbytes") and v.ndim)
+
     def gradient_bytes(self) -> int:
         """Bytes of the gradients this rank holds between steps: every parameter's (stage
         1), or its shard of them (stage 2, padding included)."""

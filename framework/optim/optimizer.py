@@ -165,6 +165,18 @@ class Optimizer:
     def _check_group(self, group: dict) -> None:
         """Validates a group's hyperparameters (subclasses raise ValueError)."""
 
+    def state_bytes(self) -> int:
+        """Bytes of this optimizer's state tensors, each buffer once (views of one flat
+        state array count as that array): what the floor of a step counts, whatever else
+        the process holds."""
+        roots = {}
+        for st in self.state.values():
+            for v in st.values():
+                if isinstance(v, Tensor):
+                    root = memory.root_buffer(v._data)
+                    roots[id(root)] = root.nbytes
+        return sum(roots.values())
+
     # --- gradients ---------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Resets every parameter's gradient: to ``None`` (default), or to zeros in place.
